@@ -1,0 +1,55 @@
+// core/allocator.cpp: the CPU allocator and its counters.
+#include "core/allocator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "core/check.h"
+
+namespace normtape {
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+MemoryStats cpu_stats;
+
+void check_backend(Device device, const char* what) {
+    NT_CHECK(device == Device::CPU, what, ": expected device cpu, got ", device_name(device),
+             " (this build of normtape has no CUDA backend)");
+}
+
+}  // namespace
+
+void* allocate(Device device, size_t nbytes) {
+    check_backend(device, "allocate");
+    if (nbytes == 0) return nullptr;
+    size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* ptr = std::aligned_alloc(kAlignment, rounded);
+    NT_CHECK(ptr != nullptr, "allocate: out of memory on cpu: requested ", nbytes,
+             " bytes with ", cpu_stats.allocated_bytes, " bytes allocated (peak ",
+             cpu_stats.peak_allocated_bytes, ")");
+    cpu_stats.allocated_bytes += static_cast<int64_t>(nbytes);
+    cpu_stats.peak_allocated_bytes = std::max(cpu_stats.peak_allocated_bytes, cpu_stats.allocated_bytes);
+    cpu_stats.num_allocs += 1;
+    return ptr;
+}
+
+void deallocate(Device device, void* ptr, size_t nbytes) noexcept {
+    if (ptr == nullptr || device != Device::CPU) return;
+    std::free(ptr);
+    cpu_stats.allocated_bytes -= static_cast<int64_t>(nbytes);
+}
+
+MemoryStats memory_stats(Device device) {
+    check_backend(device, "memory_stats");
+    return cpu_stats;
+}
+
+void reset_peak_memory_stats(Device device) {
+    check_backend(device, "reset_peak_memory_stats");
+    cpu_stats.peak_allocated_bytes = cpu_stats.allocated_bytes;
+}
+
+}  // namespace normtape

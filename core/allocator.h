@@ -1,0 +1,38 @@
+// core/allocator.h: the one way tensor bytes are obtained, and the byte counters that prove
+// what a policy saves.
+//
+// Every Storage gets its bytes from allocate() and returns them with deallocate(); nothing else
+// allocates tensor data. The CPU allocator hands out 64-byte aligned blocks straight from the
+// system and counts the bytes that were asked for (not the rounded block), so that the counters
+// match sums of numel * element_size exactly. CUDA allocation throws until the CUDA backend lands.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/device.h"
+
+namespace normtape {
+
+// Byte counters of one device's allocator, in bytes.
+struct MemoryStats {
+    int64_t allocated_bytes = 0;       // live tensor bytes now
+    int64_t peak_allocated_bytes = 0;  // highest allocated_bytes since the last reset
+    int64_t num_allocs = 0;            // calls to allocate() since the process started
+};
+
+// Returns `nbytes` bytes on `device`, 64-byte aligned; nbytes == 0 gives nullptr.
+// Throws Error when the memory cannot be had (the message gives the request and the stats)
+// or when `device` has no backend in this build.
+void* allocate(Device device, size_t nbytes);
+
+// Returns a block obtained from allocate(device, nbytes); `nbytes` must be the size asked for.
+void deallocate(Device device, void* ptr, size_t nbytes) noexcept;
+
+// The counters of `device`'s allocator.
+MemoryStats memory_stats(Device device);
+
+// Sets peak_allocated_bytes to the current allocated_bytes.
+void reset_peak_memory_stats(Device device);
+
+}  // namespace normtape

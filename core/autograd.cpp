@@ -1,0 +1,183 @@
+// core/autograd.cpp: SavedTensor, the tape of live nodes, grad mode, and the backward engine.
+#include "core/autograd.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace normtape {
+
+namespace {
+
+thread_local bool grad_mode = true;
+
+// The tape: every recorded node in recording order, held weakly so that a graph nobody
+// references any more is freed at once. Expired entries are compacted away as the tape grows.
+struct Tape {
+    std::vector<std::weak_ptr<Node>> nodes;
+    size_t compact_at = 1024;
+    uint64_t next_sequence_nr = 0;
+
+    void add(const std::shared_ptr<Node>& node) {
+        if (nodes.size() >= compact_at) {
+            std::erase_if(nodes, [](const std::weak_ptr<Node>& w) { return w.expired(); });
+            compact_at = std::max<size_t>(1024, 2 * nodes.size());
+        }
+        nodes.push_back(node);
+    }
+};
+
+Tape& tape() {
+    static Tape t;
+    return t;
+}
+
+void check_not_released(bool released, const char* node_name) {
+    NT_CHECK(!released, node_name,
+             ": trying to backward through the graph a second time (its saved tensors were freed "
+             "after the first backward); pass retain_graph=true to the first backward if you need "
+             "to run backward twice");
+}
+
+}  // namespace
+
+SavedTensor::SavedTensor(const Tensor& t) {
+    if (!t.defined()) return;
+    data_ = t.detach();
+    version_ = t.storage()->version();
+    was_saved_ = true;
+    is_parameter_ = t.is_leaf() && t.requires_grad();
+}
+
+Tensor SavedTensor::unpack(const char* node_name) const {
+    check_not_released(released_, node_name);
+    if (!was_saved_) return Tensor();
+    NT_CHECK(data_.storage()->version() == version_, node_name,
+             ": a tensor saved for backward was modified by an in-place operation (saved at version ",
+             version_, ", now version ", data_.storage()->version(), ")");
+    return data_;
+}
+
+void SavedTensor::release() {
+    data_ = Tensor();
+    released_ = true;
+}
+
+void Node::release_saved() {
+    for (SavedTensor* s : saved_tensors()) s->release();
+    released_ = true;
+}
+
+void Node::set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edges); }
+
+void add_to_tape(const std::shared_ptr<Node>& node) {
+    node->sequence_nr_ = tape().next_sequence_nr++;
+    tape().add(node);
+}
+
+bool grad_mode_enabled() { return grad_mode; }
+NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
+NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
+
+Edge gradient_edge(const Tensor& t) {
+    if (!t.defined() || !t.requires_grad()) return {};
+    if (t.grad_fn()) return {t.grad_fn(), nullptr};
+    return {nullptr, t.impl_ptr()};
+}
+
+int64_t saved_bytes() {
+    std::unordered_set<const Storage*> seen;
+    int64_t total = 0;
+    for (const std::weak_ptr<Node>& w : tape().nodes) {
+        std::shared_ptr<Node> node = w.lock();
+        if (!node) continue;
+        for (SavedTensor* s : node->saved_tensors()) {
+            if (!s->holds_data() || s->is_parameter()) continue;
+            const Storage* storage = s->data().storage().get();
+            if (storage && seen.insert(storage).second) total += static_cast<int64_t>(storage->nbytes());
+        }
+    }
+    return total;
+}
+
+namespace {
+
+// Adds `grad` into the slot: the first gradient is taken as is, later ones are summed into a
+// fresh tensor (the first may alias storage that a node still reads).
+void accumulate(Tensor& slot, const Tensor& grad) {
+    if (!slot.defined()) {
+        slot = grad;
+        return;
+    }
+    Tensor sum = slot.clone();
+    sum.add_(grad);
+    slot = sum;
+}
+
+// Note [Gradient accumulation]: a leaf's grad is its own storage, never an alias of a
+// gradient that a node produced, so that += on it cannot change anything else.
+void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
+    NT_CHECK(grad.shape() == leaf.shape && grad.dtype() == leaf.dtype, "backward: gradient of shape ",
+             shape_str(grad.shape()), " ", dtype_name(grad.dtype()), " for a leaf of shape ", shape_str(leaf.shape),
+             " ", dtype_name(leaf.dtype));
+    if (!leaf.grad) {
+        leaf.grad = grad.detach().clone().impl_ptr();
+        return;
+    }
+    Tensor(leaf.grad).add_(grad);
+}
+
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+    NT_CHECK(root.requires_grad(), "backward: the tensor does not require grad and has no grad_fn");
+    Tensor g = gradient;
+    if (!g.defined()) {
+        NT_CHECK(root.numel() == 1, "backward: a gradient can be implied only for a one-element output, got shape ",
+                 shape_str(root.shape()), "; pass a gradient");
+        g = ones(root.shape(), TensorOptions().dtype(root.dtype()).device(root.device()));
+    }
+    NT_CHECK(g.shape() == root.shape() && g.dtype() == root.dtype(), "backward: expected a gradient of shape ",
+             shape_str(root.shape()), " ", dtype_name(root.dtype()), ", got ", shape_str(g.shape()), " ",
+             dtype_name(g.dtype()));
+
+    NoGradGuard no_grad;  // backward builds no graph of its own
+    if (root.is_leaf()) {
+        accumulate_into_leaf(root.impl(), g);
+        return;
+    }
+
+    // The nodes reachable from the root, run in reverse recording order (a topological order).
+    std::vector<Node*> order;
+    std::unordered_set<Node*> seen{root.grad_fn().get()};
+    std::vector<Node*> stack{root.grad_fn().get()};
+    while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        order.push_back(n);
+        for (const Edge& e : n->next_edges())
+            if (e.node && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+    std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->sequence_nr() > b->sequence_nr(); });
+
+    std::unordered_map<Node*, Tensor> pending{{root.grad_fn().get(), g}};
+    for (Node* node : order) {
+        auto it = pending.find(node);
+        if (it == pending.end()) continue;  // no gradient reached this node
+        Tensor grad_output = std::move(it->second);
+        pending.erase(it);
+        check_not_released(node->released(), node->name());
+        std::vector<Tensor> grad_inputs = node->apply(grad_output);
+        if (!retain_graph) node->release_saved();
+        const std::vector<Edge>& edges = node->next_edges();
+        NT_CHECK(grad_inputs.size() == edges.size(), node->name(), ": returned ", grad_inputs.size(),
+                 " gradients for ", edges.size(), " inputs");
+        for (size_t i = 0; i < edges.size(); ++i) {
+            if (!edges[i].valid() || !grad_inputs[i].defined()) continue;
+            if (edges[i].node) accumulate(pending[edges[i].node.get()], grad_inputs[i]);
+            else accumulate_into_leaf(*edges[i].leaf, grad_inputs[i]);
+        }
+    }
+}
+
+}  // namespace normtape

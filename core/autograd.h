@@ -1,0 +1,142 @@
+// core/autograd.h: the tape-based reverse-mode engine: Node, Edge, SavedTensor, backward(),
+// NoGradGuard, and saved_bytes(), the bytes held by saved tensors right now.
+//
+// An op that records builds a Node holding exactly the tensors its backward reads (its saved
+// tensors) and one Edge per differentiable input; record() stamps it with the next sequence
+// number, so the recording order is a topological order. backward() walks the reachable nodes in
+// reverse recording order. The engine knows no op: it only calls Node::apply().
+//
+// Note [A node holds no input it did not save]
+// An Edge points at the producer's Node (or, for a leaf, at the leaf's gradient slot), never at
+// the producer's output data. So when a norm saves y instead of x, nothing keeps x alive once the
+// forward has moved on, and the allocator gets its bytes back. Breaking this invariant silently
+// turns SavePolicy::Output into a no-op.
+//
+// Note [Saved outputs and cycles]
+// A SavedTensor shares storage with the tensor it saves but drops its grad_fn and grad (it keeps
+// a detached handle). A node that saves its own output therefore holds no reference to itself.
+//
+// Note [Gradient accumulation]
+// Leaf gradients accumulate (+=) across backward() calls until zero_grad(). Inside one backward,
+// a tensor that fed several nodes receives the sum of their gradients before its producer runs.
+// Every Node's apply() returns fresh gradients (=); only the engine adds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace normtape {
+
+class Node;
+
+// Where the gradient of one input goes: its producer node, or the leaf whose grad accumulates.
+// Both null: the input needs no gradient.
+struct Edge {
+    std::shared_ptr<Node> node;
+    std::shared_ptr<TensorImpl> leaf;
+    bool valid() const { return node != nullptr || leaf != nullptr; }
+};
+
+// A tensor saved for backward: shares storage (no copy), holds no grad_fn, remembers the storage
+// version at save time. A default-constructed SavedTensor stands for "nothing saved" (e.g. no
+// bias) and unpacks to an undefined Tensor.
+class SavedTensor {
+public:
+    SavedTensor() = default;
+    explicit SavedTensor(const Tensor& t);
+
+    // The saved data as a tensor with no autograd fields. Throws Error naming `node_name` if it
+    // was released by an earlier backward, or if the tensor was modified in place since it was
+    // saved.
+    Tensor unpack(const char* node_name) const;
+    // Drops the reference to the data (the storage goes back to the allocator if unshared).
+    void release();
+
+    bool holds_data() const { return data_.defined(); }
+    // True when the saved tensor was a leaf requiring grad (a parameter); saved_bytes() skips those.
+    bool is_parameter() const { return is_parameter_; }
+    const Tensor& data() const { return data_; }
+
+private:
+    Tensor data_;
+    uint64_t version_ = 0;
+    bool was_saved_ = false;
+    bool released_ = false;
+    bool is_parameter_ = false;
+};
+
+// One recorded op. Subclasses hold their saved tensors and plain values (eps, shapes), nothing
+// else, and list the saved tensors in saved_tensors() so the engine can release and count them.
+class Node {
+public:
+    virtual ~Node() = default;
+    // The grad_fn name as PyTorch prints it: "LayerNormBackward".
+    virtual const char* name() const = 0;
+    // Gradients of the inputs given the gradient of the output; one entry per next_edges() entry,
+    // undefined where !needs_input_grad(i). Fresh tensors, never aliases of grad_output's storage
+    // unless documented.
+    virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+    virtual std::vector<SavedTensor*> saved_tensors() { return {}; }
+
+    const std::vector<Edge>& next_edges() const { return next_edges_; }
+    bool needs_input_grad(size_t i) const { return i < next_edges_.size() && next_edges_[i].valid(); }
+    uint64_t sequence_nr() const { return sequence_nr_; }
+    // Frees the saved tensors; a later apply() through this node is refused by the engine.
+    void release_saved();
+    bool released() const { return released_; }
+
+private:
+    template <class... Ts>
+    friend void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inputs);
+    friend void add_to_tape(const std::shared_ptr<Node>& node);
+    void set_next_edges(std::vector<Edge> edges);
+
+    std::vector<Edge> next_edges_;
+    uint64_t sequence_nr_ = 0;
+    bool released_ = false;
+};
+
+// Grad mode: on by default, per thread. NoGradGuard turns it off for its scope.
+bool grad_mode_enabled();
+class NoGradGuard {
+public:
+    NoGradGuard();
+    ~NoGradGuard();
+    NoGradGuard(const NoGradGuard&) = delete;
+    NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+private:
+    bool previous_;
+};
+
+// The edge through which `t`'s gradient flows back (see Edge).
+Edge gradient_edge(const Tensor& t);
+
+// True when grad mode is on and some defined input requires grad: the op must record a node.
+template <class... Ts>
+bool should_record(const Ts&... inputs) {
+    return grad_mode_enabled() && ((inputs.defined() && inputs.requires_grad()) || ...);
+}
+
+// Connects `node` to `inputs` (one edge each, in order), gives it the next sequence number, adds
+// it to the tape, and makes it `output`'s grad_fn (output then requires grad).
+void add_to_tape(const std::shared_ptr<Node>& node);
+template <class... Ts>
+void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inputs) {
+    node->set_next_edges({gradient_edge(inputs)...});
+    add_to_tape(node);
+    output.impl().grad_fn = node;
+    output.impl().requires_grad = true;
+}
+
+// Bytes of the unique storages held right now by the saved tensors of live nodes, not counting
+// parameters (leaves that require grad). A storage saved by several nodes counts once.
+int64_t saved_bytes();
+
+// The engine behind Tensor::backward (see there).
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+
+}  // namespace normtape

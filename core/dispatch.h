@@ -1,0 +1,36 @@
+// core/dispatch.h: calling a templated CPU kernel with the C++ type of a runtime DType.
+//
+//   dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
+//       using T = decltype(tag);
+//       layer_norm_forward_cpu<T>(...);
+//   });
+#pragma once
+
+#include <cstdint>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace normtape {
+
+// Calls f(float{}) or f(double{}); throws Error naming `op` for any other dtype.
+template <class F>
+void dispatch_floating(DType dtype, const char* op, F&& f) {
+    switch (dtype) {
+        case DType::F32: f(float{}); return;
+        case DType::F64: f(double{}); return;
+        default: NT_CHECK(false, op, ": expected a floating dtype (f32 or f64), got ", dtype_name(dtype));
+    }
+}
+
+// As dispatch_floating, plus f(int64_t{}) for I64.
+template <class F>
+void dispatch_all(DType dtype, F&& f) {
+    switch (dtype) {
+        case DType::F32: f(float{}); return;
+        case DType::F64: f(double{}); return;
+        case DType::I64: f(int64_t{}); return;
+    }
+}
+
+}  // namespace normtape

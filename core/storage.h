@@ -1,0 +1,37 @@
+// core/storage.h: a buffer of bytes on one device, shared by the tensors that view it.
+//
+// A Storage is owned through std::shared_ptr; the last owner returns the bytes to the device's
+// allocator. `version` counts in-place writes: autograd's SavedTensor records it when saving and
+// checks it when unpacking, so a saved tensor that was modified in place is detected.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+
+namespace normtape {
+
+class Storage {
+public:
+    // Allocates `nbytes` on `device` (contents uninitialized). Throws Error on failure.
+    Storage(size_t nbytes, Device device);
+    ~Storage();
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+
+    void* data() const { return data_; }
+    size_t nbytes() const { return nbytes_; }
+    Device device() const { return device_; }
+    uint64_t version() const { return version_; }
+    void bump_version() { ++version_; }
+
+private:
+    void* data_ = nullptr;
+    size_t nbytes_ = 0;
+    Device device_;
+    uint64_t version_ = 0;
+};
+
+}  // namespace normtape

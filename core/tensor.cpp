@@ -1,0 +1,417 @@
+// core/tensor.cpp: Tensor's shape functions, factories, element access, in-place updates,
+// printing, the global generator, and the autograd nodes of the shape functions.
+#include "core/tensor.h"
+
+#include <cmath>
+#include <iomanip>
+#include <ostream>
+#include <random>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/dispatch.h"
+
+namespace normtape {
+
+namespace {
+
+Shape contiguous_strides(const Shape& shape) {
+    Shape strides(shape.size());
+    int64_t s = 1;
+    for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+        strides[i] = s;
+        s *= shape[i];
+    }
+    return strides;
+}
+
+int64_t shape_numel(const Shape& shape) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    return n;
+}
+
+// Calls f(storage offset) for every element of a strided tensor, in row-major order.
+template <class F>
+void for_each_offset(const Shape& shape, const Shape& strides, int64_t offset, F&& f) {
+    int64_t n = shape_numel(shape);
+    if (n == 0) return;
+    std::vector<int64_t> index(shape.size(), 0);
+    for (int64_t i = 0; i < n; ++i) {
+        int64_t off = offset;
+        for (size_t d = 0; d < shape.size(); ++d) off += index[d] * strides[d];
+        f(off);
+        for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+            if (++index[d] < shape[d]) break;
+            index[d] = 0;
+        }
+    }
+}
+
+// Copies src (any strides, any dtype) into the contiguous tensor dst of the same numel.
+void copy_elements(const Tensor& dst, const Tensor& src) {
+    dispatch_all(dst.dtype(), [&](auto dst_tag) {
+        using D = decltype(dst_tag);
+        D* out = static_cast<D*>(dst.storage()->data()) + dst.impl().offset;
+        dispatch_all(src.dtype(), [&](auto src_tag) {
+            using S = decltype(src_tag);
+            const S* in = static_cast<const S*>(src.storage()->data());
+            int64_t i = 0;
+            for_each_offset(src.shape(), src.strides(), src.impl().offset,
+                            [&](int64_t off) { out[i++] = static_cast<D>(in[off]); });
+        });
+    });
+}
+
+// Resolves one -1 in `shape` against numel; throws naming `op` when impossible.
+Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Shape& from) {
+    Shape out = shape;
+    int64_t known = 1;
+    int infer = -1;
+    for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i] == -1) {
+            NT_CHECK(infer < 0, op, ": only one dimension can be -1, got ", shape_str(shape));
+            infer = static_cast<int>(i);
+        } else {
+            NT_CHECK(out[i] >= 0, op, ": invalid size in shape ", shape_str(shape));
+            known *= out[i];
+        }
+    }
+    if (infer >= 0) {
+        NT_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape),
+                 " is invalid for input of shape ", shape_str(from));
+        out[infer] = numel / known;
+    }
+    NT_CHECK(shape_numel(out) == numel, op, ": shape ", shape_str(shape), " is invalid for input of shape ",
+             shape_str(from), " (", numel, " elements)");
+    return out;
+}
+
+Tensor make_view(const Tensor& t, Shape shape, Shape strides) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = t.storage();
+    impl->shape = std::move(shape);
+    impl->strides = std::move(strides);
+    impl->offset = t.impl().offset;
+    impl->dtype = t.dtype();
+    impl->device = t.device();
+    return Tensor(impl);
+}
+
+// Backward of view/reshape: the gradient reshaped to the input's shape.
+struct ViewBackward : Node {
+    Shape input_shape;
+    explicit ViewBackward(Shape s) : input_shape(std::move(s)) {}
+    const char* name() const override { return "ViewBackward"; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        return {grad_output.contiguous().view(input_shape)};
+    }
+};
+
+// Backward of transpose(dim0, dim1): the gradient transposed back.
+struct TransposeBackward : Node {
+    int64_t dim0, dim1;
+    TransposeBackward(int64_t a, int64_t b) : dim0(a), dim1(b) {}
+    const char* name() const override { return "TransposeBackward"; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        return {grad_output.transpose(dim0, dim1).contiguous()};
+    }
+};
+
+// Backward of clone/contiguous: the gradient passes through unchanged.
+struct CloneBackward : Node {
+    const char* name() const override { return "CloneBackward"; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override { return {grad_output}; }
+};
+
+std::mt19937_64& generator() {
+    static std::mt19937_64 gen(0);
+    return gen;
+}
+
+void check_inplace(const Tensor& t, const char* op) {
+    NT_CHECK(!(grad_mode_enabled() && t.requires_grad()), op,
+             ": a tensor that requires grad cannot be modified in place while grad mode is on; "
+             "wrap the update in NoGradGuard");
+}
+
+}  // namespace
+
+TensorImpl& Tensor::impl() const {
+    NT_CHECK(impl_ != nullptr, "Tensor: operation on an undefined tensor");
+    return *impl_;
+}
+
+int64_t Tensor::size(int64_t d) const {
+    int64_t n = dim();
+    NT_CHECK(d >= -n && d < n, "Tensor::size: dimension ", d, " out of range for a tensor of shape ",
+             shape_str(shape()));
+    return shape()[d < 0 ? d + n : d];
+}
+
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+
+bool Tensor::is_contiguous() const { return strides() == contiguous_strides(shape()); }
+
+template <class T>
+T* Tensor::data_ptr() const {
+    NT_CHECK(dtype() == dtype_of<T>(), "Tensor::data_ptr: expected dtype ", dtype_name(dtype()),
+             ", got a request for ", dtype_name(dtype_of<T>()));
+    NT_CHECK(device() == Device::CPU, "Tensor::data_ptr: host access needs a cpu tensor, got ",
+             device_name(device()));
+    return static_cast<T*>(storage()->data()) + impl().offset;
+}
+
+template <class T>
+T Tensor::item() const {
+    NT_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ", shape_str(shape()));
+    return *data_ptr<T>();
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+    Tensor c = contiguous();
+    const T* p = c.data_ptr<T>();
+    return std::vector<T>(p, p + c.numel());
+}
+
+#define NT_INSTANTIATE(T)                           \
+    template T* Tensor::data_ptr<T>() const;        \
+    template T Tensor::item<T>() const;             \
+    template std::vector<T> Tensor::to_vector<T>() const;
+NT_INSTANTIATE(float)
+NT_INSTANTIATE(double)
+NT_INSTANTIATE(int64_t)
+#undef NT_INSTANTIATE
+
+Tensor Tensor::view(const Shape& new_shape) const {
+    Shape s = infer_shape("view", new_shape, numel(), shape());
+    NT_CHECK(is_contiguous(), "view: expected a contiguous tensor, got shape ", shape_str(shape()),
+             " with strides ", shape_str(strides()), "; use reshape()");
+    Tensor out = make_view(*this, s, contiguous_strides(s));
+    if (should_record(*this)) record(std::make_shared<ViewBackward>(shape()), out, *this);
+    return out;
+}
+
+Tensor Tensor::reshape(const Shape& new_shape) const {
+    return is_contiguous() ? view(new_shape) : contiguous().view(new_shape);
+}
+
+Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
+    int64_t n = dim();
+    NT_CHECK(dim0 >= -n && dim0 < n && dim1 >= -n && dim1 < n, "transpose: dimensions (", dim0, ", ", dim1,
+             ") out of range for shape ", shape_str(shape()));
+    if (dim0 < 0) dim0 += n;
+    if (dim1 < 0) dim1 += n;
+    Shape s = shape(), st = strides();
+    std::swap(s[dim0], s[dim1]);
+    std::swap(st[dim0], st[dim1]);
+    Tensor out = make_view(*this, s, st);
+    if (should_record(*this)) record(std::make_shared<TransposeBackward>(dim0, dim1), out, *this);
+    return out;
+}
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+Tensor Tensor::clone() const {
+    Tensor out = empty(shape(), TensorOptions().dtype(dtype()).device(device()));
+    copy_elements(out, *this);
+    if (should_record(*this)) record(std::make_shared<CloneBackward>(), out, *this);
+    return out;
+}
+
+Tensor Tensor::detach() const { return make_view(*this, shape(), strides()); }
+
+Tensor Tensor::to(DType d) const {
+    Tensor out = empty(shape(), TensorOptions().dtype(d).device(device()));
+    copy_elements(out, *this);
+    return out;
+}
+
+Tensor& Tensor::requires_grad_(bool r) {
+    NT_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad; this one has grad_fn ",
+             grad_fn()->name());
+    NT_CHECK(!r || is_floating(dtype()), "requires_grad_: only floating tensors can require grad, got ",
+             dtype_name(dtype()));
+    impl().requires_grad = r;
+    return *this;
+}
+
+Tensor Tensor::grad() const { return Tensor(impl().grad); }
+
+void Tensor::zero_grad() { impl().grad.reset(); }
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+    run_backward(*this, gradient, retain_graph);
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+    check_inplace(*this, "add_");
+    NT_CHECK(other.shape() == shape() && other.dtype() == dtype(), "add_: expected ", shape_str(shape()), " ",
+             dtype_name(dtype()), ", got ", shape_str(other.shape()), " ", dtype_name(other.dtype()));
+    NT_CHECK(is_contiguous(), "add_: expected a contiguous destination");
+    Tensor src = other.contiguous();
+    dispatch_floating(dtype(), "add_", [&](auto tag) {
+        using T = decltype(tag);
+        T* a = data_ptr<T>();
+        const T* b = src.data_ptr<T>();
+        T s = static_cast<T>(alpha);
+        for (int64_t i = 0; i < numel(); ++i) a[i] += s * b[i];
+    });
+    storage()->bump_version();
+    return *this;
+}
+
+Tensor& Tensor::mul_(double value) {
+    check_inplace(*this, "mul_");
+    NT_CHECK(is_contiguous(), "mul_: expected a contiguous destination");
+    dispatch_floating(dtype(), "mul_", [&](auto tag) {
+        using T = decltype(tag);
+        T* a = data_ptr<T>();
+        for (int64_t i = 0; i < numel(); ++i) a[i] *= static_cast<T>(value);
+    });
+    storage()->bump_version();
+    return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+    check_inplace(*this, "fill_");
+    NT_CHECK(is_contiguous(), "fill_: expected a contiguous destination");
+    dispatch_all(dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        T* a = data_ptr<T>();
+        for (int64_t i = 0; i < numel(); ++i) a[i] = static_cast<T>(value);
+    });
+    storage()->bump_version();
+    return *this;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+    check_inplace(*this, "copy_");
+    NT_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: expected ", shape_str(shape()), " ",
+             dtype_name(dtype()), ", got ", shape_str(src.shape()), " ", dtype_name(src.dtype()));
+    NT_CHECK(is_contiguous(), "copy_: expected a contiguous destination");
+    copy_elements(*this, src);
+    storage()->bump_version();
+    return *this;
+}
+
+Tensor empty(const Shape& shape, TensorOptions options) {
+    for (int64_t s : shape) NT_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+    NT_CHECK(!options.requires_grad_ || is_floating(options.dtype_),
+             "empty: only floating tensors can require grad, got ", dtype_name(options.dtype_));
+    auto impl = std::make_shared<TensorImpl>();
+    int64_t n = shape_numel(shape);
+    impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype_), options.device_);
+    impl->shape = shape;
+    impl->strides = contiguous_strides(shape);
+    impl->dtype = options.dtype_;
+    impl->device = options.device_;
+    impl->requires_grad = options.requires_grad_;
+    return Tensor(impl);
+}
+
+Tensor full(const Shape& shape, double value, TensorOptions options) {
+    Tensor t = empty(shape, options.requires_grad(false));
+    t.fill_(value);
+    t.impl().requires_grad = options.requires_grad_;
+    return t;
+}
+
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+
+Tensor randn(const Shape& shape, TensorOptions options) {
+    NT_CHECK(is_floating(options.dtype_), "randn: expected a floating dtype, got ", dtype_name(options.dtype_));
+    Tensor t = empty(shape, options);
+    dispatch_floating(t.dtype(), "randn", [&](auto tag) {
+        using T = decltype(tag);
+        T* p = t.data_ptr<T>();
+        for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(randn_scalar());
+    });
+    return t;
+}
+
+Tensor arange(int64_t end, TensorOptions options) {
+    NT_CHECK(end >= 0, "arange: expected end >= 0, got ", end);
+    Tensor t = empty({end}, options);
+    dispatch_all(t.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        T* p = t.data_ptr<T>();
+        for (int64_t i = 0; i < end; ++i) p[i] = static_cast<T>(i);
+    });
+    return t;
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions options) {
+    Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
+    NT_CHECK(shape_numel(s) == static_cast<int64_t>(values.size()), "from_vector: shape ", shape_str(s), " holds ",
+             shape_numel(s), " elements, got ", values.size(), " values");
+    Tensor t = empty(s, options.dtype(dtype_of<T>()));
+    std::copy(values.begin(), values.end(), t.data_ptr<T>());
+    return t;
+}
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+
+void manual_seed(uint64_t seed) { generator().seed(seed); }
+
+double rand_scalar() {
+    // 53 random bits -> [0, 1), identical on every platform (std::uniform_real_distribution is not).
+    return static_cast<double>(generator()() >> 11) * 0x1.0p-53;
+}
+
+double randn_scalar() {
+    // Box-Muller; one sample per call keeps the stream simple to reproduce.
+    double u1 = rand_scalar(), u2 = rand_scalar();
+    return std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+std::string shape_str(const Shape& shape) {
+    std::ostringstream ss;
+    ss << "[";
+    for (size_t i = 0; i < shape.size(); ++i) ss << (i ? ", " : "") << shape[i];
+    ss << "]";
+    return ss.str();
+}
+
+namespace {
+template <class T>
+void print_values(std::ostream& os, const T* p, const Shape& shape, size_t d, int64_t offset) {
+    const int64_t edge = 3;
+    int64_t n = shape[d];
+    int64_t inner = 1;
+    for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
+    os << "[";
+    for (int64_t i = 0; i < n; ++i) {
+        if (n > 2 * edge && i == edge) {
+            os << "..., ";
+            i = n - edge;
+        }
+        if (d + 1 == shape.size()) os << p[offset + i];
+        else print_values(os, p, shape, d + 1, offset + i * inner);
+        if (i + 1 < n) os << ", ";
+    }
+    os << "]";
+}
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+    if (!t.defined()) return os << "Tensor(undefined)";
+    os << "tensor(";
+    Tensor c = t.contiguous();
+    dispatch_all(c.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* p = static_cast<const T*>(c.storage()->data()) + c.impl().offset;
+        if (c.dim() == 0) os << p[0];
+        else print_values(os, p, c.shape(), 0, 0);
+    });
+    os << ", shape=" << shape_str(t.shape()) << ", dtype=" << dtype_name(t.dtype());
+    if (t.grad_fn()) os << ", grad_fn=<" << t.grad_fn()->name() << ">";
+    else if (t.requires_grad()) os << ", requires_grad=true";
+    return os << ")";
+}
+
+}  // namespace normtape

@@ -1,0 +1,157 @@
+// core/tensor.h: Tensor, a cheap shared handle over storage + shape + strides + dtype + device,
+// with the autograd fields (requires_grad, grad, grad_fn), and the factories that make tensors.
+//
+// Shapes are row-major; strides count elements. Ops produce contiguous outputs; view(), reshape()
+// and transpose() share storage with their input, contiguous() and clone() copy. Copying a Tensor
+// copies the handle, never the data (as in libtorch). Not here: any op's math (ops/), the engine
+// (core/autograd.h). The library is single-threaded: tensors are not shared between threads.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/storage.h"
+
+namespace normtape {
+
+using Shape = std::vector<int64_t>;
+
+class Node;
+
+// What a factory makes: TensorOptions().dtype(DType::F64).requires_grad(true). Defaults: f32, cpu,
+// no gradient.
+struct TensorOptions {
+    DType dtype_ = DType::F32;
+    Device device_ = Device::CPU;
+    bool requires_grad_ = false;
+
+    TensorOptions dtype(DType d) const { TensorOptions o = *this; o.dtype_ = d; return o; }
+    TensorOptions device(Device d) const { TensorOptions o = *this; o.device_ = d; return o; }
+    TensorOptions requires_grad(bool r) const { TensorOptions o = *this; o.requires_grad_ = r; return o; }
+};
+
+// The shared state behind a Tensor handle.
+struct TensorImpl {
+    std::shared_ptr<Storage> storage;
+    Shape shape;
+    Shape strides;       // in elements
+    int64_t offset = 0;  // in elements, into storage
+    DType dtype = DType::F32;
+    Device device = Device::CPU;
+    bool requires_grad = false;
+    std::shared_ptr<TensorImpl> grad;  // accumulated gradient (leaves only)
+    std::shared_ptr<Node> grad_fn;     // the node that produced this tensor (non-leaves only)
+};
+
+class Tensor {
+public:
+    Tensor() = default;  // an undefined tensor: defined() is false
+    explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+    bool defined() const { return impl_ != nullptr; }
+    const Shape& shape() const { return impl().shape; }
+    const Shape& strides() const { return impl().strides; }
+    // Size of dimension `dim`; negative counts from the end. Throws on a dim out of range.
+    int64_t size(int64_t dim) const;
+    int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+    int64_t numel() const;
+    DType dtype() const { return impl().dtype; }
+    Device device() const { return impl().device; }
+    bool is_contiguous() const;
+    // Bytes of this tensor's elements (numel * element_size), not of its whole storage.
+    int64_t nbytes() const { return numel() * static_cast<int64_t>(element_size(dtype())); }
+    const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+
+    // Pointer to the first element. Throws if T does not match dtype(). CPU tensors only.
+    template <class T>
+    T* data_ptr() const;
+    // The value of a one-element tensor. Throws if numel() != 1 or T does not match dtype().
+    template <class T>
+    T item() const;
+    // The elements in row-major order (works on non-contiguous tensors). Throws on a dtype mismatch.
+    template <class T>
+    std::vector<T> to_vector() const;
+
+    // Same storage, new shape; one dim may be -1. Throws unless numel matches and the tensor is
+    // contiguous. Differentiable.
+    Tensor view(const Shape& shape) const;
+    // view() when contiguous, else a contiguous copy reshaped. Differentiable.
+    Tensor reshape(const Shape& shape) const;
+    // Same storage with dims dim0 and dim1 swapped (a non-contiguous view). Differentiable.
+    Tensor transpose(int64_t dim0, int64_t dim1) const;
+    // This tensor if contiguous, else a contiguous copy. Differentiable.
+    Tensor contiguous() const;
+    // A contiguous copy with its own storage. Differentiable.
+    Tensor clone() const;
+    // Same storage, no grad_fn, requires_grad false: cuts the graph.
+    Tensor detach() const;
+    // A contiguous copy converted to `dtype` (f32 <-> f64 <-> i64). Not differentiable.
+    Tensor to(DType dtype) const;
+
+    // Autograd. See core/autograd.h and Note [Gradient accumulation] there.
+    bool requires_grad() const { return impl().requires_grad; }
+    // Marks a leaf as requiring a gradient. Throws on a non-leaf or a non-floating dtype.
+    Tensor& requires_grad_(bool requires_grad = true);
+    bool is_leaf() const { return impl().grad_fn == nullptr; }
+    const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
+    // The gradient accumulated into this leaf by backward(); undefined before the first backward
+    // and after zero_grad().
+    Tensor grad() const;
+    // Drops the accumulated gradient (grad() becomes undefined), as PyTorch's set_to_none.
+    void zero_grad();
+    // Runs reverse-mode autodiff from this tensor. `gradient` has this tensor's shape; it may be
+    // omitted for a one-element tensor (then 1). Leaf gradients accumulate (+=). Unless
+    // `retain_graph`, the saved tensors of every node run are released. Throws if this tensor
+    // does not require grad, on a shape mismatch, or on a second backward through released nodes.
+    void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+
+    // In-place, never recorded by autograd; each bumps the storage version. Throw if this tensor
+    // requires grad while grad mode is on (as PyTorch does for leaves), or on shape/dtype mismatch.
+    Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other
+    Tensor& mul_(double value);                             // this *= value
+    Tensor& fill_(double value);
+    Tensor& zero_() { return fill_(0.0); }
+    Tensor& copy_(const Tensor& src);                       // same shape and dtype
+
+    TensorImpl& impl() const;
+    const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+private:
+    std::shared_ptr<TensorImpl> impl_;
+};
+
+// Factories. `shape` entries must be >= 0; a tensor of zero elements is allowed here (ops reject
+// it). All throw Error on a negative size or an unsupported dtype/device.
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, double value, TensorOptions options = {});
+// Standard normal samples from the global generator (see manual_seed); floating dtypes only.
+Tensor randn(const Shape& shape, TensorOptions options = {});
+// 0, 1, ..., end - 1 as a 1-D tensor of end elements; i64 unless options say otherwise.
+Tensor arange(int64_t end, TensorOptions options = TensorOptions().dtype(DType::I64));
+// A tensor holding `values` in row-major order; `shape` defaults to {values.size()}. Throws if
+// the counts differ or T does not match options.dtype_ (options' dtype is taken from T).
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, TensorOptions options = {});
+
+// Seeds the global generator used by randn and by nn's initializers (std::mt19937_64 +
+// Box-Muller, so sequences are the same on every platform).
+void manual_seed(uint64_t seed);
+// One standard normal sample and one uniform [0, 1) sample from the global generator.
+double randn_scalar();
+double rand_scalar();
+
+// "[2, 3]"
+std::string shape_str(const Shape& shape);
+// Prints values (at most 6 per dim, with ...), shape, dtype, device, and grad_fn or requires_grad.
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace normtape

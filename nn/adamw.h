@@ -1,0 +1,56 @@
+// nn/adamw.h: the AdamW optimizer and gradient-norm clipping.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace normtape {
+
+struct AdamWOptions {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.01;  // default for groups that do not set their own
+};
+
+// A set of parameters sharing a weight decay (e.g. no decay for biases and norm weights).
+struct ParamGroup {
+    std::vector<Tensor> params;
+    double weight_decay;
+};
+
+// AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101; as torch.optim.AdamW): for each parameter p
+// with gradient g, at step t (from 1):
+//   p -= lr * weight_decay * p                         (decoupled weight decay)
+//   m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2
+//   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// Moments m, v are kept in f64 for f64 parameters and f32 otherwise, one pair per parameter.
+// Parameters whose grad() is undefined are skipped. Updates are in place (the storage version
+// is bumped, so a graph that saved an old parameter refuses to run backward).
+class AdamW {
+public:
+    AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
+    AdamW(const std::vector<Tensor>& params, AdamWOptions options);
+
+    void step();
+    // Drops every parameter's gradient.
+    void zero_grad();
+    void set_lr(double lr) { options_.lr = lr; }
+    double lr() const { return options_.lr; }
+    int64_t step_count() const { return t_; }
+
+private:
+    std::vector<ParamGroup> groups_;
+    std::vector<std::vector<Tensor>> m_, v_;  // per group, per parameter
+    AdamWOptions options_;
+    int64_t t_ = 0;
+};
+
+// Scales the gradients of `params` in place so that their global L2 norm is at most max_norm,
+// as torch.nn.utils.clip_grad_norm_. Returns the norm before clipping. Throws Error if max_norm
+// is not positive.
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace normtape

@@ -1,0 +1,100 @@
+// nn/gpt.cpp: the GPT modules.
+#include "nn/gpt.h"
+
+#include <cmath>
+#include <string>
+
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+
+namespace normtape {
+
+void check_config(const GPTConfig& c) {
+    NT_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
+             "GPTConfig: expected positive sizes, got vocab_size ", c.vocab_size, ", block_size ", c.block_size,
+             ", n_layer ", c.n_layer, ", n_head ", c.n_head, ", n_embd ", c.n_embd);
+    NT_CHECK(c.n_embd % c.n_head == 0, "GPTConfig: expected n_embd divisible by n_head, got n_embd ", c.n_embd,
+             " and n_head ", c.n_head);
+    NT_CHECK(is_floating(c.dtype), "GPTConfig: expected a floating dtype, got ", dtype_name(c.dtype));
+}
+
+namespace {
+NormOptions norm_options(const GPTConfig& c) {
+    NormOptions o;
+    o.eps = c.norm_eps;
+    o.policy = c.policy;
+    o.dtype = c.dtype;
+    return o;
+}
+double residual_std(const GPTConfig& c) { return 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer)); }
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) {
+    c_attn = register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, c.dtype));
+    c_proj = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, c.dtype, residual_std(c)));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+    return c_proj->forward(causal_self_attention(c_attn->forward(x), n_head));
+}
+
+MLP::MLP(const GPTConfig& c) {
+    c_fc = register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, true, c.dtype));
+    c_proj = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, c.dtype, residual_std(c)));
+}
+
+Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(gelu(c_fc->forward(x))); }
+
+Block::Block(const GPTConfig& c) {
+    ln_1 = register_module("ln_1", make_norm(c.norm, c.n_embd, norm_options(c)));
+    attn = register_module("attn", std::make_shared<CausalSelfAttention>(c));
+    ln_2 = register_module("ln_2", make_norm(c.norm, c.n_embd, norm_options(c)));
+    mlp = register_module("mlp", std::make_shared<MLP>(c));
+}
+
+Tensor Block::forward(Tensor x) const {
+    // Reassigning x drops the handle to the old residual: Note [Why saving y saves memory].
+    x = add(x, attn->forward(ln_1->forward(x)));
+    x = add(x, mlp->forward(ln_2->forward(x)));
+    return x;
+}
+
+GPT::GPT(const GPTConfig& c) : config_(c) {
+    check_config(c);
+    wte = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, c.dtype));
+    wpe = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, c.dtype));
+    for (int64_t i = 0; i < c.n_layer; ++i) h.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(c)));
+    ln_f = register_module("ln_f", make_norm(c.norm, c.n_embd, norm_options(c)));
+    lm_head = register_module("lm_head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, c.dtype));
+}
+
+Tensor GPT::forward(const Tensor& idx) const {
+    NT_CHECK(idx.defined() && idx.dtype() == DType::I64 && idx.dim() == 2, "GPT: expected idx of shape [B, T] i64, got ",
+             idx.defined() ? shape_str(idx.shape()) + " " + dtype_name(idx.dtype()) : std::string("an undefined tensor"));
+    int64_t T = idx.size(1);
+    NT_CHECK(T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
+             config_.block_size, "], got ", T);
+    Tensor x = add(wte->forward(idx), wpe->forward(arange(T)));
+    for (const auto& block : h) x = block->forward(x);
+    return lm_head->forward(ln_f->forward(x));
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const { return cross_entropy(forward(idx), targets); }
+
+void GPT::set_policy(SavePolicy policy) {
+    config_.policy = policy;
+    for (const auto& block : h) {
+        block->ln_1->options.policy = policy;
+        block->ln_2->options.policy = policy;
+    }
+    ln_f->options.policy = policy;
+}
+
+int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    int64_t norms = 2 * c.n_layer + 1;
+    int64_t elements = B * T * c.n_embd + (c.norm == NormKind::Layer ? B * T : 0);
+    return norms * elements * static_cast<int64_t>(element_size(c.dtype));
+}
+
+}  // namespace normtape

@@ -1,0 +1,101 @@
+// nn/gpt.h: a GPT-2 style pre-LN transformer (Radford et al. 2019), byte-level by default.
+//
+// Dimensions: B batch, T sequence length (<= block_size), C embedding width (n_embd),
+// NH heads (n_head), hs = C / NH, L layers (n_layer), V vocabulary size.
+//
+//   x = wte(idx) + wpe(0..T-1)                      [B, T, C]
+//   for each block: x = x + attn(ln_1(x))            pre-LN; the residual variable is reassigned
+//                   x = x + mlp(ln_2(x))             so nothing but the norms can keep x alive
+//   logits = lm_head(ln_f(x))                        [B, T, V]; lm_head is not tied to wte
+//
+// With SavePolicy::Output every norm saves its output, which the Linear after it saves anyway,
+// so the (2L + 1) norm inputs are freed: see predicted_saving_bytes().
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/module.h"
+#include "nn/norm.h"
+
+namespace normtape {
+
+struct GPTConfig {
+    int64_t vocab_size = 256;  // bytes
+    int64_t block_size = 64;   // longest sequence
+    int64_t n_layer = 2;
+    int64_t n_head = 4;
+    int64_t n_embd = 128;
+    NormKind norm = NormKind::Layer;
+    SavePolicy policy = SavePolicy::Input;
+    DType dtype = DType::F32;
+    double norm_eps = 1e-5;
+};
+
+// Throws Error naming GPTConfig when a size is not positive or n_embd % n_head != 0.
+void check_config(const GPTConfig& config);
+
+// c_attn: Linear(C, 3C) -> causal_self_attention -> c_proj: Linear(C, C).
+class CausalSelfAttention : public Module {
+public:
+    explicit CausalSelfAttention(const GPTConfig& config);
+    Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+
+    std::shared_ptr<Linear> c_attn, c_proj;
+    int64_t n_head;
+};
+
+// c_fc: Linear(C, 4C) -> gelu (tanh) -> c_proj: Linear(4C, C).
+class MLP : public Module {
+public:
+    explicit MLP(const GPTConfig& config);
+    Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+
+    std::shared_ptr<Linear> c_fc, c_proj;
+};
+
+// Pre-LN block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
+class Block : public Module {
+public:
+    explicit Block(const GPTConfig& config);
+    Tensor forward(Tensor x) const;  // [B, T, C] -> [B, T, C]
+
+    std::shared_ptr<NormModule> ln_1, ln_2;
+    std::shared_ptr<CausalSelfAttention> attn;
+    std::shared_ptr<MLP> mlp;
+};
+
+class GPT : public Module {
+public:
+    // Draws the initial weights from the global generator (manual_seed): N(0, 0.02) for
+    // embeddings and Linear weights, N(0, 0.02 / sqrt(2L)) for the residual projections
+    // (attn.c_proj, mlp.c_proj), zeros for biases, ones for norm weights (GPT-2).
+    explicit GPT(const GPTConfig& config);
+
+    // idx: [B, T] i64 token ids in [0, V), T <= block_size. Returns logits [B, T, V].
+    // Throws Error naming GPT on a bad shape, dtype, T > block_size or an id out of range.
+    Tensor forward(const Tensor& idx) const;
+    // Mean cross-entropy of forward(idx) against targets [B, T] i64 (a 0-dim tensor, nats).
+    Tensor loss(const Tensor& idx, const Tensor& targets) const;
+
+    // Sets the save policy of every norm (no parameter changes).
+    void set_policy(SavePolicy policy);
+
+    const GPTConfig& config() const { return config_; }
+
+    std::shared_ptr<Embedding> wte, wpe;
+    std::vector<std::shared_ptr<Block>> h;
+    std::shared_ptr<NormModule> ln_f;
+    std::shared_ptr<Linear> lm_head;
+
+private:
+    GPTConfig config_;
+};
+
+// Bytes that SavePolicy::Output saves over SavePolicy::Input in saved_bytes() right after a
+// forward of a [B, T] batch: the (2L + 1) norm inputs of B*T*C elements, plus, for LayerNorm,
+// their (2L + 1) means of B*T elements (DESIGN.md, "Norm ops and their policies"). Elements are
+// of config.dtype; statistics are of the same dtype (f32 for f32).
+int64_t predicted_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
+
+}  // namespace normtape

@@ -1,0 +1,69 @@
+// nn/module.cpp: Module bookkeeping, Linear, Embedding.
+#include "nn/module.h"
+
+#include "core/autograd.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+
+namespace normtape {
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+    NT_CHECK(t.is_leaf(), "register_parameter: parameter ", name, " must be a leaf tensor");
+    t.requires_grad_(true);
+    params_.emplace_back(name, t);
+    return t;
+}
+
+void Module::collect(const std::string& prefix, NamedTensors& out) const {
+    for (const auto& [name, t] : params_) out.emplace_back(prefix + name, t);
+    for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+NamedTensors Module::named_parameters() const {
+    NamedTensors out;
+    collect("", out);
+    return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+    std::vector<Tensor> out;
+    for (auto& [name, t] : named_parameters()) out.push_back(t);
+    return out;
+}
+
+int64_t Module::num_parameters() const {
+    int64_t n = 0;
+    for (const Tensor& t : parameters()) n += t.numel();
+    return n;
+}
+
+void Module::zero_grad() {
+    for (Tensor& t : parameters()) t.zero_grad();
+}
+
+namespace {
+Tensor normal_init(const Shape& shape, double std, DType dtype) {
+    Tensor t = randn(shape, TensorOptions().dtype(dtype));
+    t.mul_(std);
+    return t;
+}
+}  // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, DType dtype, double init_std) {
+    NT_CHECK(in_features > 0 && out_features > 0, "Linear: expected positive in_features and out_features, got ",
+             in_features, " and ", out_features);
+    weight = register_parameter("weight", normal_init({out_features, in_features}, init_std, dtype));
+    if (has_bias) bias = register_parameter("bias", zeros({out_features}, TensorOptions().dtype(dtype)));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, DType dtype) {
+    NT_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: expected positive sizes, got ", num_embeddings,
+             " and ", embedding_dim);
+    weight = register_parameter("weight", normal_init({num_embeddings, embedding_dim}, 0.02, dtype));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(ids, weight); }
+
+}  // namespace normtape

@@ -1,0 +1,71 @@
+// nn/module.h: Module, the base of every layer: named parameters and submodules, zero_grad.
+//
+// Parameter names join submodule names with dots, as PyTorch's state_dict does
+// ("h.0.ln_1.weight"), in registration order. Parameters are leaves with requires_grad set.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace normtape {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+public:
+    virtual ~Module() = default;
+    Module() = default;
+    Module(const Module&) = delete;
+    Module& operator=(const Module&) = delete;
+
+    // Every parameter of this module and its submodules, depth first, with dotted names.
+    NamedTensors named_parameters() const;
+    std::vector<Tensor> parameters() const;
+    // Total number of parameter elements.
+    int64_t num_parameters() const;
+    // Drops every parameter's gradient (grad() becomes undefined, as PyTorch's set_to_none).
+    void zero_grad();
+
+protected:
+    // Adds `t` as a parameter called `name` (it must be a leaf; requires_grad is set). Returns it.
+    Tensor register_parameter(const std::string& name, Tensor t);
+    // Adds a submodule called `name`. Returns it.
+    template <class M>
+    std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+        children_.emplace_back(name, module);
+        return module;
+    }
+
+private:
+    void collect(const std::string& prefix, NamedTensors& out) const;
+
+    NamedTensors params_;
+    std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+// Linear(in_features, out_features, bias): y = x @ weight^T + bias (ops/matmul.h linear).
+// weight: [out_features, in_features], bias: [out_features]; both drawn N(0, init_std^2) / zero
+// (GPT-2's initialization) in `dtype`.
+class Linear : public Module {
+public:
+    Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::F32,
+           double init_std = 0.02);
+    Tensor forward(const Tensor& x) const;
+
+    Tensor weight, bias;
+};
+
+// Embedding(num_embeddings, embedding_dim): a [V, C] table drawn N(0, 0.02^2) (ops/embedding.h).
+class Embedding : public Module {
+public:
+    Embedding(int64_t num_embeddings, int64_t embedding_dim, DType dtype = DType::F32);
+    Tensor forward(const Tensor& ids) const;
+
+    Tensor weight;
+};
+
+}  // namespace normtape

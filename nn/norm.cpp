@@ -1,0 +1,40 @@
+// nn/norm.cpp: LayerNorm and RMSNorm modules.
+#include "nn/norm.h"
+
+#include "ops/layer_norm.h"
+#include "ops/rms_norm.h"
+
+namespace normtape {
+
+namespace {
+void check_size(const char* module, int64_t n) {
+    NT_CHECK(n > 0, module, ": expected normalized_shape > 0, got ", n);
+}
+}  // namespace
+
+LayerNorm::LayerNorm(int64_t normalized_shape, NormOptions opts) : NormModule(opts) {
+    check_size("LayerNorm", normalized_shape);
+    TensorOptions t = TensorOptions().dtype(opts.dtype);
+    if (opts.elementwise_affine) {
+        weight = register_parameter("weight", ones({normalized_shape}, t));
+        if (opts.bias) bias = register_parameter("bias", zeros({normalized_shape}, t));
+    }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, options.eps, options.policy); }
+
+RMSNorm::RMSNorm(int64_t normalized_shape, NormOptions opts) : NormModule(opts) {
+    check_size("RMSNorm", normalized_shape);
+    if (opts.elementwise_affine) weight = register_parameter("weight", ones({normalized_shape}, TensorOptions().dtype(opts.dtype)));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, options.eps, options.policy); }
+
+const char* norm_kind_name(NormKind kind) { return kind == NormKind::Layer ? "layer" : "rms"; }
+
+std::shared_ptr<NormModule> make_norm(NormKind kind, int64_t normalized_shape, NormOptions options) {
+    if (kind == NormKind::Layer) return std::make_shared<LayerNorm>(normalized_shape, options);
+    return std::make_shared<RMSNorm>(normalized_shape, options);
+}
+
+}  // namespace normtape

@@ -1,0 +1,53 @@
+// nn/norm.h: the LayerNorm and RMSNorm modules over ops/layer_norm.h and ops/rms_norm.h.
+#pragma once
+
+#include <memory>
+
+#include "nn/module.h"
+#include "ops/norm_policy.h"
+
+namespace normtape {
+
+// Options of both norm modules, as PyTorch's nn.LayerNorm / nn.RMSNorm constructors, plus the
+// save policy. `bias` is ignored by RMSNorm.
+struct NormOptions {
+    double eps = 1e-5;
+    bool elementwise_affine = true;  // learnable weight (ones) and, for LayerNorm, bias (zeros)
+    bool bias = true;
+    SavePolicy policy = SavePolicy::Input;
+    DType dtype = DType::F32;
+};
+
+// The interface Block uses so that it can hold either norm.
+class NormModule : public Module {
+public:
+    explicit NormModule(NormOptions o) : options(o) {}
+    virtual Tensor forward(const Tensor& x) const = 0;
+
+    NormOptions options;  // policy may be changed between forwards
+};
+
+// LayerNorm(normalized_shape): y = layer_norm(x, weight, bias, eps, policy) over the last dim.
+class LayerNorm : public NormModule {
+public:
+    explicit LayerNorm(int64_t normalized_shape, NormOptions options = {});
+    Tensor forward(const Tensor& x) const override;
+
+    Tensor weight, bias;  // [normalized_shape] or undefined
+};
+
+// RMSNorm(normalized_shape): y = rms_norm(x, weight, eps, policy) over the last dim.
+class RMSNorm : public NormModule {
+public:
+    explicit RMSNorm(int64_t normalized_shape, NormOptions options = {});
+    Tensor forward(const Tensor& x) const override;
+
+    Tensor weight;  // [normalized_shape] or undefined
+};
+
+enum class NormKind { Layer, RMS };
+// "layer" or "rms".
+const char* norm_kind_name(NormKind kind);
+std::shared_ptr<NormModule> make_norm(NormKind kind, int64_t normalized_shape, NormOptions options);
+
+}  // namespace normtape

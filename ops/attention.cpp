@@ -1,0 +1,132 @@
+// ops/attention.cpp: causal self-attention, plain loops over (b, h, t), in llm.c's style.
+#include "ops/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/autograd.h"
+#include "core/dispatch.h"
+#include "ops/checks.h"
+
+namespace normtape {
+
+namespace {
+
+// out: [B, T, C], att: [B, NH, T, T], qkv: [B, T, 3C].
+template <class T>
+void attention_forward_cpu(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+    int64_t hs = C / NH;
+    T scale = T(1) / std::sqrt(T(hs));
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < NH; ++h)
+            for (int64_t t = 0; t < Tn; ++t) {
+                const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
+                T* a = att + ((b * NH + h) * Tn + t) * Tn;
+                T maxv = -std::numeric_limits<T>::infinity();
+                for (int64_t s = 0; s <= t; ++s) {
+                    const T* k = qkv + (b * Tn + s) * 3 * C + C + h * hs;
+                    T dot = 0;
+                    for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
+                    a[s] = dot * scale;
+                    maxv = std::max(maxv, a[s]);
+                }
+                T sum = 0;
+                for (int64_t s = 0; s <= t; ++s) {
+                    a[s] = std::exp(a[s] - maxv);
+                    sum += a[s];
+                }
+                for (int64_t s = 0; s <= t; ++s) a[s] /= sum;
+                for (int64_t s = t + 1; s < Tn; ++s) a[s] = 0;
+                T* o = out + (b * Tn + t) * C + h * hs;
+                for (int64_t d = 0; d < hs; ++d) o[d] = 0;
+                for (int64_t s = 0; s <= t; ++s) {
+                    const T* v = qkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
+                    for (int64_t d = 0; d < hs; ++d) o[d] += a[s] * v[d];
+                }
+            }
+}
+
+// With datt = dout . v and the softmax backward dpre = att * (datt - sum_s att * datt):
+//   dq[t] = sum_s dpre[s] k[s] / sqrt(hs), dk[s] += dpre[s] q[t] / sqrt(hs), dv[s] += att[s] dout[t].
+// dqkv is overwritten (=).
+template <class T>
+void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn, int64_t C,
+                            int64_t NH) {
+    int64_t hs = C / NH;
+    T scale = T(1) / std::sqrt(T(hs));
+    std::fill(dqkv, dqkv + B * Tn * 3 * C, T(0));
+    std::vector<T> dpre(Tn);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < NH; ++h)
+            for (int64_t t = 0; t < Tn; ++t) {
+                const T* a = att + ((b * NH + h) * Tn + t) * Tn;
+                const T* go = dout + (b * Tn + t) * C + h * hs;
+                const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
+                T* dq = dqkv + (b * Tn + t) * 3 * C + h * hs;
+                T sum_ad = 0;
+                for (int64_t s = 0; s <= t; ++s) {
+                    const T* v = qkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
+                    T* dv = dqkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
+                    T datt = 0;
+                    for (int64_t d = 0; d < hs; ++d) {
+                        datt += go[d] * v[d];
+                        dv[d] += a[s] * go[d];
+                    }
+                    dpre[s] = datt;
+                    sum_ad += a[s] * datt;
+                }
+                for (int64_t s = 0; s <= t; ++s) {
+                    T dp = a[s] * (dpre[s] - sum_ad) * scale;
+                    const T* k = qkv + (b * Tn + s) * 3 * C + C + h * hs;
+                    T* dk = dqkv + (b * Tn + s) * 3 * C + C + h * hs;
+                    for (int64_t d = 0; d < hs; ++d) {
+                        dq[d] += dp * k[d];
+                        dk[d] += dp * q[d];
+                    }
+                }
+            }
+}
+
+struct AttentionBackward : Node {
+    SavedTensor qkv, att;
+    int64_t n_head;
+    AttentionBackward(const Tensor& qkv_, const Tensor& att_, int64_t nh) : qkv(qkv_), att(att_), n_head(nh) {}
+    const char* name() const override { return "CausalSelfAttentionBackward"; }
+    std::vector<SavedTensor*> saved_tensors() override { return {&qkv, &att}; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Tensor q = qkv.unpack(name()), a = att.unpack(name()), g = grad_output.contiguous();
+        Tensor dqkv = empty(q.shape(), TensorOptions().dtype(q.dtype()));
+        dispatch_floating(q.dtype(), name(), [&](auto tag) {
+            using T = decltype(tag);
+            attention_backward_cpu<T>(dqkv.data_ptr<T>(), g.data_ptr<T>(), q.data_ptr<T>(), a.data_ptr<T>(), q.size(0),
+                                      q.size(1), q.size(2) / 3, n_head);
+        });
+        return {dqkv};
+    }
+};
+
+}  // namespace
+
+Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
+    const char* op = "causal_self_attention";
+    detail::check_floating_input(op, "qkv", qkv_in);
+    NT_CHECK(qkv_in.dim() == 3, op, ": expected qkv of shape [B, T, 3C], got ", shape_str(qkv_in.shape()));
+    NT_CHECK(n_head >= 1, op, ": expected n_head >= 1, got ", n_head);
+    int64_t C = qkv_in.size(2) / 3;
+    NT_CHECK(qkv_in.size(2) % 3 == 0 && C % n_head == 0, op, ": expected qkv's last dimension to be 3C with C ",
+             "divisible by n_head = ", n_head, ", got shape ", shape_str(qkv_in.shape()));
+    Tensor qkv = qkv_in.contiguous();
+    int64_t B = qkv.size(0), Tn = qkv.size(1);
+    TensorOptions opts = TensorOptions().dtype(qkv.dtype());
+    Tensor out = empty({B, Tn, C}, opts);
+    Tensor att = empty({B, n_head, Tn, Tn}, opts);
+    dispatch_floating(qkv.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        attention_forward_cpu<T>(out.data_ptr<T>(), att.data_ptr<T>(), qkv.data_ptr<T>(), B, Tn, C, n_head);
+    });
+    if (should_record(qkv)) record(std::make_shared<AttentionBackward>(qkv, att, n_head), out, qkv);
+    return out;
+}
+
+}  // namespace normtape

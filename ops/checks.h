@@ -1,0 +1,36 @@
+// ops/checks.h: the argument checks every op starts with. Each throws Error naming the op,
+// the argument, what was expected and what was found.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace normtape::detail {
+
+// t is defined, non-empty, of a floating dtype, on the cpu.
+inline void check_floating_input(const char* op, const char* name, const Tensor& t) {
+    NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
+    NT_CHECK(is_floating(t.dtype()), op, ": expected ", name, " of a floating dtype (f32 or f64), got ",
+             dtype_name(t.dtype()));
+    NT_CHECK(t.device() == Device::CPU, op, ": expected ", name, " on cpu (this build has no CUDA backend), got ",
+             device_name(t.device()));
+    NT_CHECK(t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
+}
+
+// t has the dtype and device of ref (an already checked input named ref_name).
+inline void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
+    NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
+    NT_CHECK(t.dtype() == ref.dtype(), op, ": expected ", name, " of dtype ", dtype_name(ref.dtype()), " (as ",
+             ref_name, "), got ", dtype_name(t.dtype()));
+    NT_CHECK(t.device() == ref.device(), op, ": expected ", name, " on ", device_name(ref.device()), " (as ",
+             ref_name, "), got ", device_name(t.device()));
+}
+
+// t holds token ids or class indices: i64 on the cpu, non-empty.
+inline void check_index_input(const char* op, const char* name, const Tensor& t) {
+    NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
+    NT_CHECK(t.dtype() == DType::I64, op, ": expected ", name, " of dtype i64, got ", dtype_name(t.dtype()));
+    NT_CHECK(t.device() == Device::CPU, op, ": expected ", name, " on cpu, got ", device_name(t.device()));
+    NT_CHECK(t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
+}
+
+}  // namespace normtape::detail

@@ -1,0 +1,75 @@
+// ops/cross_entropy.cpp: log-sum-exp forward, softmax-minus-onehot backward.
+#include "ops/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/dispatch.h"
+#include "ops/checks.h"
+
+namespace normtape {
+
+namespace {
+
+struct CrossEntropyBackward : Node {
+    SavedTensor logits, lse, targets;
+    CrossEntropyBackward(const Tensor& l, const Tensor& s, const Tensor& t) : logits(l), lse(s), targets(t) {}
+    const char* name() const override { return "CrossEntropyBackward"; }
+    std::vector<SavedTensor*> saved_tensors() override { return {&logits, &lse, &targets}; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Tensor l = logits.unpack(name()), s = lse.unpack(name()), t = targets.unpack(name());
+        Tensor dlogits = empty(l.shape(), TensorOptions().dtype(l.dtype()));
+        dispatch_floating(l.dtype(), name(), [&](auto tag) {
+            using T = decltype(tag);
+            int64_t V = l.size(-1), M = l.numel() / V;
+            T g = grad_output.item<T>() / static_cast<T>(M);
+            const T *pl = l.data_ptr<T>(), *ps = s.data_ptr<T>();
+            const int64_t* pt = t.data_ptr<int64_t>();
+            T* pd = dlogits.data_ptr<T>();
+            for (int64_t i = 0; i < M; ++i) {
+                for (int64_t v = 0; v < V; ++v) pd[i * V + v] = std::exp(pl[i * V + v] - ps[i]) * g;
+                pd[i * V + pt[i]] -= g;
+            }
+        });
+        return {dlogits, Tensor()};
+    }
+};
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
+    const char* op = "cross_entropy";
+    detail::check_floating_input(op, "logits", logits_in);
+    detail::check_index_input(op, "targets", targets_in);
+    Shape rows_shape(logits_in.shape().begin(), logits_in.shape().end() - 1);
+    NT_CHECK(targets_in.shape() == rows_shape, op, ": expected targets of shape ", shape_str(rows_shape),
+             " for logits of shape ", shape_str(logits_in.shape()), ", got ", shape_str(targets_in.shape()));
+    Tensor logits = logits_in.contiguous(), targets = targets_in.contiguous();
+    int64_t V = logits.size(-1), M = logits.numel() / V;
+    const int64_t* pt = targets.data_ptr<int64_t>();
+    for (int64_t i = 0; i < M; ++i)
+        NT_CHECK(pt[i] >= 0 && pt[i] < V, op, ": expected targets in [0, ", V, "), got ", pt[i], " at flat position ", i);
+    TensorOptions opts = TensorOptions().dtype(logits.dtype());
+    Tensor lse = empty({M}, opts);
+    Tensor loss = empty({}, opts);
+    dispatch_floating(logits.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        const T* pl = logits.data_ptr<T>();
+        T* ps = lse.data_ptr<T>();
+        double total = 0.0;
+        for (int64_t i = 0; i < M; ++i) {
+            const T* row = pl + i * V;
+            T maxv = *std::max_element(row, row + V);
+            double sum = 0.0;
+            for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v] - maxv));
+            ps[i] = static_cast<T>(maxv + std::log(sum));
+            total += double(ps[i]) - double(row[pt[i]]);
+        }
+        *loss.data_ptr<T>() = static_cast<T>(total / static_cast<double>(M));
+    });
+    if (should_record(logits)) record(std::make_shared<CrossEntropyBackward>(logits, lse, targets), loss, logits, targets);
+    return loss;
+}
+
+}  // namespace normtape

@@ -1,0 +1,170 @@
+// ops/elementwise.cpp: add, mul, scale, gelu: checks, CPU kernels, nodes.
+#include "ops/elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/dispatch.h"
+#include "ops/checks.h"
+
+namespace normtape {
+
+namespace {
+
+bool is_suffix(const Shape& b, const Shape& a) {
+    if (b.size() > a.size()) return false;
+    return std::equal(b.begin(), b.end(), a.end() - static_cast<std::ptrdiff_t>(b.size()));
+}
+
+// da = g; db = g summed over the leading dimensions that b was broadcast over.
+struct AddBackward : Node {
+    Shape b_shape;
+    explicit AddBackward(Shape s) : b_shape(std::move(s)) {}
+    const char* name() const override { return "AddBackward"; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Tensor g = grad_output.contiguous();
+        Tensor db;
+        if (needs_input_grad(1)) {
+            if (g.shape() == b_shape) {
+                db = g;
+            } else {
+                db = zeros(b_shape, TensorOptions().dtype(g.dtype()));
+                dispatch_floating(g.dtype(), name(), [&](auto tag) {
+                    using T = decltype(tag);
+                    int64_t n = db.numel(), rows = g.numel() / n;
+                    const T* pg = g.data_ptr<T>();
+                    T* pb = db.data_ptr<T>();
+                    for (int64_t r = 0; r < rows; ++r)
+                        for (int64_t j = 0; j < n; ++j) pb[j] += pg[r * n + j];
+                });
+            }
+        }
+        return {needs_input_grad(0) ? g : Tensor(), db};
+    }
+};
+
+// da = g * b, db = g * a.
+struct MulBackward : Node {
+    SavedTensor a, b;
+    MulBackward(const Tensor& a_, const Tensor& b_) : a(a_), b(b_) {}
+    const char* name() const override { return "MulBackward"; }
+    std::vector<SavedTensor*> saved_tensors() override { return {&a, &b}; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Tensor g = grad_output.contiguous();
+        Tensor da = needs_input_grad(0) ? mul(g, b.unpack(name())) : Tensor();
+        Tensor db = needs_input_grad(1) ? mul(g, a.unpack(name())) : Tensor();
+        return {da, db};
+    }
+};
+
+// da = g * s.
+struct ScaleBackward : Node {
+    double s;
+    explicit ScaleBackward(double s_) : s(s_) {}
+    const char* name() const override { return "ScaleBackward"; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override { return {scale(grad_output, s)}; }
+};
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCoeff = 0.044715;
+
+// dx = g * d/dx gelu(x), with u = sqrt(2/pi) (x + 0.044715 x^3):
+//   d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+struct GeluBackward : Node {
+    SavedTensor x;
+    explicit GeluBackward(const Tensor& x_) : x(x_) {}
+    const char* name() const override { return "GeluBackward"; }
+    std::vector<SavedTensor*> saved_tensors() override { return {&x}; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Tensor xs = x.unpack(name()), g = grad_output.contiguous();
+        Tensor dx = empty(xs.shape(), TensorOptions().dtype(xs.dtype()));
+        dispatch_floating(xs.dtype(), name(), [&](auto tag) {
+            using T = decltype(tag);
+            const T *px = xs.data_ptr<T>(), *pg = g.data_ptr<T>();
+            T* pd = dx.data_ptr<T>();
+            for (int64_t i = 0; i < xs.numel(); ++i) {
+                T v = px[i];
+                T th = std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCoeff) * v * v * v));
+                T d = T(0.5) * (1 + th) + T(0.5) * v * (1 - th * th) * T(kSqrt2OverPi) * (1 + T(3 * kGeluCoeff) * v * v);
+                pd[i] = pg[i] * d;
+            }
+        });
+        return {dx};
+    }
+};
+
+}  // namespace
+
+Tensor add(const Tensor& a_in, const Tensor& b_in) {
+    detail::check_floating_input("add", "a", a_in);
+    detail::check_floating_input("add", "b", b_in);
+    detail::check_like("add", "b", b_in, "a", a_in);
+    NT_CHECK(is_suffix(b_in.shape(), a_in.shape()), "add: expected b of shape ", shape_str(a_in.shape()),
+             " or a suffix of it, got ", shape_str(b_in.shape()));
+    Tensor a = a_in.contiguous(), b = b_in.contiguous();
+    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()));
+    dispatch_floating(a.dtype(), "add", [&](auto tag) {
+        using T = decltype(tag);
+        const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
+        T* po = out.data_ptr<T>();
+        int64_t n = b.numel();
+        for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i % n];
+    });
+    if (should_record(a, b)) record(std::make_shared<AddBackward>(b.shape()), out, a, b);
+    return out;
+}
+
+Tensor mul(const Tensor& a_in, const Tensor& b_in) {
+    detail::check_floating_input("mul", "a", a_in);
+    detail::check_floating_input("mul", "b", b_in);
+    detail::check_like("mul", "b", b_in, "a", a_in);
+    NT_CHECK(a_in.shape() == b_in.shape(), "mul: expected b of shape ", shape_str(a_in.shape()), " (as a), got ",
+             shape_str(b_in.shape()));
+    Tensor a = a_in.contiguous(), b = b_in.contiguous();
+    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()));
+    dispatch_floating(a.dtype(), "mul", [&](auto tag) {
+        using T = decltype(tag);
+        const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
+        T* po = out.data_ptr<T>();
+        for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] * pb[i];
+    });
+    if (should_record(a, b)) {
+        auto node = std::make_shared<MulBackward>(b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor());
+        record(node, out, a, b);
+    }
+    return out;
+}
+
+Tensor scale(const Tensor& a_in, double s) {
+    detail::check_floating_input("scale", "a", a_in);
+    Tensor a = a_in.contiguous();
+    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()));
+    dispatch_floating(a.dtype(), "scale", [&](auto tag) {
+        using T = decltype(tag);
+        const T* pa = a.data_ptr<T>();
+        T* po = out.data_ptr<T>();
+        for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] * static_cast<T>(s);
+    });
+    if (should_record(a)) record(std::make_shared<ScaleBackward>(s), out, a);
+    return out;
+}
+
+Tensor gelu(const Tensor& x_in) {
+    detail::check_floating_input("gelu", "x", x_in);
+    Tensor x = x_in.contiguous();
+    Tensor out = empty(x.shape(), TensorOptions().dtype(x.dtype()));
+    dispatch_floating(x.dtype(), "gelu", [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = x.data_ptr<T>();
+        T* po = out.data_ptr<T>();
+        for (int64_t i = 0; i < x.numel(); ++i) {
+            T v = px[i];
+            po[i] = T(0.5) * v * (1 + std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCoeff) * v * v * v)));
+        }
+    });
+    if (should_record(x)) record(std::make_shared<GeluBackward>(x), out, x);
+    return out;
+}
+
+}  // namespace normtape

@@ -1,0 +1,27 @@
+// ops/elementwise.h: add, mul, scale, gelu. Inputs f32 or f64 on the cpu; outputs contiguous,
+// of the inputs' dtype. Each throws Error naming the op on an undefined, empty or non-floating
+// input, or on mismatched shapes, dtypes or devices. Gradients are returned fresh (=) and added
+// by the engine into leaves (+=).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace normtape {
+
+// a + b. b has a's shape, or a suffix of it and is broadcast over a's leading dimensions
+// (a bias row [N] onto [..., N], positions [T, C] onto [B, T, C]). Saves nothing;
+// db sums the gradient over the broadcast dimensions.
+Tensor add(const Tensor& a, const Tensor& b);
+
+// a * b elementwise, same shape. Saves b if a needs a gradient and a if b does.
+Tensor mul(const Tensor& a, const Tensor& b);
+
+// a * s for a scalar s. Saves nothing.
+Tensor scale(const Tensor& a, double s);
+
+// GELU, tanh approximation (Hendrycks & Gimpel 2016, arXiv:1606.08415; GPT-2; matches
+// torch.nn.functional.gelu(x, approximate="tanh")):
+//   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Saves x.
+Tensor gelu(const Tensor& x);
+
+}  // namespace normtape

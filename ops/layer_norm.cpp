@@ -1,0 +1,11 @@
+// ops/layer_norm.cpp: layer_norm; the kernels and node are shared with rms_norm
+// (ops/norm_policy.cpp), which differs only in not centering.
+#include "ops/layer_norm.h"
+
+namespace normtape {
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, SavePolicy policy) {
+    return detail::normalize("layer_norm", "LayerNormBackward", /*centered=*/true, x, weight, bias, eps, policy);
+}
+
+}  // namespace normtape

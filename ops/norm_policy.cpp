@@ -1,0 +1,194 @@
+// ops/norm_policy.cpp: argument checks, the CPU reference kernels and the backward node shared
+// by layer_norm and rms_norm. Plain loops, written to be read: this is the reference that the
+// CUDA kernels will be tested against.
+#include "ops/norm_policy.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/dispatch.h"
+
+namespace normtape {
+
+namespace {
+
+int64_t fallback_count = 0;
+
+// y = x_hat * weight + bias over rows of length N, x_hat = (x - mean) * rstd (mean = 0 when not
+// centered), rstd = 1 / sqrt(var + eps), var biased (divided by N). Sums in double.
+// x, y: [M, N]; weight, bias: [N] or nullptr; mean (nullptr when not centered), rstd: [M].
+template <class T>
+void norm_forward_cpu(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t M, int64_t N,
+                      double eps) {
+    for (int64_t i = 0; i < M; ++i) {
+        const T* xi = x + i * N;
+        double m = 0.0;
+        if (mean) {
+            for (int64_t j = 0; j < N; ++j) m += xi[j];
+            m /= static_cast<double>(N);
+        }
+        double var = 0.0;
+        for (int64_t j = 0; j < N; ++j) var += (xi[j] - m) * (xi[j] - m);
+        var /= static_cast<double>(N);
+        double s = 1.0 / std::sqrt(var + eps);
+        if (mean) mean[i] = static_cast<T>(m);
+        rstd[i] = static_cast<T>(s);
+        T* yi = y + i * N;
+        for (int64_t j = 0; j < N; ++j) {
+            double v = (xi[j] - m) * s;
+            if (weight) v *= weight[j];
+            if (bias) v += bias[j];
+            yi[j] = static_cast<T>(v);
+        }
+    }
+}
+
+// With g = dy * weight and means over the row (Ba et al. 2016; PyTorch's layer_norm_backward):
+//   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))     (RMSNorm: no mean(g) term)
+//   dweight = sum over rows of dy * x_hat,  dbias = sum over rows of dy.
+// dx, dweight, dbias are overwritten (=); nullptr skips one. `saved` is x or y by `policy`;
+// x_hat comes from x_hat_from_saved(), the one place the policy matters.
+template <class T>
+void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const T* mean, const T* rstd,
+                       const T* weight, const T* bias, bool centered, SavePolicy policy, int64_t M, int64_t N) {
+    std::vector<double> dw(dweight ? N : 0, 0.0), db(dbias ? N : 0, 0.0);
+    std::vector<double> x_hat(N), g(N);
+    for (int64_t i = 0; i < M; ++i) {
+        const T* dyi = dy + i * N;
+        const T* si = saved + i * N;
+        T m = mean ? mean[i] : T(0);
+        double mean_g = 0.0, mean_g_xhat = 0.0;
+        for (int64_t j = 0; j < N; ++j) {
+            x_hat[j] = x_hat_from_saved<T>(policy, si[j], m, rstd[i], weight, bias, j);
+            g[j] = weight ? double(dyi[j]) * weight[j] : double(dyi[j]);
+            mean_g += g[j];
+            mean_g_xhat += g[j] * x_hat[j];
+            if (dweight) dw[j] += dyi[j] * x_hat[j];
+            if (dbias) db[j] += dyi[j];
+        }
+        mean_g = centered ? mean_g / N : 0.0;
+        mean_g_xhat /= N;
+        if (dx) {
+            T* dxi = dx + i * N;
+            for (int64_t j = 0; j < N; ++j) dxi[j] = static_cast<T>(rstd[i] * (g[j] - mean_g - x_hat[j] * mean_g_xhat));
+        }
+    }
+    for (int64_t j = 0; dweight && j < N; ++j) dweight[j] = static_cast<T>(dw[j]);
+    for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(db[j]);
+}
+
+template <class T>
+T* ptr_or_null(const Tensor& t) {
+    return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+// Saved: x (Input) or y (Output) [M, N]; mean [M] (LayerNorm under Input), rstd [M]; weight,
+// bias [N] when present. Gradients: dx [.., N], dweight, dbias [N].
+struct NormBackward : Node {
+    const char* node_name;
+    bool centered;
+    SavePolicy policy;
+    SavedTensor x_or_y, mean, rstd, weight, bias;
+
+    NormBackward(const char* name_, bool centered_, SavePolicy policy_, const Tensor& x_or_y_, const Tensor& mean_,
+                 const Tensor& rstd_, const Tensor& weight_, const Tensor& bias_)
+        : node_name(name_), centered(centered_), policy(policy_), x_or_y(x_or_y_), mean(mean_), rstd(rstd_),
+          weight(weight_), bias(bias_) {}
+
+    const char* name() const override { return node_name; }
+    std::vector<SavedTensor*> saved_tensors() override { return {&x_or_y, &mean, &rstd, &weight, &bias}; }
+
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Tensor s = x_or_y.unpack(node_name), m = mean.unpack(node_name), r = rstd.unpack(node_name);
+        Tensor w = weight.unpack(node_name), b = bias.unpack(node_name);
+        Tensor dy = grad_output.contiguous();
+        TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
+        Tensor dx = needs_input_grad(0) ? empty(s.shape(), opts) : Tensor();
+        Tensor dw = needs_input_grad(1) ? empty(w.shape(), opts) : Tensor();
+        Tensor db = needs_input_grad(2) ? empty(b.shape(), opts) : Tensor();
+        int64_t N = s.size(-1), M = s.numel() / N;
+        dispatch_floating(s.dtype(), node_name, [&](auto tag) {
+            using T = decltype(tag);
+            norm_backward_cpu<T>(ptr_or_null<T>(dx), ptr_or_null<T>(dw), ptr_or_null<T>(db), dy.data_ptr<T>(),
+                                 s.data_ptr<T>(), ptr_or_null<T>(m), r.data_ptr<T>(), ptr_or_null<T>(w),
+                                 ptr_or_null<T>(b), centered, policy, M, N);
+        });
+        if (dx.defined()) dx = dx.view(grad_output.shape());
+        return {dx, dw, db};
+    }
+};
+
+void check_param(const char* op, const char* what, const Tensor& p, const Tensor& x, int64_t N) {
+    if (!p.defined()) return;
+    NT_CHECK(p.dim() == 1 && p.size(0) == N, op, ": expected ", what, " of shape [", N, "] (normalized_shape of x ",
+             shape_str(x.shape()), "), got ", shape_str(p.shape()));
+    NT_CHECK(p.dtype() == x.dtype(), op, ": expected ", what, " of dtype ", dtype_name(x.dtype()), " (as x), got ",
+             dtype_name(p.dtype()));
+    NT_CHECK(p.device() == x.device(), op, ": expected ", what, " on ", device_name(x.device()), " (as x), got ",
+             device_name(p.device()));
+}
+
+// Note [Weights near zero under SavePolicy::Output].
+bool weight_allows_output_policy(const Tensor& weight) {
+    if (!weight.defined()) return true;
+    bool ok = true;
+    dispatch_floating(weight.dtype(), "norm", [&](auto tag) {
+        using T = decltype(tag);
+        const T* p = weight.data_ptr<T>();
+        for (int64_t j = 0; j < weight.numel(); ++j) ok = ok && std::abs(double(p[j])) >= kOutputPolicyMinWeight;
+    });
+    return ok;
+}
+
+}  // namespace
+
+const char* policy_name(SavePolicy policy) { return policy == SavePolicy::Input ? "input" : "output"; }
+
+int64_t output_policy_fallbacks() { return fallback_count; }
+
+namespace detail {
+
+Tensor normalize(const char* op, const char* node_name, bool centered, const Tensor& x_in, const Tensor& weight_in,
+                 const Tensor& bias_in, double eps, SavePolicy policy) {
+    NT_CHECK(x_in.defined(), op, ": expected a tensor x, got an undefined tensor");
+    NT_CHECK(is_floating(x_in.dtype()), op, ": expected x of a floating dtype (f32 or f64), got ",
+             dtype_name(x_in.dtype()));
+    NT_CHECK(x_in.device() == Device::CPU, op, ": expected x on cpu (this build has no CUDA backend), got ",
+             device_name(x_in.device()));
+    NT_CHECK(x_in.dim() >= 1, op, ": expected x of shape [..., N] with at least one dimension, got a scalar");
+    NT_CHECK(x_in.numel() > 0, op, ": expected a non-empty x, got shape ", shape_str(x_in.shape()));
+    NT_CHECK(std::isfinite(eps) && eps > 0.0, op, ": expected eps > 0 and finite, got ", eps);
+    int64_t N = x_in.size(-1), M = x_in.numel() / N;
+    check_param(op, "weight", weight_in, x_in, N);
+    check_param(op, "bias", bias_in, x_in, N);
+
+    Tensor x = x_in.contiguous();
+    Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
+    Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+    TensorOptions opts = TensorOptions().dtype(x.dtype()).device(x.device());
+    Tensor y = empty(x.shape(), opts);
+    // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
+    Tensor mean = centered ? empty({M}, opts) : Tensor();
+    Tensor rstd = empty({M}, opts);
+    dispatch_floating(x.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        norm_forward_cpu<T>(y.data_ptr<T>(), ptr_or_null<T>(mean), rstd.data_ptr<T>(), x.data_ptr<T>(),
+                            ptr_or_null<T>(weight), ptr_or_null<T>(bias), M, N, eps);
+    });
+
+    if (should_record(x, weight, bias)) {
+        if (policy == SavePolicy::Output && !weight_allows_output_policy(weight)) {
+            policy = SavePolicy::Input;
+            ++fallback_count;
+        }
+        const Tensor& saved = policy == SavePolicy::Input ? x : y;
+        auto node = std::make_shared<NormBackward>(node_name, centered, policy, saved,
+                                                   policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias);
+        record(node, y, x, weight, bias);
+    }
+    return y;
+}
+
+}  // namespace detail
+
+}  // namespace normtape

@@ -1,0 +1,64 @@
+// ops/norm_policy.h: what LayerNorm and RMSNorm save for backward, the rule for weights near
+// zero, and the forward/backward shared by both norms (RMSNorm is LayerNorm without centering).
+// The public ops are layer_norm() (ops/layer_norm.h) and rms_norm() (ops/rms_norm.h).
+//
+// Note [Why saving y saves memory]
+// Both policies save rstd ([M] statistics), weight and bias. SavePolicy::Input also saves x and
+// (LayerNorm) mean; SavePolicy::Output saves y instead and recomputes
+//     x_hat = (y - bias) / weight        (RMSNorm: y / weight)
+// in backward (NVIDIA Apex PR 1715, memory_efficient=True). Saving y costs nothing extra when
+// the consumer of y saves it anyway, as the Linear after every norm of a pre-LN transformer does
+// (saved tensors share storage, core/autograd.h). With nothing else holding x (the residual),
+// x is freed after the forward: per norm, Output saves numel(x) elements (+ M f32 means for
+// LayerNorm) fewer than Input.
+//
+// Note [Weights near zero under SavePolicy::Output]
+// x_hat cannot be recovered from y where weight_j == 0 (y_j == bias_j whatever x was), and the
+// division amplifies the rounding of y by |bias_j / weight_j| where weight_j is tiny. Apex clamps
+// |weight| to at least eps and so returns wrong gradients for such columns. Our rule keeps the
+// gradients right: the forward checks the weight, and if any |weight_j| < kOutputPolicyMinWeight
+// (1e-3) it saves x and mean exactly as SavePolicy::Input would, for that call only; the result is
+// counted by output_policy_fallbacks(). At |weight_j| >= 1e-3 the absolute error of the recovered
+// x_hat is at most about u * (|x_hat| + 2 * 1e3 * |bias_j|), u the unit roundoff of the dtype
+// (6e-8 for f32). Negative weights are divided by as they are. Tests: tests/test_layer_norm.cpp,
+// tests/test_rms_norm.cpp, "weights near zero".
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace normtape {
+
+// What a norm saves for backward: its input (textbook) or its output (memory-efficient).
+enum class SavePolicy { Input, Output };
+
+// "input" or "output", as the CLI and JSON spell them.
+const char* policy_name(SavePolicy policy);
+
+// Note [Weights near zero under SavePolicy::Output].
+constexpr double kOutputPolicyMinWeight = 1e-3;
+
+// How many norm forwards under SavePolicy::Output saved their input instead because a weight was
+// below kOutputPolicyMinWeight in magnitude, since the process started.
+int64_t output_policy_fallbacks();
+
+// x_hat of element j of a row, from what the policy saved: Input passes (x_j, mean, rstd),
+// Output passes (y_j) and the affine parameters (nullptr when absent). For RMSNorm mean is 0.
+template <class T>
+inline T x_hat_from_saved(SavePolicy policy, T saved, T mean, T rstd, const T* weight, const T* bias, int64_t j) {
+    if (policy == SavePolicy::Input) return (saved - mean) * rstd;
+    T shifted = bias ? saved - bias[j] : saved;
+    return weight ? shifted / weight[j] : shifted;
+}
+
+namespace detail {
+
+// The norm both public ops call after checking their arguments. `centered` is true for
+// LayerNorm, false for RMSNorm; `op` names the op in messages and the node ("LayerNormBackward").
+Tensor normalize(const char* op, const char* node_name, bool centered, const Tensor& x, const Tensor& weight,
+                 const Tensor& bias, double eps, SavePolicy policy);
+
+}  // namespace detail
+
+}  // namespace normtape

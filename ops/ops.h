@@ -1,0 +1,13 @@
+// ops/ops.h: the index of ops. Each op is one unit: ops/<op>.h (API and contract) and
+// ops/<op>.cpp (checks, CPU kernel, autograd node).
+#pragma once
+
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/layer_norm.h"
+#include "ops/matmul.h"
+#include "ops/norm_policy.h"
+#include "ops/reduce.h"
+#include "ops/rms_norm.h"

@@ -1,0 +1,11 @@
+// ops/rms_norm.cpp: rms_norm; the kernels and node are shared with layer_norm
+// (ops/norm_policy.cpp): RMSNorm is LayerNorm with mean fixed at 0 and no bias.
+#include "ops/rms_norm.h"
+
+namespace normtape {
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, SavePolicy policy) {
+    return detail::normalize("rms_norm", "RMSNormBackward", /*centered=*/false, x, weight, Tensor(), eps, policy);
+}
+
+}  // namespace normtape

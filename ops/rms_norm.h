@@ -1,0 +1,20 @@
+// ops/rms_norm.h: rms_norm, the second of the two first-class ops.
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/norm_policy.h"
+
+namespace normtape {
+
+// rms_norm: y = x * rstd * weight over the last dimension of x, rstd = 1 / sqrt(sum(x^2) / N + eps).
+// Zhang & Sennrich 2019, arXiv:1910.07467; matches torch.nn.functional.rms_norm(x, [N], weight, eps).
+// x: [..., N] f32 or f64, cpu, M = numel / N rows; weight: [N], same dtype and device as x, or
+// undefined (no affine). Returns y: shape of x. rstd is kept in the dtype of x.
+// Saves rstd [M], weight, and x under SavePolicy::Input or y under SavePolicy::Output (backward
+// then uses x_hat = y / weight; see the notes in ops/norm_policy.h). Backward returns dx (=) and
+// dweight, which the engine adds into weight.grad (+=).
+// Throws Error naming rms_norm on: undefined or empty x, a non-floating dtype, a scalar x,
+// weight not of shape [N] or of another dtype or device, eps <= 0 or not finite.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5, SavePolicy policy = SavePolicy::Input);
+
+}  // namespace normtape
