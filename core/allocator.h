@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 
@@ -34,5 +35,9 @@ MemoryStats memory_stats(Device device);
 
 // Sets peak_allocated_bytes to the current allocated_bytes.
 void reset_peak_memory_stats(Device device);
+
+// While `trace` is set, appends allocated_bytes to it after every allocation and deallocation on
+// `device` (a memory timeline, as train_gpt charts for one step); nullptr stops recording.
+void set_memory_trace(Device device, std::vector<int64_t>* trace);
 
 }  // namespace normtape

@@ -1,0 +1,345 @@
+// examples/train_gpt.cpp: the main job. Trains a byte-level pre-LN GPT on a UTF-8 text file and,
+// with --policy both, trains it twice (same seed, same batches), once per norm save policy, then
+// prints the memory each policy needed, side by side, with the saving the formula predicts.
+//
+// Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
+// L layers (--layers), V = 256 bytes.
+//
+// Exit codes: 0 done; 1 a runtime error, or measured saving != predicted saving; 2 bad flags,
+// bad values or unreadable data (one line on stderr).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <clocale>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "normtape.h"
+#include "svg_chart.h"
+
+using namespace normtape;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Args {
+    std::string data;  // empty: the project's own documentation and sources
+    int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128;
+    std::string norm = "layer", policy = "both", device = "cpu";
+    double lr = 3e-3;
+    uint64_t seed = 1337;
+    int64_t log_every = 50;
+    std::string json, save, chart = "train_gpt.svg";
+};
+
+// Thrown for a bad flag value found after parsing; main prints it and exits 2.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw UsageError("cannot read data file " + path);
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// The default corpus: the project's README, docs and sources, found from the source tree, so
+// that the demo runs offline on real text.
+std::string default_corpus(std::string* description) {
+    fs::path root = NORMTAPE_SOURCE_DIR;
+    std::vector<fs::path> files;
+    if (fs::exists(root / "README.md")) files.push_back(root / "README.md");
+    for (const char* dir : {"docs", "core", "ops", "nn", "examples", "tests"}) {
+        if (!fs::is_directory(root / dir)) continue;
+        std::vector<fs::path> in_dir;
+        for (const auto& e : fs::directory_iterator(root / dir))
+            if (e.is_regular_file()) in_dir.push_back(e.path());
+        std::sort(in_dir.begin(), in_dir.end());
+        files.insert(files.end(), in_dir.begin(), in_dir.end());
+    }
+    std::string text;
+    for (const fs::path& p : files) text += read_file(p.string());
+    *description = "the project's README, docs and sources (" + std::to_string(files.size()) + " files in " +
+                   root.string() + ")";
+    return text;
+}
+
+// Random windows of the text: idx = text[s : s + T], targets = text[s + 1 : s + T + 1].
+class Batcher {
+public:
+    Batcher(const std::string& text, int64_t B, int64_t T, uint64_t seed) : text_(text), B_(B), T_(T), rng_(seed) {}
+    void next(Tensor* idx, Tensor* targets) {
+        std::vector<int64_t> x(B_ * T_), y(B_ * T_);
+        uint64_t positions = text_.size() - static_cast<uint64_t>(T_);
+        for (int64_t b = 0; b < B_; ++b) {
+            uint64_t s = rng_() % positions;
+            for (int64_t t = 0; t < T_; ++t) {
+                x[b * T_ + t] = static_cast<unsigned char>(text_[s + t]);
+                y[b * T_ + t] = static_cast<unsigned char>(text_[s + t + 1]);
+            }
+        }
+        *idx = from_vector(x, {B_, T_});
+        *targets = from_vector(y, {B_, T_});
+    }
+
+private:
+    const std::string& text_;
+    int64_t B_, T_;
+    std::mt19937_64 rng_;
+};
+
+struct RunResult {
+    SavePolicy policy;
+    int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0;
+    std::vector<double> losses, step_ms;
+    double step_ms_median = 0, tokens_per_s = 0;
+    std::vector<int64_t> memory_trace;  // allocated bytes after each allocator event of step 1
+    size_t forward_events = 0;          // where the forward of that step ended in the trace
+};
+
+GPTConfig make_config(const Args& a, SavePolicy policy) {
+    GPTConfig c;
+    c.block_size = a.seq;
+    c.n_layer = a.layers;
+    c.n_head = a.heads;
+    c.n_embd = a.embd;
+    c.norm = a.norm == "layer" ? NormKind::Layer : NormKind::RMS;
+    c.policy = policy;
+    return c;
+}
+
+// Linear warm-up over the first 10% of steps, then cosine decay to lr / 10.
+double lr_at(const Args& a, int64_t step) {
+    int64_t warmup = std::max<int64_t>(1, a.steps / 10);
+    if (step < warmup) return a.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+    double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, a.steps - warmup));
+    return a.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
+}
+
+std::string mib(int64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+    return buf;
+}
+
+std::string with_commas(int64_t v) {
+    std::string s = std::to_string(v < 0 ? -v : v), out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (i && (s.size() - i) % 3 == 0) out += ',';
+        out += s[i];
+    }
+    return v < 0 ? "-" + out : out;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
+    using clock = std::chrono::steady_clock;
+    manual_seed(a.seed);
+    GPT model(make_config(a, policy));
+    std::vector<ParamGroup> groups(2);  // weight decay for matrices only (GPT-2 / nanoGPT)
+    groups[0].weight_decay = 0.1;
+    groups[1].weight_decay = 0.0;
+    for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+    AdamWOptions opt;
+    opt.lr = a.lr;
+    opt.beta2 = 0.95;
+    AdamW optimizer(groups, opt);
+    Batcher batcher(text, a.batch, a.seq, a.seed);
+
+    RunResult r;
+    r.policy = policy;
+    const int64_t trace_step = std::min<int64_t>(1, a.steps - 1);
+    for (int64_t step = 0; step < a.steps; ++step) {
+        Tensor idx, targets;
+        batcher.next(&idx, &targets);
+        reset_peak_memory_stats(Device::CPU);
+        if (step == trace_step) set_memory_trace(Device::CPU, &r.memory_trace);
+        auto t0 = clock::now();
+
+        Tensor loss = model.loss(idx, targets);
+        if (step == trace_step) r.forward_events = r.memory_trace.size();
+        if (step == 0) r.saved_activation_bytes = saved_bytes();
+        loss.backward();
+        clip_grad_norm_(model.parameters(), 1.0);
+        optimizer.set_lr(lr_at(a, step));
+        optimizer.step();
+        optimizer.zero_grad();
+
+        double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+        if (step == trace_step) set_memory_trace(Device::CPU, nullptr);
+        MemoryStats m = memory_stats(Device::CPU);
+        r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, m.peak_allocated_bytes);
+        r.losses.push_back(loss.item<float>());
+        r.step_ms.push_back(ms);
+        if (step % a.log_every == 0 || step == a.steps - 1) {
+            std::printf("[%-6s] step %5lld/%lld | loss %.4f | %8.0f tok/s | allocated %s | peak %s\n",
+                        policy_name(policy), static_cast<long long>(step + 1), static_cast<long long>(a.steps),
+                        r.losses.back(), static_cast<double>(a.batch * a.seq) / (ms / 1000.0),
+                        mib(m.allocated_bytes).c_str(), mib(m.peak_allocated_bytes).c_str());
+            std::fflush(stdout);
+        }
+    }
+    r.step_ms_median = median(r.step_ms);
+    r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
+    if (output_policy_fallbacks() > 0)
+        std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",
+                    static_cast<long long>(output_policy_fallbacks()), kOutputPolicyMinWeight);
+    if (!a.save.empty()) save_checkpoint(a.save, model, {{"format", "normtape-gpt"}, {"policy", policy_name(policy)}});
+    return r;
+}
+
+void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
+    const RunResult &in = runs[0], &out = runs[1];
+    std::printf("\nNorm save policies side by side (%s norm, L=%lld, B=%lld, T=%lld, C=%lld, f32)\n", a.norm.c_str(),
+                static_cast<long long>(a.layers), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
+                static_cast<long long>(a.embd));
+    std::printf("%-34s %16s %16s %16s\n", "", "save input", "save output", "saving");
+    auto row = [](const char* name, int64_t x, int64_t y) {
+        std::printf("%-34s %16s %16s %16s\n", name, with_commas(x).c_str(), with_commas(y).c_str(),
+                    with_commas(x - y).c_str());
+    };
+    row("saved activation bytes (tape)", in.saved_activation_bytes, out.saved_activation_bytes);
+    std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
+                predicted == in.saved_activation_bytes - out.saved_activation_bytes ? "= measured, to the byte"
+                                                                                      : "!= measured");
+    row("peak allocated bytes", in.peak_allocated_bytes, out.peak_allocated_bytes);
+    std::printf("%-34s %16.4f %16.4f\n", "final loss (nats)", in.losses.back(), out.losses.back());
+    std::printf("%-34s %16.1f %16.1f\n", "median step time (ms)", in.step_ms_median, out.step_ms_median);
+    std::printf("%-34s %16.0f %16.0f\n", "tokens/s", in.tokens_per_s, out.tokens_per_s);
+    double worst = 0;
+    for (size_t i = 0; i < in.losses.size(); ++i)
+        worst = std::max(worst, std::abs(in.losses[i] - out.losses[i]) / std::abs(in.losses[i]));
+    std::printf("largest relative difference between the two loss curves: %.2e\n", worst);
+}
+
+void write_chart(const Args& a, const std::vector<RunResult>& runs) {
+    ChartPanel loss{"Training loss", "step", "loss (nats)", {}, {}};
+    ChartPanel mem{"Allocated memory during one step", "allocator event (forward, then backward)", "allocated MiB", {}, {}};
+    const char* colors[] = {"#1f77b4", "#d62728"};
+    for (size_t k = 0; k < runs.size(); ++k) {
+        const RunResult& r = runs[k];
+        std::string name = std::string("save ") + policy_name(r.policy);
+        ChartSeries ls{name, colors[r.policy == SavePolicy::Output], {}, {}, r.policy == SavePolicy::Output};
+        for (size_t i = 0; i < r.losses.size(); ++i) {
+            ls.x.push_back(static_cast<double>(i + 1));
+            ls.y.push_back(r.losses[i]);
+        }
+        loss.series.push_back(ls);
+        ChartSeries ms{name, colors[r.policy == SavePolicy::Output], {}, {}, false};
+        for (size_t i = 0; i < r.memory_trace.size(); ++i) {
+            ms.x.push_back(static_cast<double>(i));
+            ms.y.push_back(static_cast<double>(r.memory_trace[i]) / (1 << 20));
+        }
+        mem.series.push_back(ms);
+        mem.markers.push_back({static_cast<double>(r.forward_events), "end of forward (" + std::string(policy_name(r.policy)) + ")"});
+    }
+    std::ofstream f(a.chart);
+    if (!f) throw Error("train_gpt: cannot write chart " + a.chart);
+    f << render_svg({loss, mem});
+    std::printf("chart: %s\n", a.chart.c_str());
+}
+
+void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predicted, const std::string& data_desc,
+                int64_t params) {
+    nlohmann::json j;
+    j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
+                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", 256}, {"norm", a.norm}, {"policy", a.policy},
+                   {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", "f32"}, {"parameters", params}};
+    j["predicted_saving_bytes"] = predicted;
+    if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
+    j["runs"] = nlohmann::json::array();
+    for (const RunResult& r : runs)
+        j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm},
+                             {"saved_activation_bytes", r.saved_activation_bytes},
+                             {"peak_allocated_bytes", r.peak_allocated_bytes}, {"losses", r.losses},
+                             {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
+    std::ofstream f(a.json);
+    if (!f) throw Error("train_gpt: cannot write " + a.json);
+    f << j.dump(2) << "\n";
+}
+
+int run(const Args& a) {
+    std::string desc;
+    std::string text = a.data.empty() ? default_corpus(&desc) : read_file(a.data);
+    if (!a.data.empty()) desc = a.data;
+    if (static_cast<int64_t>(text.size()) < a.seq + 2)
+        throw UsageError("data " + desc + " has " + std::to_string(text.size()) + " bytes; --seq " +
+                         std::to_string(a.seq) + " needs at least " + std::to_string(a.seq + 2));
+    int64_t params = GPT(make_config(a, SavePolicy::Input)).num_parameters();
+    std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g\n",
+                a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.heads),
+                static_cast<long long>(a.embd), with_commas(params).c_str(), static_cast<long long>(a.batch),
+                static_cast<long long>(a.seq), static_cast<long long>(a.steps), a.lr);
+    std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
+
+    std::vector<SavePolicy> policies;
+    if (a.policy != "output") policies.push_back(SavePolicy::Input);
+    if (a.policy != "input") policies.push_back(SavePolicy::Output);
+    std::vector<RunResult> runs;
+    for (SavePolicy p : policies) runs.push_back(train(a, text, p));
+
+    int64_t predicted = predicted_saving_bytes(make_config(a, SavePolicy::Input), a.batch, a.seq);
+    if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
+    if (runs.size() < 2) return 0;
+    print_table(a, runs, predicted);
+    write_chart(a, runs);
+    if (runs[0].saved_activation_bytes - runs[1].saved_activation_bytes != predicted) {
+        std::fprintf(stderr, "train_gpt: measured saving differs from the prediction\n");
+        return 1;
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Args a;
+    CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
+    app.add_option("--data", a.data, "UTF-8 text file (default: the project's README and sources)");
+    app.add_option("--steps", a.steps, "training steps per policy")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+    app.add_option("--batch", a.batch, "sequences per batch (B)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    app.add_option("--seq", a.seq, "sequence length (T)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    app.add_option("--layers", a.layers, "transformer blocks (L)")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+    app.add_option("--heads", a.heads, "attention heads (NH)")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+    app.add_option("--embd", a.embd, "embedding width (C), divisible by --heads")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+    app.add_option("--norm", a.norm, "layer or rms")->check(CLI::IsMember({"layer", "rms"}));
+    app.add_option("--policy", a.policy, "input, output or both")->check(CLI::IsMember({"input", "output", "both"}));
+    app.add_option("--lr", a.lr, "peak learning rate")->check(CLI::Range(1e-12, 10.0));
+    app.add_option("--seed", a.seed, "seed for initialization and batches");
+    app.add_option("--device", a.device, "cpu (cuda arrives with the CUDA backend)")->check(CLI::IsMember({"cpu"}));
+    app.add_option("--log-every", a.log_every, "steps between progress lines")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+    app.add_option("--json", a.json, "write the results as JSON to this file");
+    app.add_option("--save", a.save, "write the trained model (safetensors) to this file");
+    app.add_option("--chart", a.chart, "SVG chart of loss and memory (with --policy both)");
+    try {
+        app.parse(argc, argv);
+        if (a.embd % a.heads != 0)
+            throw UsageError("--embd " + std::to_string(a.embd) + " is not divisible by --heads " + std::to_string(a.heads));
+        return run(a);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "train_gpt: %s (see --help)\n", e.what());
+        return 2;
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+        return 1;
+    }
+}

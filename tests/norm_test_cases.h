@@ -1,0 +1,179 @@
+// tests/norm_test_cases.h: the checks that LayerNorm and RMSNorm share, written once and run by
+// tests/test_layer_norm.cpp and tests/test_rms_norm.cpp with their own op and reference.
+// Each file adds its own forward reference; these cases compare the op with itself across
+// policies and with finite differences.
+#pragma once
+
+#include <functional>
+
+#include "core/dispatch.h"
+#include "test_util.h"
+
+namespace normtape::testing {
+
+// A norm under test: the op bound to its policy, whether it has a bias, its name in messages.
+struct NormUnderTest {
+    const char* op;
+    bool has_bias;
+    std::function<Tensor(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, SavePolicy policy)> fn;
+};
+
+// Gradients of L = sum(norm(x) * u) for x, weight, bias under `policy`.
+struct NormGrads {
+    Tensor y, dx, dweight, dbias;
+};
+inline NormGrads norm_grads(const NormUnderTest& n, const Tensor& x0, const Tensor& w0, const Tensor& b0,
+                            const Tensor& u, SavePolicy policy) {
+    Tensor x = x0.detach().clone().requires_grad_(true);
+    Tensor w = w0.defined() ? w0.detach().clone().requires_grad_(true) : Tensor();
+    Tensor b = b0.defined() ? b0.detach().clone().requires_grad_(true) : Tensor();
+    Tensor y = n.fn(x, w, b, 1e-5, policy);
+    sum(mul(y, u)).backward();
+    return {y.detach(), x.grad(), w.defined() ? w.grad() : Tensor(), b.defined() ? b.grad() : Tensor()};
+}
+
+// Finite differences in f64, both policies, with affine parameters, weight only, and none.
+inline void check_norm_gradcheck(const NormUnderTest& n) {
+    manual_seed(10);
+    for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+        for (const Shape& shape : {Shape{3, 5}, Shape{2, 3, 7}, Shape{1, 16}}) {
+            int64_t N = shape.back();
+            CAPTURE(policy_name(policy));
+            CAPTURE(shape_str(shape));
+            Tensor x = leaf(shape, 2.0);
+            Tensor w = leaf({N}, 0.5);
+            {
+                NoGradGuard g;  // weights away from zero: |w| in [0.5, ...) for the Output policy
+                double* p = w.data_ptr<double>();
+                for (int64_t j = 0; j < N; ++j) p[j] = (p[j] < 0 ? -0.5 : 0.5) + p[j];
+            }
+            Tensor b = leaf({N}, 0.3);
+            if (n.has_bias) {
+                auto f = [&](const std::vector<Tensor>& in) { return n.fn(in[0], in[1], in[2], 1e-5, policy); };
+                CHECK_GRADCHECK(f, (std::vector<Tensor>{x, w, b}));
+            }
+            auto fw = [&](const std::vector<Tensor>& in) { return n.fn(in[0], in[1], Tensor(), 1e-5, policy); };
+            CHECK_GRADCHECK(fw, (std::vector<Tensor>{x, w}));
+            auto fx = [&](const std::vector<Tensor>& in) { return n.fn(in[0], Tensor(), Tensor(), 1e-5, policy); };
+            CHECK_GRADCHECK(fx, (std::vector<Tensor>{x}));
+        }
+    }
+}
+
+// SavePolicy::Output gives the outputs and gradients of SavePolicy::Input, in f32 and f64.
+inline void check_policies_agree(const NormUnderTest& n) {
+    manual_seed(11);
+    for (DType dtype : {DType::F64, DType::F32}) {
+        CAPTURE(dtype_name(dtype));
+        TensorOptions o = TensorOptions().dtype(dtype);
+        Tensor x = randn({6, 33}, o), w = add(full({33}, 1.0, o), scale(randn({33}, o), 0.2));
+        Tensor b = n.has_bias ? scale(randn({33}, o), 0.2) : Tensor();
+        Tensor u = randn({6, 33}, o);
+        NormGrads in = norm_grads(n, x, w, b, u, SavePolicy::Input);
+        NormGrads out = norm_grads(n, x, w, b, u, SavePolicy::Output);
+        Tolerance tol = dtype == DType::F64 ? Tolerance{1e-12, 1e-12} : Tolerance{1e-4, 1e-5};
+        CHECK_CLOSE(out.y, in.y, tol);
+        CHECK_CLOSE(out.dx, in.dx, tol);
+        CHECK_CLOSE(out.dweight, in.dweight, tol);
+        if (n.has_bias) CHECK_CLOSE(out.dbias, in.dbias, tol);
+    }
+}
+
+// Note [Weights near zero under SavePolicy::Output]: weights of exactly 0 and 1e-6 make the op
+// save its input (counted by output_policy_fallbacks()), 1e-3 and negative weights divide; in
+// every case the Output gradients equal the f64 Input gradients.
+inline void check_weights_near_zero(const NormUnderTest& n) {
+    manual_seed(12);
+    struct Case {
+        double special;
+        bool falls_back;
+    };
+    for (Case c : {Case{0.0, true}, Case{1e-6, true}, Case{-1e-6, true}, Case{1e-3, false}, Case{-1e-3, false},
+                   Case{-0.7, false}}) {
+        for (DType dtype : {DType::F64, DType::F32}) {
+            CAPTURE(c.special);
+            CAPTURE(dtype_name(dtype));
+            TensorOptions o = TensorOptions().dtype(dtype);
+            const int64_t N = 16;
+            Tensor x = randn({5, N}, o), u = randn({5, N}, o);
+            Tensor w = add(full({N}, 1.0, o), scale(randn({N}, o), 0.1));
+            Tensor b = n.has_bias ? scale(randn({N}, o), 0.5) : Tensor();
+            {
+                NoGradGuard g;
+                dispatch_floating(dtype, "test", [&](auto tag) {
+                    using T = decltype(tag);
+                    w.data_ptr<T>()[3] = static_cast<T>(c.special);
+                    w.data_ptr<T>()[N - 1] = static_cast<T>(c.special);
+                });
+            }
+            int64_t fallbacks_before = output_policy_fallbacks();
+            NormGrads out = norm_grads(n, x, w, b, u, SavePolicy::Output);
+            CHECK(output_policy_fallbacks() - fallbacks_before == (c.falls_back ? 1 : 0));
+            // Reference: the Input policy in f64 on the same (rounded) values.
+            auto f64 = [](const Tensor& t) { return t.defined() ? t.to(DType::F64) : Tensor(); };
+            NormGrads ref = norm_grads(n, f64(x), f64(w), f64(b), f64(u), SavePolicy::Input);
+            // f32 at |w| = 1e-3 divides (y - b) by 1e-3: the rounding of y (~6e-8 |b|) grows 1000x.
+            Tolerance tol = dtype == DType::F64 ? Tolerance{1e-9, 1e-10} : Tolerance{2e-3, 2e-4};
+            CHECK_CLOSE(out.dx, ref.dx, tol);
+            CHECK_CLOSE(out.dweight, ref.dweight, tol);
+            if (n.has_bias) CHECK_CLOSE(out.dbias, ref.dbias, tol);
+        }
+    }
+}
+
+// Under Output the node saves y (shared with whoever else saves it) and rstd; under Input x,
+// rstd and, for LayerNorm, mean. Parameters are not counted.
+inline void check_saved_bytes(const NormUnderTest& n, bool saves_mean) {
+    const int64_t M = 10, N = 12;
+    Tensor w = ones({N}).requires_grad_(true);
+    Tensor b = n.has_bias ? zeros({N}).requires_grad_(true) : Tensor();
+    for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+        Tensor x = randn({M, N}).requires_grad_(true);
+        Tensor h = scale(x, 1.0);  // a non-leaf input, as in a model
+        int64_t before = saved_bytes();
+        Tensor y = n.fn(h, w, b, 1e-5, policy);
+        int64_t expected = M * N * 4 + M * 4 + (policy == SavePolicy::Input && saves_mean ? M * 4 : 0);
+        CAPTURE(policy_name(policy));
+        CHECK(saved_bytes() - before == expected);
+        // A Linear after the norm saves y: under Output that is the storage already saved (no
+        // new bytes), under Input it is new.
+        Tensor l = linear(y, ones({N, N}).requires_grad_(true));
+        CHECK(saved_bytes() - before == expected + (policy == SavePolicy::Input ? M * N * 4 : 0));
+    }
+}
+
+// Every argument error names the op and what it expected.
+inline void check_norm_errors(const NormUnderTest& n) {
+    int64_t before = memory_stats(Device::CPU).allocated_bytes;
+    Tensor x = randn({4, 8}), w = ones({8}), b = zeros({8});
+    Tensor bb = n.has_bias ? b : Tensor();
+    auto throws = [&](const std::function<void()>& f, const std::string& text) {
+        CAPTURE(text);
+        CHECK_THROWS_WITH_AS(f(), doctest::Contains(text.c_str()), Error);
+        try {
+            f();
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find(n.op) != std::string::npos);
+        }
+    };
+    throws([&] { n.fn(Tensor(), w, bb, 1e-5, SavePolicy::Input); }, "undefined");
+    throws([&] { n.fn(zeros({0, 8}), w, bb, 1e-5, SavePolicy::Input); }, "non-empty x, got shape [0, 8]");
+    throws([&] { n.fn(zeros({4, 0}), Tensor(), Tensor(), 1e-5, SavePolicy::Input); }, "non-empty x");
+    throws([&] { n.fn(zeros({}), Tensor(), Tensor(), 1e-5, SavePolicy::Input); }, "scalar");
+    throws([&] { n.fn(zeros({4, 8}, TensorOptions().dtype(DType::I64)), w, bb, 1e-5, SavePolicy::Input); }, "got i64");
+    throws([&] { n.fn(x, ones({7}), bb, 1e-5, SavePolicy::Input); }, "weight of shape [8]");
+    throws([&] { n.fn(x, ones({8}, TensorOptions().dtype(DType::F64)), bb, 1e-5, SavePolicy::Input); },
+           "weight of dtype f32");
+    throws([&] { n.fn(x, w, bb, 0.0, SavePolicy::Input); }, "eps > 0");
+    throws([&] { n.fn(x, w, bb, -1e-5, SavePolicy::Input); }, "eps > 0");
+    throws([&] { n.fn(x, w, bb, std::nan(""), SavePolicy::Input); }, "finite");
+    throws([&] { n.fn(x, w, bb, INFINITY, SavePolicy::Input); }, "finite");
+    if (n.has_bias) throws([&] { n.fn(x, w, zeros({9}), 1e-5, SavePolicy::Input); }, "bias of shape [8]");
+    x = Tensor();
+    w = Tensor();
+    b = Tensor();
+    bb = Tensor();
+    CHECK(memory_stats(Device::CPU).allocated_bytes == before);
+}
+
+}  // namespace normtape::testing

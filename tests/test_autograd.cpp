@@ -1,0 +1,151 @@
+// tests/test_autograd.cpp: the engine's contract (core/autograd.h): accumulation, grad mode,
+// release after backward, in-place detection, saved-tensor bookkeeping, no cycles.
+#include "test_util.h"
+
+using namespace normtape;
+using namespace normtape::testing;
+
+TEST_SUITE("autograd") {
+
+TEST_CASE("a diamond graph sums the gradients of both paths") {
+    manual_seed(1);
+    Tensor x = leaf({4});
+    // y = sum((2x) * (3x)) = sum(6 x^2), dy/dx = 12 x
+    Tensor y = sum(mul(scale(x, 2.0), scale(x, 3.0)));
+    y.backward();
+    CHECK_CLOSE(x.grad(), scale(x.detach(), 12.0), tolerance(DType::F64));
+}
+
+TEST_CASE("leaf gradients accumulate across backward calls until zero_grad") {
+    manual_seed(2);
+    Tensor x = leaf({3});
+    sum(scale(x, 5.0)).backward();
+    sum(scale(x, 5.0)).backward();
+    CHECK_CLOSE(x.grad(), full({3}, 10.0, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
+    x.zero_grad();
+    CHECK_FALSE(x.grad().defined());
+    sum(scale(x, 5.0)).backward();
+    CHECK_CLOSE(x.grad(), full({3}, 5.0, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
+}
+
+TEST_CASE("NoGradGuard records nothing and restores grad mode") {
+    Tensor x = leaf({2, 3});
+    int64_t before = saved_bytes();
+    {
+        NoGradGuard guard;
+        CHECK_FALSE(grad_mode_enabled());
+        {
+            NoGradGuard inner;
+        }
+        CHECK_FALSE(grad_mode_enabled());
+        Tensor y = gelu(x);
+        CHECK_FALSE(y.requires_grad());
+        CHECK(y.grad_fn() == nullptr);
+        CHECK(saved_bytes() == before);
+    }
+    CHECK(grad_mode_enabled());
+    CHECK(gelu(x).grad_fn() != nullptr);
+}
+
+TEST_CASE("a second backward through released nodes throws and says why") {
+    Tensor x = leaf({3});
+    Tensor y = sum(gelu(x));
+    y.backward();
+    CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("backward through the graph a second time"), Error);
+    // Nodes with nothing saved are refused too.
+    Tensor z = sum(scale(x, 2.0));
+    z.backward();
+    CHECK_THROWS_WITH_AS(z.backward(), doctest::Contains("retain_graph=true"), Error);
+}
+
+TEST_CASE("retain_graph keeps saved tensors for a second backward") {
+    Tensor x = leaf({3});
+    Tensor y = sum(gelu(x));
+    y.backward(Tensor(), /*retain_graph=*/true);
+    Tensor first = x.grad().clone();
+    y.backward();
+    CHECK_CLOSE(x.grad(), scale(first, 2.0), tolerance(DType::F64));
+}
+
+TEST_CASE("backward releases saved tensors and returns their bytes to the allocator") {
+    manual_seed(3);
+    Tensor x = leaf({64, 32}), w = leaf({16, 32});
+    int64_t baseline = memory_stats(Device::CPU).allocated_bytes;
+    Tensor loss = sum(gelu(linear(x, w)));
+    CHECK(saved_bytes() == 64 * 16 * 8);  // gelu saved linear's output; x and w are parameters
+    CHECK(memory_stats(Device::CPU).allocated_bytes > baseline);
+    loss.backward();
+    CHECK(saved_bytes() == 0);
+    int64_t grads = x.grad().nbytes() + w.grad().nbytes();
+    int64_t loss_bytes = loss.nbytes();
+    CHECK(memory_stats(Device::CPU).allocated_bytes == baseline + grads + loss_bytes);
+    loss = Tensor();
+    x.zero_grad();
+    w.zero_grad();
+    CHECK(memory_stats(Device::CPU).allocated_bytes == baseline);
+}
+
+TEST_CASE("a tensor modified in place after being saved is detected on backward") {
+    Tensor x = leaf({3});
+    Tensor h = scale(x, 1.0);  // non-leaf, saved by gelu
+    Tensor y = sum(gelu(h));
+    {
+        NoGradGuard no_grad;
+        h.add_(ones({3}, TensorOptions().dtype(DType::F64)));
+    }
+    CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("modified by an in-place operation"), Error);
+}
+
+TEST_CASE("backward argument errors") {
+    Tensor x = leaf({2, 2});
+    CHECK_THROWS_WITH_AS(gelu(x).backward(), doctest::Contains("one-element"), Error);
+    CHECK_THROWS_WITH_AS(gelu(x).backward(ones({3}, TensorOptions().dtype(DType::F64))),
+                         doctest::Contains("expected a gradient of shape [2, 2]"), Error);
+    Tensor c = ones({1});
+    CHECK_THROWS_WITH_AS(c.backward(), doctest::Contains("does not require grad"), Error);
+}
+
+TEST_CASE("saved_bytes counts a storage saved by several nodes once, and skips parameters") {
+    manual_seed(4);
+    Tensor x = leaf({8, 4}), w = leaf({4, 4});
+    Tensor h = scale(x, 1.0);           // non-leaf activation, 8*4 f64
+    Tensor a = linear(h, w);            // saves h (and w, a parameter)
+    Tensor b = gelu(h);                 // saves h again
+    CHECK(saved_bytes() == 8 * 4 * 8);  // h once; nobody saved a or b
+    CHECK(a.defined());
+    CHECK(b.defined());
+}
+
+TEST_CASE("saving an output makes no reference cycle") {
+    std::weak_ptr<Node> node;
+    std::weak_ptr<Storage> storage;
+    {
+        Tensor x = leaf({2, 4});
+        Tensor y = layer_norm(x, Tensor(), Tensor(), 1e-5, SavePolicy::Output);
+        node = y.grad_fn();
+        storage = y.storage();
+        CHECK_FALSE(node.expired());
+    }
+    CHECK(node.expired());
+    CHECK(storage.expired());
+}
+
+TEST_CASE("a node holds no input it did not save") {
+    // Note [A node holds no input it did not save]: y = layer_norm(h) under Output saves y, not
+    // h; add saves nothing. Dropping the handle to h must free it while the graph lives on.
+    for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+        Tensor x = leaf({4, 8});
+        std::weak_ptr<Storage> h_storage;
+        Tensor loss;
+        {
+            Tensor h = scale(x, 2.0);
+            h_storage = h.storage();
+            loss = sum(gelu(layer_norm(h, Tensor(), Tensor(), 1e-5, policy)));
+        }
+        CHECK(h_storage.expired() == (policy == SavePolicy::Output));
+        loss.backward();
+        CHECK(x.grad().defined());
+    }
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,84 @@
+// tests/test_memory.cpp: the memory the Output policy saves in a GPT, measured by the tape
+// (saved_bytes) and by the allocator, against predicted_saving_bytes(), to the byte.
+#include "test_util.h"
+
+using namespace normtape;
+using namespace normtape::testing;
+
+namespace {
+
+struct AfterForward {
+    int64_t saved, allocated;
+};
+
+// saved_bytes() and live allocator bytes right after the forward of one batch, loss alive.
+AfterForward measure(const GPTConfig& config, SavePolicy policy, int64_t B, int64_t T) {
+    manual_seed(5);
+    GPTConfig c = config;
+    c.policy = policy;
+    GPT model(c);
+    std::vector<int64_t> ids(B * T);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 37) % c.vocab_size);
+    Tensor idx = from_vector(ids, {B, T}), targets = from_vector(ids, {B, T});
+    int64_t before = memory_stats(Device::CPU).allocated_bytes;
+    Tensor loss = model.loss(idx, targets);
+    AfterForward r{saved_bytes(), memory_stats(Device::CPU).allocated_bytes - before};
+    loss.backward();
+    CHECK(saved_bytes() == 0);
+    return r;
+}
+
+}  // namespace
+
+TEST_SUITE("memory") {
+
+TEST_CASE("Output saves exactly (2L+1) norm inputs (and LayerNorm means) over Input") {
+    for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
+        for (DType dtype : {DType::F32, DType::F64}) {
+            for (int64_t L : {1, 3}) {
+                GPTConfig c;
+                c.block_size = 16;
+                c.n_layer = L;
+                c.n_head = 2;
+                c.n_embd = 24;
+                c.norm = norm;
+                c.dtype = dtype;
+                const int64_t B = 3, T = 10;
+                CAPTURE(norm_kind_name(norm));
+                CAPTURE(dtype_name(dtype));
+                CAPTURE(L);
+                AfterForward in = measure(c, SavePolicy::Input, B, T);
+                AfterForward out = measure(c, SavePolicy::Output, B, T);
+                int64_t predicted = predicted_saving_bytes(c, B, T);
+                int64_t per_norm = B * T * c.n_embd + (norm == NormKind::Layer ? B * T : 0);
+                CHECK(predicted == (2 * L + 1) * per_norm * static_cast<int64_t>(element_size(dtype)));
+                CHECK(in.saved - out.saved == predicted);
+                // The allocator agrees: the freed norm inputs are really gone, not just uncounted.
+                CHECK(in.allocated - out.allocated == predicted);
+            }
+        }
+    }
+}
+
+TEST_CASE("after backward and with the graph dropped, the allocator is back where it started") {
+    GPTConfig c;
+    c.block_size = 8;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 16;
+    manual_seed(6);
+    GPT model(c);
+    Tensor idx = from_vector(std::vector<int64_t>(16, 7), {2, 8});
+    int64_t before = memory_stats(Device::CPU).allocated_bytes;
+    {
+        Tensor loss = model.loss(idx, idx);
+        loss.backward();
+    }
+    int64_t grads = 0;
+    for (const Tensor& p : model.parameters()) grads += p.grad().nbytes();
+    CHECK(memory_stats(Device::CPU).allocated_bytes == before + grads);
+    model.zero_grad();
+    CHECK(memory_stats(Device::CPU).allocated_bytes == before);
+}
+
+}  // TEST_SUITE
