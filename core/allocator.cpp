@@ -14,7 +14,7 @@ namespace {
 constexpr size_t kAlignment = 64;
 
 MemoryStats cpu_stats;
-std::vector<int64_t>* cpu_trace = nullptr;
+std::vector<MemoryEvent>* cpu_trace = nullptr;
 
 void check_backend(Device device, const char* what) {
     NT_CHECK(device == Device::CPU, what, ": expected device cpu, got ", device_name(device),
@@ -34,7 +34,7 @@ void* allocate(Device device, size_t nbytes) {
     cpu_stats.allocated_bytes += static_cast<int64_t>(nbytes);
     cpu_stats.peak_allocated_bytes = std::max(cpu_stats.peak_allocated_bytes, cpu_stats.allocated_bytes);
     cpu_stats.num_allocs += 1;
-    if (cpu_trace) cpu_trace->push_back(cpu_stats.allocated_bytes);
+    if (cpu_trace) cpu_trace->push_back({cpu_stats.num_allocs, cpu_stats.allocated_bytes});
     return ptr;
 }
 
@@ -42,7 +42,7 @@ void deallocate(Device device, void* ptr, size_t nbytes) noexcept {
     if (ptr == nullptr || device != Device::CPU) return;
     std::free(ptr);
     cpu_stats.allocated_bytes -= static_cast<int64_t>(nbytes);
-    if (cpu_trace) cpu_trace->push_back(cpu_stats.allocated_bytes);
+    if (cpu_trace) cpu_trace->push_back({cpu_stats.num_allocs, cpu_stats.allocated_bytes});
 }
 
 MemoryStats memory_stats(Device device) {
@@ -55,7 +55,7 @@ void reset_peak_memory_stats(Device device) {
     cpu_stats.peak_allocated_bytes = cpu_stats.allocated_bytes;
 }
 
-void set_memory_trace(Device device, std::vector<int64_t>* trace) {
+void set_memory_trace(Device device, std::vector<MemoryEvent>* trace) {
     check_backend(device, "set_memory_trace");
     cpu_trace = trace;
 }

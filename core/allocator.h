@@ -36,8 +36,14 @@ MemoryStats memory_stats(Device device);
 // Sets peak_allocated_bytes to the current allocated_bytes.
 void reset_peak_memory_stats(Device device);
 
-// While `trace` is set, appends allocated_bytes to it after every allocation and deallocation on
-// `device` (a memory timeline, as train_gpt charts for one step); nullptr stops recording.
-void set_memory_trace(Device device, std::vector<int64_t>* trace);
+// One point of a memory timeline: the counters right after an allocation or a deallocation.
+struct MemoryEvent {
+    int64_t num_allocs;       // MemoryStats::num_allocs then (frees do not advance it)
+    int64_t allocated_bytes;  // MemoryStats::allocated_bytes then
+};
+
+// While `trace` is set, appends a MemoryEvent to it after every allocation and deallocation on
+// `device` (train_gpt charts one step this way); nullptr stops recording.
+void set_memory_trace(Device device, std::vector<MemoryEvent>* trace);
 
 }  // namespace normtape

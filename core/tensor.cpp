@@ -256,7 +256,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
         T* a = data_ptr<T>();
         const T* b = src.data_ptr<T>();
         T s = static_cast<T>(alpha);
-        for (int64_t i = 0; i < numel(); ++i) a[i] += s * b[i];
+        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] += s * b[i];
     });
     storage()->bump_version();
     return *this;
@@ -268,7 +268,7 @@ Tensor& Tensor::mul_(double value) {
     dispatch_floating(dtype(), "mul_", [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
-        for (int64_t i = 0; i < numel(); ++i) a[i] *= static_cast<T>(value);
+        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] *= static_cast<T>(value);
     });
     storage()->bump_version();
     return *this;
@@ -280,7 +280,7 @@ Tensor& Tensor::fill_(double value) {
     dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
-        for (int64_t i = 0; i < numel(); ++i) a[i] = static_cast<T>(value);
+        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(value);
     });
     storage()->bump_version();
     return *this;
@@ -327,7 +327,7 @@ Tensor randn(const Shape& shape, TensorOptions options) {
     dispatch_floating(t.dtype(), "randn", [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data_ptr<T>();
-        for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(randn_scalar());
+        for (int64_t i = 0, end = t.numel(); i < end; ++i) p[i] = static_cast<T>(randn_scalar());
     });
     return t;
 }

@@ -102,8 +102,8 @@ struct RunResult {
     int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
-    std::vector<int64_t> memory_trace;  // allocated bytes after each allocator event of step 1
-    size_t forward_events = 0;          // where the forward of that step ended in the trace
+    std::vector<MemoryEvent> memory_trace;  // allocator events of one step (step 2)
+    int64_t forward_allocs = 0;             // allocations of that step's forward
 };
 
 GPTConfig make_config(const Args& a, SavePolicy policy) {
@@ -167,11 +167,12 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
         Tensor idx, targets;
         batcher.next(&idx, &targets);
         reset_peak_memory_stats(Device::CPU);
+        int64_t allocs_at_start = memory_stats(Device::CPU).num_allocs;
         if (step == trace_step) set_memory_trace(Device::CPU, &r.memory_trace);
         auto t0 = clock::now();
 
         Tensor loss = model.loss(idx, targets);
-        if (step == trace_step) r.forward_events = r.memory_trace.size();
+        if (step == trace_step) r.forward_allocs = memory_stats(Device::CPU).num_allocs - allocs_at_start;
         if (step == 0) r.saved_activation_bytes = saved_bytes();
         loss.backward();
         clip_grad_norm_(model.parameters(), 1.0);
@@ -180,7 +181,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
         optimizer.zero_grad();
 
         double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-        if (step == trace_step) set_memory_trace(Device::CPU, nullptr);
+        if (step == trace_step) {
+            set_memory_trace(Device::CPU, nullptr);
+            for (MemoryEvent& e : r.memory_trace) e.num_allocs -= allocs_at_start;
+        }
         MemoryStats m = memory_stats(Device::CPU);
         r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, m.peak_allocated_bytes);
         r.losses.push_back(loss.item<float>());
@@ -228,7 +232,8 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
 
 void write_chart(const Args& a, const std::vector<RunResult>& runs) {
     ChartPanel loss{"Training loss", "step", "loss (nats)", {}, {}};
-    ChartPanel mem{"Allocated memory during one step", "allocator event (forward, then backward)", "allocated MiB", {}, {}};
+    ChartPanel mem{"Allocated memory during one training step", "tensors allocated so far in the step", "allocated MiB",
+                   {}, {}};
     const char* colors[] = {"#1f77b4", "#d62728"};
     for (size_t k = 0; k < runs.size(); ++k) {
         const RunResult& r = runs[k];
@@ -240,13 +245,13 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
         }
         loss.series.push_back(ls);
         ChartSeries ms{name, colors[r.policy == SavePolicy::Output], {}, {}, false};
-        for (size_t i = 0; i < r.memory_trace.size(); ++i) {
-            ms.x.push_back(static_cast<double>(i));
-            ms.y.push_back(static_cast<double>(r.memory_trace[i]) / (1 << 20));
+        for (const MemoryEvent& e : r.memory_trace) {
+            ms.x.push_back(static_cast<double>(e.num_allocs));
+            ms.y.push_back(static_cast<double>(e.allocated_bytes) / (1 << 20));
         }
         mem.series.push_back(ms);
-        mem.markers.push_back({static_cast<double>(r.forward_events), "end of forward (" + std::string(policy_name(r.policy)) + ")"});
     }
+    mem.markers.push_back({static_cast<double>(runs[0].forward_allocs), "forward | backward"});
     std::ofstream f(a.chart);
     if (!f) throw Error("train_gpt: cannot write chart " + a.chart);
     f << render_svg({loss, mem});

@@ -44,7 +44,7 @@ void AdamW::step() {
                 T* pm = m_[gi][i].data_ptr<T>();
                 T* pv = v_[gi][i].data_ptr<T>();
                 double lr = options_.lr, decay = 1.0 - options_.lr * groups_[gi].weight_decay;
-                for (int64_t k = 0; k < p.numel(); ++k) {
+                for (int64_t k = 0, end = p.numel(); k < end; ++k) {
                     pm[k] = static_cast<T>(options_.beta1 * pm[k] + (1 - options_.beta1) * pg[k]);
                     pv[k] = static_cast<T>(options_.beta2 * pv[k] + (1 - options_.beta2) * double(pg[k]) * pg[k]);
                     double update = (pm[k] / bc1) / (std::sqrt(pv[k] / bc2) + options_.eps);
@@ -70,7 +70,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
         dispatch_floating(g.dtype(), "clip_grad_norm_", [&](auto tag) {
             using T = decltype(tag);
             const T* pg = g.data_ptr<T>();
-            for (int64_t k = 0; k < g.numel(); ++k) total += double(pg[k]) * pg[k];
+            for (int64_t k = 0, end = g.numel(); k < end; ++k) total += double(pg[k]) * pg[k];
         });
     }
     double norm = std::sqrt(total);

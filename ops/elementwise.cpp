@@ -83,7 +83,7 @@ struct GeluBackward : Node {
             using T = decltype(tag);
             const T *px = xs.data_ptr<T>(), *pg = g.data_ptr<T>();
             T* pd = dx.data_ptr<T>();
-            for (int64_t i = 0; i < xs.numel(); ++i) {
+            for (int64_t i = 0, end = xs.numel(); i < end; ++i) {
                 T v = px[i];
                 T th = std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCoeff) * v * v * v));
                 T d = T(0.5) * (1 + th) + T(0.5) * v * (1 - th * th) * T(kSqrt2OverPi) * (1 + T(3 * kGeluCoeff) * v * v);
@@ -109,7 +109,7 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
         int64_t n = b.numel();
-        for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i % n];
+        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = pa[i] + pb[i % n];
     });
     if (should_record(a, b)) record(std::make_shared<AddBackward>(b.shape()), out, a, b);
     return out;
@@ -127,7 +127,7 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
         using T = decltype(tag);
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] * pb[i];
+        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = pa[i] * pb[i];
     });
     if (should_record(a, b)) {
         auto node = std::make_shared<MulBackward>(b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor());
@@ -144,7 +144,7 @@ Tensor scale(const Tensor& a_in, double s) {
         using T = decltype(tag);
         const T* pa = a.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] * static_cast<T>(s);
+        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = pa[i] * static_cast<T>(s);
     });
     if (should_record(a)) record(std::make_shared<ScaleBackward>(s), out, a);
     return out;
@@ -158,7 +158,7 @@ Tensor gelu(const Tensor& x_in) {
         using T = decltype(tag);
         const T* px = x.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0; i < x.numel(); ++i) {
+        for (int64_t i = 0, end = x.numel(); i < end; ++i) {
             T v = px[i];
             po[i] = T(0.5) * v * (1 + std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCoeff) * v * v * v)));
         }

@@ -26,7 +26,7 @@ struct EmbeddingBackward : Node {
             const int64_t* pi = idx.data_ptr<int64_t>();
             const T* pg = g.data_ptr<T>();
             T* pw = dweight.data_ptr<T>();
-            for (int64_t i = 0; i < idx.numel(); ++i)
+            for (int64_t i = 0, end = idx.numel(); i < end; ++i)
                 for (int64_t c = 0; c < C; ++c) pw[pi[i] * C + c] += pg[i * C + c];
         });
         return {Tensor(), dweight};
@@ -42,7 +42,7 @@ Tensor embedding(const Tensor& ids_in, const Tensor& weight_in) {
     Tensor ids = ids_in.contiguous(), weight = weight_in.contiguous();
     int64_t V = weight.size(0), C = weight.size(1);
     const int64_t* pi = ids.data_ptr<int64_t>();
-    for (int64_t i = 0; i < ids.numel(); ++i)
+    for (int64_t i = 0, end = ids.numel(); i < end; ++i)
         NT_CHECK(pi[i] >= 0 && pi[i] < V, "embedding: expected ids in [0, ", V, "), got ", pi[i], " at flat position ",
                  i, " of ids ", shape_str(ids.shape()));
     Shape out_shape = ids.shape();
@@ -52,7 +52,7 @@ Tensor embedding(const Tensor& ids_in, const Tensor& weight_in) {
         using T = decltype(tag);
         const T* pw = weight.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0; i < ids.numel(); ++i) std::copy(pw + pi[i] * C, pw + (pi[i] + 1) * C, po + i * C);
+        for (int64_t i = 0, end = ids.numel(); i < end; ++i) std::copy(pw + pi[i] * C, pw + (pi[i] + 1) * C, po + i * C);
     });
     if (should_record(ids, weight)) record(std::make_shared<EmbeddingBackward>(ids, V), out, ids, weight);
     return out;

@@ -135,7 +135,7 @@ bool weight_allows_output_policy(const Tensor& weight) {
     dispatch_floating(weight.dtype(), "norm", [&](auto tag) {
         using T = decltype(tag);
         const T* p = weight.data_ptr<T>();
-        for (int64_t j = 0; j < weight.numel(); ++j) ok = ok && std::abs(double(p[j])) >= kOutputPolicyMinWeight;
+        for (int64_t j = 0, end = weight.numel(); j < end; ++j) ok = ok && std::abs(double(p[j])) >= kOutputPolicyMinWeight;
     });
     return ok;
 }

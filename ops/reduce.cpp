@@ -35,7 +35,7 @@ Tensor reduce(const char* op, const char* node_name, const Tensor& x_in, bool di
         using T = decltype(tag);
         const T* p = x.data_ptr<T>();
         double s = 0.0;
-        for (int64_t i = 0; i < x.numel(); ++i) s += p[i];
+        for (int64_t i = 0, end = x.numel(); i < end; ++i) s += p[i];
         *out.data_ptr<T>() = static_cast<T>(s * factor);
     });
     if (should_record(x)) record(std::make_shared<SumBackward>(x.shape(), factor, node_name), out, x);

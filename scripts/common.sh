@@ -1,0 +1,35 @@
+# scripts/common.sh: sourced by demo.sh and test.sh. Installs what is missing (Debian/Ubuntu,
+# through apt-get as root or with sudo, only when a package is absent), then configures and
+# builds into build/ (Release).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${NORMTAPE_BUILD_DIR:-$ROOT/build}"
+
+# install_packages PKG...: apt-get install the packages that dpkg does not list as installed.
+install_packages() {
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "normtape: installing ${missing[*]}"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || { echo "normtape: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# The build's own needs: compiler, CMake, Eigen, doctest, CLI11, nlohmann-json.
+install_build_deps() {
+    install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev
+}
+
+# configure_and_build [CMAKE ARGS...]
+configure_and_build() {
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+    cmake --build "$BUILD" -j "$(nproc)"
+}
