@@ -155,7 +155,7 @@ bool Tensor::is_contiguous() const { return strides() == contiguous_strides(shap
 
 template <class T>
 T* Tensor::data_ptr() const {
-    NT_CHECK(dtype() == dtype_of<T>(), "Tensor::data_ptr: expected dtype ", dtype_name(dtype()),
+    NT_CHECK(dtype() == dtype_of<T>(), "Tensor::data_ptr: the tensor is ", dtype_name(dtype()),
              ", got a request for ", dtype_name(dtype_of<T>()));
     NT_CHECK(device() == Device::CPU, "Tensor::data_ptr: host access needs a cpu tensor, got ",
              device_name(device()));
@@ -165,6 +165,8 @@ T* Tensor::data_ptr() const {
 template <class T>
 T Tensor::item() const {
     NT_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ", shape_str(shape()));
+    NT_CHECK(dtype() == dtype_of<T>(), "Tensor::item: the tensor is ", dtype_name(dtype()), ", got a request for ",
+             dtype_name(dtype_of<T>()));
     return *data_ptr<T>();
 }
 
@@ -314,8 +316,7 @@ Tensor empty(const Shape& shape, TensorOptions options) {
 Tensor full(const Shape& shape, double value, TensorOptions options) {
     Tensor t = empty(shape, options.requires_grad(false));
     t.fill_(value);
-    t.impl().requires_grad = options.requires_grad_;
-    return t;
+    return t.requires_grad_(options.requires_grad_);
 }
 
 Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }

@@ -42,6 +42,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
     const char* op = "cross_entropy";
     detail::check_floating_input(op, "logits", logits_in);
     detail::check_index_input(op, "targets", targets_in);
+    NT_CHECK(logits_in.dim() >= 1, op, ": expected logits of shape [..., V], got a scalar");
     Shape rows_shape(logits_in.shape().begin(), logits_in.shape().end() - 1);
     NT_CHECK(targets_in.shape() == rows_shape, op, ": expected targets of shape ", shape_str(rows_shape),
              " for logits of shape ", shape_str(logits_in.shape()), ", got ", shape_str(targets_in.shape()));

@@ -96,6 +96,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     detail::check_floating_input("matmul", "a", a_in);
     detail::check_floating_input("matmul", "b", b_in);
     detail::check_like("matmul", "b", b_in, "a", a_in);
+    NT_CHECK(a_in.dim() >= 1, "matmul: expected a of shape [..., K], got a scalar");
     NT_CHECK(b_in.dim() == 2 && b_in.size(0) == a_in.size(-1), "matmul: expected b of shape [", a_in.size(-1),
              ", N] for a of shape ", shape_str(a_in.shape()), ", got ", shape_str(b_in.shape()));
     Tensor a = a_in.contiguous(), b = b_in.contiguous();
@@ -115,6 +116,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     detail::check_floating_input("linear", "x", x_in);
     detail::check_floating_input("linear", "weight", weight_in);
     detail::check_like("linear", "weight", weight_in, "x", x_in);
+    NT_CHECK(x_in.dim() >= 1, "linear: expected x of shape [..., K], got a scalar");
     NT_CHECK(weight_in.dim() == 2 && weight_in.size(1) == x_in.size(-1), "linear: expected weight of shape [N, ",
              x_in.size(-1), "] for x of shape ", shape_str(x_in.shape()), ", got ", shape_str(weight_in.shape()));
     int64_t N = weight_in.size(0);

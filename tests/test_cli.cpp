@@ -1,6 +1,7 @@
 // tests/test_cli.cpp: train_gpt as a user runs it: bad flags and data give one line and exit 2;
 // a short run writes JSON whose measured saving equals the prediction.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -25,8 +26,10 @@ std::string slurp(const std::string& path) {
     return ss.str();
 }
 
+// A path unique to this process (ctest runs test cases in parallel processes).
 std::string temp_path(const std::string& name) {
-    return (std::filesystem::temp_directory_path() / ("normtape_test_cli_" + name)).string();
+    std::string unique = "normtape_test_cli_" + std::to_string(getpid()) + "_" + name;
+    return (std::filesystem::temp_directory_path() / unique).string();
 }
 
 Result run_train_gpt(const std::string& args) {

@@ -1,5 +1,7 @@
 // tests/test_nn.cpp: modules (names, counts, options), AdamW against its formula, gradient
 // clipping, and safetensors checkpoints (round trip and bad files).
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,8 +22,10 @@ GPTConfig small_config() {
     return c;
 }
 
+// A path unique to this process (ctest runs test cases in parallel processes).
 std::string temp_path(const std::string& name) {
-    return (std::filesystem::temp_directory_path() / ("normtape_test_nn_" + name)).string();
+    std::string unique = "normtape_test_nn_" + std::to_string(getpid()) + "_" + name;
+    return (std::filesystem::temp_directory_path() / unique).string();
 }
 
 }  // namespace

@@ -54,7 +54,12 @@ struct TempDir {
 };
 
 // A path as one word of /bin/sh (the temp and source paths hold no single quote).
-std::string shell_quote(const fs::path& p) { return "'" + p.string() + "'"; }
+std::string shell_quote(const fs::path& p) {
+    std::string quoted = "'";  // built piecewise: GCC 12 warns falsely (-Wrestrict) on "'" + s + "'"
+    quoted += p.string();
+    quoted += "'";
+    return quoted;
+}
 
 std::string read_text(const fs::path& p) {
     std::ifstream f(p);
