@@ -113,7 +113,8 @@ public:
     void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
 
     // In-place, never recorded by autograd; each bumps the storage version. Throw if this tensor
-    // requires grad while grad mode is on (as PyTorch does for leaves), or on shape/dtype mismatch.
+    // requires grad while grad mode is on (as PyTorch does for leaves), if it is not contiguous,
+    // on a shape/dtype mismatch, and (add_, mul_) on an i64 tensor.
     Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other
     Tensor& mul_(double value);                             // this *= value
     Tensor& fill_(double value);
@@ -137,8 +138,8 @@ Tensor full(const Shape& shape, double value, TensorOptions options = {});
 Tensor randn(const Shape& shape, TensorOptions options = {});
 // 0, 1, ..., end - 1 as a 1-D tensor of end elements; i64 unless options say otherwise.
 Tensor arange(int64_t end, TensorOptions options = TensorOptions().dtype(DType::I64));
-// A tensor holding `values` in row-major order; `shape` defaults to {values.size()}. Throws if
-// the counts differ or T does not match options.dtype_ (options' dtype is taken from T).
+// A tensor holding `values` in row-major order; `shape` defaults to {values.size()}. The dtype
+// is T's (options' dtype is ignored). Throws if the counts differ.
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, TensorOptions options = {});
 
