@@ -76,8 +76,11 @@ Tensor GPT::forward(const Tensor& idx) const {
     NT_CHECK(T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
              config_.block_size, "], got ", T);
     Tensor x = add(wte->forward(idx), wpe->forward(arange(T)));
-    for (const auto& block : h) x = block->forward(x);
-    return lm_head->forward(ln_f->forward(x));
+    // Moving the residual into each block leaves the block the only handle, so the block's input
+    // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
+    for (const auto& block : h) x = block->forward(std::move(x));
+    x = ln_f->forward(x);
+    return lm_head->forward(x);
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const { return cross_entropy(forward(idx), targets); }

@@ -28,8 +28,10 @@ install_build_deps() {
     install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev
 }
 
-# configure_and_build [CMAKE ARGS...]
+# configure_and_build [TARGET...]: every target when none is named.
 configure_and_build() {
-    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-    cmake --build "$BUILD" -j "$(nproc)"
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    local targets=()
+    [ $# -gt 0 ] && targets=(--target "$@")
+    cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}"
 }

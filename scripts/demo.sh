@@ -5,5 +5,5 @@
 # Extra arguments go to train_gpt (see build/train_gpt --help).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 install_build_deps
-configure_and_build
+configure_and_build train_gpt
 "$BUILD/train_gpt" --policy both --json train_gpt.json --chart train_gpt.svg "$@"
