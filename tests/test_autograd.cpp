@@ -7,7 +7,7 @@ using namespace normtape::testing;
 
 TEST_SUITE("autograd") {
 
-TEST_CASE("a diamond graph sums the gradients of both paths") {
+TEST_CASE("autograd: a diamond graph sums the gradients of both paths") {
     manual_seed(1);
     Tensor x = leaf({4});
     // y = sum((2x) * (3x)) = sum(6 x^2), dy/dx = 12 x
@@ -16,7 +16,7 @@ TEST_CASE("a diamond graph sums the gradients of both paths") {
     CHECK_CLOSE(x.grad(), scale(x.detach(), 12.0), tolerance(DType::F64));
 }
 
-TEST_CASE("leaf gradients accumulate across backward calls until zero_grad") {
+TEST_CASE("autograd: leaf gradients accumulate across backward calls until zero_grad") {
     manual_seed(2);
     Tensor x = leaf({3});
     sum(scale(x, 5.0)).backward();
@@ -28,7 +28,7 @@ TEST_CASE("leaf gradients accumulate across backward calls until zero_grad") {
     CHECK_CLOSE(x.grad(), full({3}, 5.0, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
 }
 
-TEST_CASE("NoGradGuard records nothing and restores grad mode") {
+TEST_CASE("autograd: NoGradGuard records nothing and restores grad mode") {
     Tensor x = leaf({2, 3});
     int64_t before = saved_bytes();
     {
@@ -47,7 +47,7 @@ TEST_CASE("NoGradGuard records nothing and restores grad mode") {
     CHECK(gelu(x).grad_fn() != nullptr);
 }
 
-TEST_CASE("a second backward through released nodes throws and says why") {
+TEST_CASE("autograd: a second backward through released nodes throws and says why") {
     Tensor x = leaf({3});
     Tensor y = sum(gelu(x));
     y.backward();
@@ -58,7 +58,7 @@ TEST_CASE("a second backward through released nodes throws and says why") {
     CHECK_THROWS_WITH_AS(z.backward(), doctest::Contains("retain_graph=true"), Error);
 }
 
-TEST_CASE("retain_graph keeps saved tensors for a second backward") {
+TEST_CASE("autograd: retain_graph keeps saved tensors for a second backward") {
     Tensor x = leaf({3});
     Tensor y = sum(gelu(x));
     y.backward(Tensor(), /*retain_graph=*/true);
@@ -67,7 +67,7 @@ TEST_CASE("retain_graph keeps saved tensors for a second backward") {
     CHECK_CLOSE(x.grad(), scale(first, 2.0), tolerance(DType::F64));
 }
 
-TEST_CASE("backward releases saved tensors and returns their bytes to the allocator") {
+TEST_CASE("autograd: backward releases saved tensors and returns their bytes to the allocator") {
     manual_seed(3);
     Tensor x = leaf({64, 32}), w = leaf({16, 32});
     int64_t baseline = memory_stats(Device::CPU).allocated_bytes;
@@ -85,7 +85,7 @@ TEST_CASE("backward releases saved tensors and returns their bytes to the alloca
     CHECK(memory_stats(Device::CPU).allocated_bytes == baseline);
 }
 
-TEST_CASE("a tensor modified in place after being saved is detected on backward") {
+TEST_CASE("autograd: a tensor modified in place after being saved is detected on backward") {
     Tensor x = leaf({3});
     Tensor h = scale(x, 1.0);  // non-leaf, saved by gelu
     Tensor y = sum(gelu(h));
@@ -96,7 +96,7 @@ TEST_CASE("a tensor modified in place after being saved is detected on backward"
     CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("modified by an in-place operation"), Error);
 }
 
-TEST_CASE("backward argument errors") {
+TEST_CASE("autograd: backward argument errors") {
     Tensor x = leaf({2, 2});
     CHECK_THROWS_WITH_AS(gelu(x).backward(), doctest::Contains("one-element"), Error);
     CHECK_THROWS_WITH_AS(gelu(x).backward(ones({3}, TensorOptions().dtype(DType::F64))),
@@ -105,7 +105,7 @@ TEST_CASE("backward argument errors") {
     CHECK_THROWS_WITH_AS(c.backward(), doctest::Contains("does not require grad"), Error);
 }
 
-TEST_CASE("saved_bytes counts a storage saved by several nodes once, and skips parameters") {
+TEST_CASE("autograd: saved_bytes counts a storage saved by several nodes once, and skips parameters") {
     manual_seed(4);
     Tensor x = leaf({8, 4}), w = leaf({4, 4});
     Tensor h = scale(x, 1.0);           // non-leaf activation, 8*4 f64
@@ -116,7 +116,7 @@ TEST_CASE("saved_bytes counts a storage saved by several nodes once, and skips p
     CHECK(b.defined());
 }
 
-TEST_CASE("saving an output makes no reference cycle") {
+TEST_CASE("autograd: saving an output makes no reference cycle") {
     std::weak_ptr<Node> node;
     std::weak_ptr<Storage> storage;
     {
@@ -130,7 +130,7 @@ TEST_CASE("saving an output makes no reference cycle") {
     CHECK(storage.expired());
 }
 
-TEST_CASE("a node holds no input it did not save") {
+TEST_CASE("autograd: a node holds no input it did not save") {
     // Note [A node holds no input it did not save]: y = layer_norm(h) under Output saves y, not
     // h; add saves nothing. Dropping the handle to h must free it while the graph lives on.
     for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {

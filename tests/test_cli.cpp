@@ -48,7 +48,7 @@ int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), 
 
 TEST_SUITE("train_gpt") {
 
-TEST_CASE("bad flags, values and data: one line on stderr, exit code 2") {
+TEST_CASE("train_gpt: bad flags, values and data: one line on stderr, exit code 2") {
     if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
         MESSAGE("skipped: train_gpt was not built");
         return;
@@ -79,7 +79,7 @@ TEST_CASE("bad flags, values and data: one line on stderr, exit code 2") {
     CHECK(help.out.find("--policy") != std::string::npos);
 }
 
-TEST_CASE("a short run writes JSON with measured saving == predicted saving") {
+TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted saving") {
     if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
         MESSAGE("skipped: train_gpt was not built");
         return;

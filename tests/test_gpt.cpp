@@ -64,7 +64,7 @@ double mean_of_last(const std::vector<double>& v, size_t n) {
 
 TEST_SUITE("gpt") {
 
-TEST_CASE("the loss falls when training on tinyshakespeare") {
+TEST_CASE("gpt: the loss falls when training on tinyshakespeare") {
     std::string path = shakespeare_path();
     if (path.empty()) {
         MESSAGE("skipped: ../shared/data/tinyshakespeare.txt is not present");
@@ -81,7 +81,7 @@ TEST_CASE("the loss falls when training on tinyshakespeare") {
     }
 }
 
-TEST_CASE("the model overfits one batch") {
+TEST_CASE("gpt: the model overfits one batch") {
     std::string text = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.";
     GPTConfig c = tiny_config(NormKind::Layer, SavePolicy::Input);
     c.block_size = 16;
@@ -89,7 +89,7 @@ TEST_CASE("the model overfits one batch") {
     CHECK(losses.back() < 0.2);
 }
 
-TEST_CASE("both policies train to the same losses") {
+TEST_CASE("gpt: both policies train to the same losses") {
     std::string text;
     for (int i = 0; i < 50; ++i) text += "Norms save what backward needs; the output policy saves y. ";
     for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
@@ -100,7 +100,7 @@ TEST_CASE("both policies train to the same losses") {
     }
 }
 
-TEST_CASE("bad input to the model") {
+TEST_CASE("gpt: bad input to the model") {
     manual_seed(8);
     GPT model(tiny_config(NormKind::Layer, SavePolicy::Input));
     Tensor ok = from_vector(std::vector<int64_t>(8, 1), {2, 4});

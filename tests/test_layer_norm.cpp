@@ -29,7 +29,7 @@ std::vector<double> layer_norm_reference(const std::vector<double>& x, const std
 
 TEST_SUITE("layer_norm") {
 
-TEST_CASE("forward matches the formula in f64 and f32, with mean 0 and variance 1 before the affine") {
+TEST_CASE("layer_norm: forward matches the formula in f64 and f32, with mean 0 and variance 1 before the affine") {
     manual_seed(20);
     for (DType dtype : {DType::F64, DType::F32}) {
         CAPTURE(dtype_name(dtype));
@@ -51,16 +51,22 @@ TEST_CASE("forward matches the formula in f64 and f32, with mean 0 and variance 
     }
 }
 
-TEST_CASE("gradients match finite differences in f64 under both policies") { check_norm_gradcheck(kLayerNorm); }
+TEST_CASE("layer_norm: gradients match finite differences in f64 under both policies") {
+    check_norm_gradcheck(kLayerNorm);
+}
 
-TEST_CASE("SavePolicy::Output gives the outputs and gradients of SavePolicy::Input") {
+TEST_CASE("layer_norm: SavePolicy::Output gives the outputs and gradients of SavePolicy::Input") {
     check_policies_agree(kLayerNorm);
 }
 
-TEST_CASE("weights near zero under SavePolicy::Output") { check_weights_near_zero(kLayerNorm); }
+TEST_CASE("layer_norm: weights near zero under SavePolicy::Output") { check_weights_near_zero(kLayerNorm); }
 
-TEST_CASE("saved bytes: x + mean + rstd under Input, y + rstd under Output") { check_saved_bytes(kLayerNorm, true); }
+TEST_CASE("layer_norm: saved bytes: x + mean + rstd under Input, y + rstd under Output") {
+    check_saved_bytes(kLayerNorm, true);
+}
 
-TEST_CASE("argument errors name the op, the expectation and what was found") { check_norm_errors(kLayerNorm); }
+TEST_CASE("layer_norm: argument errors name the op, the expectation and what was found") {
+    check_norm_errors(kLayerNorm);
+}
 
 }  // TEST_SUITE

@@ -32,7 +32,7 @@ AfterForward measure(const GPTConfig& config, SavePolicy policy, int64_t B, int6
 
 TEST_SUITE("memory") {
 
-TEST_CASE("Output saves exactly (2L+1) norm inputs (and LayerNorm means) over Input") {
+TEST_CASE("memory: Output saves exactly (2L+1) norm inputs (and LayerNorm means) over Input") {
     for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
         for (DType dtype : {DType::F32, DType::F64}) {
             for (int64_t L : {1, 3}) {
@@ -60,7 +60,7 @@ TEST_CASE("Output saves exactly (2L+1) norm inputs (and LayerNorm means) over In
     }
 }
 
-TEST_CASE("after backward and with the graph dropped, the allocator is back where it started") {
+TEST_CASE("memory: after backward and with the graph dropped, the allocator is back where it started") {
     GPTConfig c;
     c.block_size = 8;
     c.n_layer = 2;

@@ -32,7 +32,7 @@ std::string temp_path(const std::string& name) {
 
 TEST_SUITE("nn") {
 
-TEST_CASE("GPT parameters have GPT-2 names and the expected count") {
+TEST_CASE("nn: GPT parameters have GPT-2 names and the expected count") {
     GPT model(small_config());
     NamedTensors params = model.named_parameters();
     std::vector<std::string> names;
@@ -51,7 +51,7 @@ TEST_CASE("GPT parameters have GPT-2 names and the expected count") {
     CHECK(GPT(rms).num_parameters() == model.num_parameters() - (2 * L + 1) * C);  // no norm biases
 }
 
-TEST_CASE("norm module options") {
+TEST_CASE("nn: norm module options") {
     NormOptions o;
     o.elementwise_affine = false;
     CHECK(LayerNorm(8, o).named_parameters().empty());
@@ -65,7 +65,7 @@ TEST_CASE("norm module options") {
     CHECK_CLOSE(ln.forward(x), layer_norm(x, ones({8}), zeros({8})), tolerance(DType::F32));
 }
 
-TEST_CASE("zero_grad drops every gradient") {
+TEST_CASE("nn: zero_grad drops every gradient") {
     GPT model(small_config());
     Tensor idx = from_vector(std::vector<int64_t>(8, 3), {1, 8});
     model.loss(idx, idx).backward();
@@ -74,7 +74,7 @@ TEST_CASE("zero_grad drops every gradient") {
     for (const Tensor& p : model.parameters()) CHECK_FALSE(p.grad().defined());
 }
 
-TEST_CASE("AdamW follows its formula, with decoupled weight decay and bias correction") {
+TEST_CASE("nn: AdamW follows its formula, with decoupled weight decay and bias correction") {
     Tensor p = from_vector(std::vector<double>{1.0, -2.0}).requires_grad_(true);
     AdamWOptions o;
     o.lr = 0.1;
@@ -101,7 +101,7 @@ TEST_CASE("AdamW follows its formula, with decoupled weight decay and bias corre
     CHECK(opt.step_count() == 3);
 }
 
-TEST_CASE("clip_grad_norm_ scales gradients to the maximum norm and returns the old norm") {
+TEST_CASE("nn: clip_grad_norm_ scales gradients to the maximum norm and returns the old norm") {
     Tensor a = from_vector(std::vector<double>{0, 0}).requires_grad_(true);
     Tensor b = from_vector(std::vector<double>{0}).requires_grad_(true);
     add(sum(mul(a, from_vector(std::vector<double>{3, 0}))), sum(mul(b, from_vector(std::vector<double>{4})))).backward();
@@ -113,7 +113,7 @@ TEST_CASE("clip_grad_norm_ scales gradients to the maximum norm and returns the 
     CHECK_THROWS_WITH_AS(clip_grad_norm_({a}, 0.0), doctest::Contains("max_norm > 0"), Error);
 }
 
-TEST_CASE("a checkpoint round-trips every parameter bit for bit") {
+TEST_CASE("nn: a checkpoint round-trips every parameter bit for bit") {
     manual_seed(1);
     GPT a(small_config());
     std::string path = temp_path("roundtrip.safetensors");
@@ -133,7 +133,7 @@ TEST_CASE("a checkpoint round-trips every parameter bit for bit") {
     std::remove(path.c_str());
 }
 
-TEST_CASE("bad checkpoint files are rejected with the file and the reason") {
+TEST_CASE("nn: bad checkpoint files are rejected with the file and the reason") {
     GPT model(small_config());
     std::string path = temp_path("bad.safetensors");
     CHECK_THROWS_WITH_AS(load_checkpoint(temp_path("missing.safetensors"), model), doctest::Contains("cannot open"), Error);

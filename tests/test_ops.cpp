@@ -115,7 +115,7 @@ double naive_cross_entropy(const std::vector<double>& logits, const std::vector<
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("add") {
-    TEST_CASE("forward matches a plain loop: same shape and both broadcasts") {
+    TEST_CASE("add: forward matches a plain loop: same shape and both broadcasts") {
         manual_seed(1);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -143,7 +143,7 @@ TEST_SUITE("add") {
         }
     }
 
-    TEST_CASE("forward on a non-contiguous a") {
+    TEST_CASE("add: forward on a non-contiguous a") {
         manual_seed(2);
         Tensor base = input({3, 2}, DType::F64);
         Tensor a = base.transpose(0, 1);  // [2, 3], not contiguous
@@ -154,7 +154,7 @@ TEST_SUITE("add") {
         CHECK_CLOSE(add(a, b), expected(out, {2, 3}), tolerance(DType::F64));
     }
 
-    TEST_CASE("gradcheck: same shape, b = [N] onto [2, 3, N], b = [T, C] onto [B, T, C]") {
+    TEST_CASE("add: gradcheck: same shape, b = [N] onto [2, 3, N], b = [T, C] onto [B, T, C]") {
         manual_seed(3);
         auto f = [](const std::vector<Tensor>& in) { return add(in[0], in[1]); };
         SUBCASE("same shape") {
@@ -173,7 +173,7 @@ TEST_SUITE("add") {
         }
     }
 
-    TEST_CASE("x + x accumulates a gradient of 2") {
+    TEST_CASE("add: x + x accumulates a gradient of 2") {
         manual_seed(4);
         Tensor x = leaf({2, 3});
         Tensor u = input({2, 3}, DType::F64);
@@ -184,7 +184,7 @@ TEST_SUITE("add") {
         CHECK_CLOSE(x.grad(), expected(want, {2, 3}), tolerance(DType::F64));
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("add: bad input") {
         Tensor a = zeros({2, 3}), b = zeros({2, 3}), a64 = zeros({2, 3}, opts(DType::F64));
         Tensor i = zeros({2, 3}, opts(DType::I64)), empty04 = zeros({0, 4}), wrong = zeros({3, 2});
         Tensor big = zeros({2, 3, 4}), small = zeros({4}), prefix = zeros({2});
@@ -214,7 +214,7 @@ TEST_SUITE("add") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("mul") {
-    TEST_CASE("forward matches a plain loop") {
+    TEST_CASE("mul: forward matches a plain loop") {
         manual_seed(11);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -227,14 +227,14 @@ TEST_SUITE("mul") {
         }
     }
 
-    TEST_CASE("gradcheck of both inputs") {
+    TEST_CASE("mul: gradcheck of both inputs") {
         manual_seed(12);
         auto f = [](const std::vector<Tensor>& in) { return mul(in[0], in[1]); };
         std::vector<Tensor> in{leaf({3, 4}), leaf({3, 4})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("only one input requires grad: its gradient is g * the other") {
+    TEST_CASE("mul: only one input requires grad: its gradient is g * the other") {
         manual_seed(13);
         Tensor a = leaf({2, 3});
         Tensor b = input({2, 3}, DType::F64);  // a constant
@@ -246,7 +246,7 @@ TEST_SUITE("mul") {
         CHECK_CLOSE(a.grad(), expected(want, {2, 3}), tolerance(DType::F64));
     }
 
-    TEST_CASE("mul(x, x) has gradient 2x") {
+    TEST_CASE("mul: mul(x, x) has gradient 2x") {
         manual_seed(14);
         Tensor x = leaf({2, 3});
         Tensor u = input({2, 3}, DType::F64);
@@ -257,7 +257,7 @@ TEST_SUITE("mul") {
         CHECK_CLOSE(x.grad(), expected(want, {2, 3}), tolerance(DType::F64));
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("mul: bad input") {
         Tensor a = zeros({2, 3}), a64 = zeros({2, 3}, opts(DType::F64)), i = zeros({2, 3}, opts(DType::I64));
         Tensor empty04 = zeros({0, 4}), row = zeros({3}), wrong = zeros({3, 2});
         int64_t before = cpu_allocated();
@@ -279,7 +279,7 @@ TEST_SUITE("mul") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("scale") {
-    TEST_CASE("forward matches a plain loop") {
+    TEST_CASE("scale: forward matches a plain loop") {
         manual_seed(21);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -296,14 +296,14 @@ TEST_SUITE("scale") {
         }
     }
 
-    TEST_CASE("gradcheck") {
+    TEST_CASE("scale: gradcheck") {
         manual_seed(22);
         auto f = [](const std::vector<Tensor>& in) { return scale(in[0], -2.5); };
         std::vector<Tensor> in{leaf({3, 4})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("scale: bad input") {
         Tensor i = zeros({2, 3}, opts(DType::I64)), empty04 = zeros({0, 4});
         int64_t before = cpu_allocated();
         CHECK_THROWS_WITH_AS(scale(Tensor(), 2.0), doctest::Contains("scale"), normtape::Error);
@@ -316,7 +316,7 @@ TEST_SUITE("scale") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("gelu") {
-    TEST_CASE("forward matches the tanh formula by hand") {
+    TEST_CASE("gelu: forward matches the tanh formula by hand") {
         manual_seed(31);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -329,7 +329,7 @@ TEST_SUITE("gelu") {
         }
     }
 
-    TEST_CASE("known values: 0 at 0, x for large x, 0 for very negative x") {
+    TEST_CASE("gelu: known values: 0 at 0, x for large x, 0 for very negative x") {
         Tensor x = from_vector<double>({0.0, 10.0, -10.0, 1.0});
         std::vector<double> y = gelu(x).to_vector<double>();
         CHECK(y[0] == 0.0);
@@ -339,14 +339,14 @@ TEST_SUITE("gelu") {
         CHECK(y[3] == doctest::Approx(0.841192).epsilon(1e-5));
     }
 
-    TEST_CASE("gradcheck") {
+    TEST_CASE("gelu: gradcheck") {
         manual_seed(32);
         auto f = [](const std::vector<Tensor>& in) { return gelu(in[0]); };
         std::vector<Tensor> in{leaf({3, 5}, 2.0)};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("gelu: bad input") {
         Tensor i = zeros({2, 3}, opts(DType::I64)), empty04 = zeros({0, 4});
         int64_t before = cpu_allocated();
         CHECK_THROWS_WITH_AS(gelu(Tensor()), doctest::Contains("gelu"), normtape::Error);
@@ -358,7 +358,7 @@ TEST_SUITE("gelu") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("sum") {
-    TEST_CASE("forward matches a plain loop and is 0-dim") {
+    TEST_CASE("sum: forward matches a plain loop and is 0-dim") {
         manual_seed(41);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -372,7 +372,7 @@ TEST_SUITE("sum") {
         }
     }
 
-    TEST_CASE("f32 input is accumulated in double") {
+    TEST_CASE("sum: f32 input is accumulated in double") {
         // 10^6 copies of 0.1f: a float accumulator drifts by about 1%, a double one does not.
         const int64_t n = 1000000;
         Tensor x = full({n}, 0.1);
@@ -380,19 +380,19 @@ TEST_SUITE("sum") {
         CHECK(sum(x).item<float>() == doctest::Approx(want).epsilon(1e-6));
     }
 
-    TEST_CASE("forward on a non-contiguous input") {
+    TEST_CASE("sum: forward on a non-contiguous input") {
         Tensor x = arange(6, opts(DType::F64)).view({2, 3}).transpose(0, 1);
         CHECK(sum(x).item<double>() == 15.0);
     }
 
-    TEST_CASE("gradcheck") {
+    TEST_CASE("sum: gradcheck") {
         manual_seed(42);
         auto f = [](const std::vector<Tensor>& in) { return sum(in[0]); };
         std::vector<Tensor> in{leaf({3, 4})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("sum: bad input") {
         Tensor i = zeros({2, 3}, opts(DType::I64)), empty04 = zeros({0, 4});
         int64_t before = cpu_allocated();
         CHECK_THROWS_WITH_AS(sum(Tensor()), doctest::Contains("sum"), normtape::Error);
@@ -405,7 +405,7 @@ TEST_SUITE("sum") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("mean") {
-    TEST_CASE("forward matches a plain loop and is 0-dim") {
+    TEST_CASE("mean: forward matches a plain loop and is 0-dim") {
         manual_seed(51);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -420,14 +420,14 @@ TEST_SUITE("mean") {
         }
     }
 
-    TEST_CASE("gradcheck") {
+    TEST_CASE("mean: gradcheck") {
         manual_seed(52);
         auto f = [](const std::vector<Tensor>& in) { return mean(in[0]); };
         std::vector<Tensor> in{leaf({3, 4})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("mean: bad input") {
         Tensor i = zeros({2, 3}, opts(DType::I64)), empty04 = zeros({0, 4});
         int64_t before = cpu_allocated();
         CHECK_THROWS_WITH_AS(mean(Tensor()), doctest::Contains("mean"), normtape::Error);
@@ -439,7 +439,7 @@ TEST_SUITE("mean") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("matmul") {
-    TEST_CASE("forward matches a naive triple loop") {
+    TEST_CASE("matmul: forward matches a naive triple loop") {
         manual_seed(61);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -466,14 +466,14 @@ TEST_SUITE("matmul") {
         }
     }
 
-    TEST_CASE("gradcheck of a and b") {
+    TEST_CASE("matmul: gradcheck of a and b") {
         manual_seed(62);
         auto f = [](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); };
         std::vector<Tensor> in{leaf({2, 3, 4}), leaf({4, 5})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("matmul: bad input") {
         Tensor a = zeros({3, 4}), b = zeros({4, 5}), b64 = zeros({4, 5}, opts(DType::F64));
         Tensor ai = zeros({3, 4}, opts(DType::I64)), bi = zeros({4, 5}, opts(DType::I64));
         Tensor empty04 = zeros({0, 4}), b_empty = zeros({4, 0}), b_wrong = zeros({5, 4}), b3 = zeros({1, 4, 5});
@@ -495,7 +495,7 @@ TEST_SUITE("matmul") {
         CHECK(cpu_allocated() == before);
     }
 
-    TEST_CASE("a 0-dim a is refused with an error naming matmul") {
+    TEST_CASE("matmul: a 0-dim a is refused with an error naming matmul") {
         // A scalar has no inner dimension; the header promises errors that name the op.
         Tensor s = ones({}), b = ones({1, 3});
         CHECK_THROWS_WITH_AS(matmul(s, b), doctest::Contains("matmul"), normtape::Error);
@@ -504,7 +504,7 @@ TEST_SUITE("matmul") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("linear") {
-    TEST_CASE("forward matches a naive loop, with and without bias") {
+    TEST_CASE("linear: forward matches a naive loop, with and without bias") {
         manual_seed(71);
         for (DType dt : kFloatTypes) {
             INFO("dtype ", std::string(dtype_name(dt)));
@@ -520,21 +520,21 @@ TEST_SUITE("linear") {
         }
     }
 
-    TEST_CASE("gradcheck with bias") {
+    TEST_CASE("linear: gradcheck with bias") {
         manual_seed(72);
         auto f = [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); };
         std::vector<Tensor> in{leaf({2, 3, 4}), leaf({5, 4}), leaf({5})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("gradcheck without bias") {
+    TEST_CASE("linear: gradcheck without bias") {
         manual_seed(73);
         auto f = [](const std::vector<Tensor>& in) { return linear(in[0], in[1]); };
         std::vector<Tensor> in{leaf({3, 4}), leaf({2, 4})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("linear: bad input") {
         Tensor x = zeros({3, 4}), w = zeros({5, 4}), bias = zeros({5});
         Tensor x64 = zeros({3, 4}, opts(DType::F64)), w64 = zeros({5, 4}, opts(DType::F64));
         Tensor xi = zeros({3, 4}, opts(DType::I64)), bias64 = zeros({5}, opts(DType::F64));
@@ -565,7 +565,7 @@ TEST_SUITE("linear") {
         CHECK(cpu_allocated() == before);
     }
 
-    TEST_CASE("a 0-dim x is refused with an error naming linear") {
+    TEST_CASE("linear: a 0-dim x is refused with an error naming linear") {
         Tensor s = ones({}), w = ones({3, 1});
         CHECK_THROWS_WITH_AS(linear(s, w), doctest::Contains("linear"), normtape::Error);
     }
@@ -573,7 +573,7 @@ TEST_SUITE("linear") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("causal_self_attention") {
-    TEST_CASE("forward matches a naive masked attention, B=2 T=5 C=8 n_head=2") {
+    TEST_CASE("causal_self_attention: forward matches a naive masked attention, B=2 T=5 C=8 n_head=2") {
         manual_seed(81);
         const int64_t B = 2, T = 5, C = 8;
         for (DType dt : kFloatTypes) {
@@ -589,7 +589,7 @@ TEST_SUITE("causal_self_attention") {
         }
     }
 
-    TEST_CASE("causal: changing the last position leaves earlier outputs unchanged") {
+    TEST_CASE("causal_self_attention: causal: changing the last position leaves earlier outputs unchanged") {
         manual_seed(82);
         const int64_t T = 5, C = 8;
         Tensor qkv = input({1, T, 3 * C}, DType::F64);
@@ -604,7 +604,7 @@ TEST_SUITE("causal_self_attention") {
         CHECK(last_differs);
     }
 
-    TEST_CASE("the first position attends only to itself: out = v") {
+    TEST_CASE("causal_self_attention: the first position attends only to itself: out = v") {
         manual_seed(83);
         const int64_t C = 8;
         Tensor qkv = input({2, 3, 3 * C}, DType::F64);
@@ -614,14 +614,14 @@ TEST_SUITE("causal_self_attention") {
                 CHECK(y[(b * 3) * C + c] == doctest::Approx(vq[(b * 3) * 3 * C + 2 * C + c]));
     }
 
-    TEST_CASE("gradcheck on a small input") {
+    TEST_CASE("causal_self_attention: gradcheck on a small input") {
         manual_seed(84);
         auto f = [](const std::vector<Tensor>& in) { return causal_self_attention(in[0], 2); };
         std::vector<Tensor> in{leaf({2, 5, 3 * 8})};
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("causal_self_attention: bad input") {
         Tensor ok = zeros({2, 5, 24}), i = zeros({2, 5, 24}, opts(DType::I64)), empty = zeros({2, 0, 24});
         Tensor two_d = zeros({5, 24}), four_d = zeros({1, 2, 5, 24}), not3c = zeros({2, 5, 25});
         int64_t before = cpu_allocated();
@@ -647,7 +647,7 @@ TEST_SUITE("causal_self_attention") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("embedding") {
-    TEST_CASE("forward copies the rows looked up") {
+    TEST_CASE("embedding: forward copies the rows looked up") {
         manual_seed(91);
         const int64_t V = 5, C = 4;
         std::vector<int64_t> vi{3, 0, 3, 4, 1, 3};
@@ -666,7 +666,7 @@ TEST_SUITE("embedding") {
         }
     }
 
-    TEST_CASE("gradcheck of weight, repeated ids accumulate") {
+    TEST_CASE("embedding: gradcheck of weight, repeated ids accumulate") {
         manual_seed(92);
         Tensor idx = ids({2, 2, 0, 2, 4, 0}, {3, 2});
         auto f = [&](const std::vector<Tensor>& in) { return embedding(idx, in[0]); };
@@ -674,7 +674,7 @@ TEST_SUITE("embedding") {
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("dweight row = number of occurrences for an upstream gradient of ones") {
+    TEST_CASE("embedding: dweight row = number of occurrences for an upstream gradient of ones") {
         Tensor w = leaf({4, 2});
         Tensor idx = ids({1, 1, 3, 1}, {4});
         embedding(idx, w).backward(ones({4, 2}, opts(DType::F64)));
@@ -682,7 +682,7 @@ TEST_SUITE("embedding") {
         CHECK(w.grad().to_vector<double>() == std::vector<double>{0, 0, 3, 3, 0, 0, 1, 1});
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("embedding: bad input") {
         Tensor w = zeros({5, 4}), wi = zeros({5, 4}, opts(DType::I64)), w1 = zeros({5}), w3 = zeros({5, 4, 1});
         Tensor w_empty = zeros({0, 4});
         Tensor idx = ids({0, 1, 2}, {3}), idx_f = zeros({3}), idx_empty = zeros({0}, opts(DType::I64));
@@ -715,7 +715,7 @@ TEST_SUITE("embedding") {
 
 // ---------------------------------------------------------------------------------------------
 TEST_SUITE("cross_entropy") {
-    TEST_CASE("forward matches logsumexp by hand") {
+    TEST_CASE("cross_entropy: forward matches logsumexp by hand") {
         manual_seed(101);
         const int64_t V = 5;
         std::vector<int64_t> vt{4, 0, 2, 2, 1, 4};
@@ -732,7 +732,7 @@ TEST_SUITE("cross_entropy") {
         }
     }
 
-    TEST_CASE("uniform logits give log V; huge logits stay finite") {
+    TEST_CASE("cross_entropy: uniform logits give log V; huge logits stay finite") {
         Tensor zero = zeros({3, 7}, opts(DType::F64));
         CHECK(cross_entropy(zero, ids({0, 3, 6}, {3})).item<double>() == doctest::Approx(std::log(7.0)));
         for (DType dt : kFloatTypes) {
@@ -748,14 +748,14 @@ TEST_SUITE("cross_entropy") {
         }
     }
 
-    TEST_CASE("1-D logits with 0-dim targets") {
+    TEST_CASE("cross_entropy: 1-D logits with 0-dim targets") {
         std::vector<double> vl{0.5, -1.0, 2.0};
         Tensor logits = from_vector<double>(vl);
         Tensor target = ids({2}, {1}).view({});
         CHECK(cross_entropy(logits, target).item<double>() == doctest::Approx(naive_cross_entropy(vl, {2}, 3)));
     }
 
-    TEST_CASE("gradcheck of logits, repeated targets") {
+    TEST_CASE("cross_entropy: gradcheck of logits, repeated targets") {
         manual_seed(102);
         Tensor targets = ids({1, 1, 3, 1, 0, 3}, {2, 3});
         auto f = [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], targets); };
@@ -763,7 +763,7 @@ TEST_SUITE("cross_entropy") {
         CHECK_GRADCHECK(f, in);
     }
 
-    TEST_CASE("bad input") {
+    TEST_CASE("cross_entropy: bad input") {
         Tensor logits = zeros({2, 3, 5}), logits_i = zeros({2, 3, 5}, opts(DType::I64)), empty04 = zeros({0, 4});
         Tensor t = ids({0, 1, 2, 3, 4, 0}, {2, 3}), t_f = zeros({2, 3}), t_wrong = ids({0, 1, 2, 3, 4, 0}, {3, 2});
         Tensor t_flat = ids({0, 1, 2, 3, 4, 0}, {6}), t_empty = zeros({0}, opts(DType::I64));
@@ -793,7 +793,7 @@ TEST_SUITE("cross_entropy") {
         CHECK(cpu_allocated() == before);
     }
 
-    TEST_CASE("0-dim logits are refused with an error naming cross_entropy") {
+    TEST_CASE("cross_entropy: 0-dim logits are refused with an error naming cross_entropy") {
         // A scalar has no class dimension V.
         Tensor s = ones({}), t = ids({0}, {1}).view({});
         CHECK_THROWS_WITH_AS(cross_entropy(s, t), doctest::Contains("cross_entropy"), normtape::Error);

@@ -28,7 +28,7 @@ std::vector<double> rms_norm_reference(const std::vector<double>& x, const std::
 
 TEST_SUITE("rms_norm") {
 
-TEST_CASE("forward matches the formula in f64 and f32, with unit root mean square before the weight") {
+TEST_CASE("rms_norm: forward matches the formula in f64 and f32, with unit root mean square before the weight") {
     manual_seed(30);
     for (DType dtype : {DType::F64, DType::F32}) {
         CAPTURE(dtype_name(dtype));
@@ -46,14 +46,22 @@ TEST_CASE("forward matches the formula in f64 and f32, with unit root mean squar
     }
 }
 
-TEST_CASE("gradients match finite differences in f64 under both policies") { check_norm_gradcheck(kRMSNorm); }
+TEST_CASE("rms_norm: gradients match finite differences in f64 under both policies") {
+    check_norm_gradcheck(kRMSNorm);
+}
 
-TEST_CASE("SavePolicy::Output gives the outputs and gradients of SavePolicy::Input") { check_policies_agree(kRMSNorm); }
+TEST_CASE("rms_norm: SavePolicy::Output gives the outputs and gradients of SavePolicy::Input") {
+    check_policies_agree(kRMSNorm);
+}
 
-TEST_CASE("weights near zero under SavePolicy::Output") { check_weights_near_zero(kRMSNorm); }
+TEST_CASE("rms_norm: weights near zero under SavePolicy::Output") { check_weights_near_zero(kRMSNorm); }
 
-TEST_CASE("saved bytes: x + rstd under Input, y + rstd under Output") { check_saved_bytes(kRMSNorm, false); }
+TEST_CASE("rms_norm: saved bytes: x + rstd under Input, y + rstd under Output") {
+    check_saved_bytes(kRMSNorm, false);
+}
 
-TEST_CASE("argument errors name the op, the expectation and what was found") { check_norm_errors(kRMSNorm); }
+TEST_CASE("rms_norm: argument errors name the op, the expectation and what was found") {
+    check_norm_errors(kRMSNorm);
+}
 
 }  // TEST_SUITE

@@ -29,7 +29,7 @@ std::string printed(const Tensor& t) {
 }  // namespace
 
 TEST_SUITE("tensor") {
-    TEST_CASE("factories: dtype, device, requires_grad, values") {
+    TEST_CASE("tensor: factories: dtype, device, requires_grad, values") {
         Tensor e = empty({2, 3});
         CHECK(e.shape() == Shape{2, 3});
         CHECK(e.strides() == Shape{3, 1});
@@ -70,7 +70,7 @@ TEST_SUITE("tensor") {
         CHECK(from_vector<double>({1, 2}, {}, TensorOptions().requires_grad(true)).requires_grad());
     }
 
-    TEST_CASE("factories: bad input") {
+    TEST_CASE("tensor: factories: bad input") {
         CHECK_THROWS_WITH_AS(from_vector<double>({1, 2, 3}, {2, 2}), doctest::Contains("from_vector"), normtape::Error);
         CHECK_THROWS_WITH_AS(from_vector<double>({1, 2, 3}, {2, 2}), doctest::Contains("[2, 2]"), normtape::Error);
         CHECK_THROWS_AS(empty({2, -1}), normtape::Error);
@@ -82,14 +82,14 @@ TEST_SUITE("tensor") {
         CHECK_THROWS_AS(from_vector<int64_t>({1, 2}, {}, TensorOptions().requires_grad(true)), normtape::Error);
     }
 
-    TEST_CASE("factories refuse an i64 tensor that requires grad, as empty() and requires_grad_() do") {
+    TEST_CASE("tensor: factories refuse an i64 tensor that requires grad, as empty() and requires_grad_() do") {
         TensorOptions o = opts(DType::I64).requires_grad(true);
         CHECK_THROWS_AS(zeros({2}, o), normtape::Error);
         CHECK_THROWS_AS(ones({2}, o), normtape::Error);
         CHECK_THROWS_AS(full({2}, 3.0, o), normtape::Error);
     }
 
-    TEST_CASE("shape, numel, dim, size") {
+    TEST_CASE("tensor: shape, numel, dim, size") {
         Tensor t = zeros({2, 3, 4});
         CHECK(t.numel() == 24);
         CHECK(t.dim() == 3);
@@ -116,7 +116,7 @@ TEST_SUITE("tensor") {
         CHECK_FALSE(Tensor().defined());
     }
 
-    TEST_CASE("view and reshape") {
+    TEST_CASE("tensor: view and reshape") {
         Tensor t = arange(24, opts(DType::F64)).view({2, 3, 4});
         CHECK(t.shape() == Shape{2, 3, 4});
         CHECK(t.view({6, 4}).shape() == Shape{6, 4});
@@ -149,7 +149,7 @@ TEST_SUITE("tensor") {
         CHECK(mt.reshape({2, 3}).to_vector<double>() == std::vector<double>{0, 3, 1, 4, 2, 5});
     }
 
-    TEST_CASE("transpose, is_contiguous, contiguous") {
+    TEST_CASE("tensor: transpose, is_contiguous, contiguous") {
         Tensor m = arange(6, opts(DType::F64)).view({2, 3});  // [[0, 1, 2], [3, 4, 5]]
         Tensor mt = m.transpose(0, 1);
         CHECK(mt.shape() == Shape{3, 2});
@@ -185,20 +185,20 @@ TEST_SUITE("tensor") {
         CHECK(all_match);
     }
 
-    TEST_CASE("to_vector on a transposed tensor is in row-major order of the view") {
+    TEST_CASE("tensor: to_vector on a transposed tensor is in row-major order of the view") {
         Tensor m = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
         CHECK(m.transpose(0, 1).to_vector<float>() == std::vector<float>{1, 4, 2, 5, 3, 6});
         CHECK_THROWS_AS(m.to_vector<double>(), normtape::Error);
     }
 
-    TEST_CASE("detach shares storage and drops requires_grad") {
+    TEST_CASE("tensor: detach shares storage and drops requires_grad") {
         Tensor x = ones({3}, TensorOptions().dtype(DType::F64).requires_grad(true));
         Tensor d = x.detach();
         CHECK(d.storage() == x.storage());
         CHECK_FALSE(d.requires_grad());
     }
 
-    TEST_CASE("to(DType) converts and copies") {
+    TEST_CASE("tensor: to(DType) converts and copies") {
         Tensor f = from_vector<float>({1.5f, -2.25f, 3.0f});
         Tensor d = f.to(DType::F64);
         CHECK(d.dtype() == DType::F64);
@@ -228,7 +228,7 @@ TEST_SUITE("tensor") {
         CHECK_FALSE(g.to(DType::F32).requires_grad());
     }
 
-    TEST_CASE("item<T>") {
+    TEST_CASE("tensor: item<T>") {
         CHECK(full({}, 3.5, opts(DType::F64)).item<double>() == 3.5);
         CHECK(full({1, 1}, -2.0).item<float>() == -2.0f);
         CHECK(full({1}, 9, opts(DType::I64)).item<int64_t>() == 9);
@@ -240,11 +240,11 @@ TEST_SUITE("tensor") {
         CHECK_THROWS_AS(zeros({}, opts(DType::I64)).item<float>(), normtape::Error);
     }
 
-    TEST_CASE("item<T> with the wrong T names item in its message") {
+    TEST_CASE("tensor: item<T> with the wrong T names item in its message") {
         CHECK_THROWS_WITH_AS(zeros({}).item<double>(), doctest::Contains("item"), normtape::Error);
     }
 
-    TEST_CASE("data_ptr<T> checks the dtype") {
+    TEST_CASE("tensor: data_ptr<T> checks the dtype") {
         Tensor f = zeros({3});
         CHECK(f.data_ptr<float>() != nullptr);
         CHECK_THROWS_WITH_AS(f.data_ptr<double>(), doctest::Contains("data_ptr"), normtape::Error);
@@ -257,7 +257,7 @@ TEST_SUITE("tensor") {
         CHECK(m.transpose(0, 1).data_ptr<double>() == m.data_ptr<double>());
     }
 
-    TEST_CASE("operator<< prints values, shape and dtype") {
+    TEST_CASE("tensor: operator<< prints values, shape and dtype") {
         Tensor t = from_vector<float>({1.5f, -2.25f, 3, 4, 5, 6}, {2, 3});
         std::string s = printed(t);
         CHECK(s.find("shape=[2, 3]") != std::string::npos);
@@ -277,7 +277,7 @@ TEST_SUITE("tensor") {
         CHECK_NOTHROW(printed(zeros({0, 4})));
     }
 
-    TEST_CASE("manual_seed makes randn reproducible") {
+    TEST_CASE("tensor: manual_seed makes randn reproducible") {
         manual_seed(1234);
         std::vector<double> a = randn({100}, opts(DType::F64)).to_vector<double>();
         manual_seed(1234);
@@ -292,7 +292,7 @@ TEST_SUITE("tensor") {
         CHECK(randn({100}, opts(DType::F64)).to_vector<double>() != a);
     }
 
-    TEST_CASE("randn: mean about 0, std about 1 over 10^5 samples") {
+    TEST_CASE("tensor: randn: mean about 0, std about 1 over 10^5 samples") {
         manual_seed(7);
         const int64_t n = 100000;
         for (DType dt : {DType::F64, DType::F32}) {
@@ -316,7 +316,7 @@ TEST_SUITE("tensor") {
         }
     }
 
-    TEST_CASE("allocator: allocated_bytes rises by numel * element_size and falls back") {
+    TEST_CASE("tensor: allocator: allocated_bytes rises by numel * element_size and falls back") {
         int64_t before = cpu_allocated();
         int64_t allocs = memory_stats(Device::CPU).num_allocs;
         {
@@ -345,7 +345,7 @@ TEST_SUITE("tensor") {
         }
     }
 
-    TEST_CASE("allocator: peak_allocated_bytes and reset_peak_memory_stats") {
+    TEST_CASE("tensor: allocator: peak_allocated_bytes and reset_peak_memory_stats") {
         reset_peak_memory_stats(Device::CPU);
         int64_t before = cpu_allocated();
         CHECK(memory_stats(Device::CPU).peak_allocated_bytes == before);
@@ -364,7 +364,7 @@ TEST_SUITE("tensor") {
         CHECK(memory_stats(Device::CPU).peak_allocated_bytes == before + 100);
     }
 
-    TEST_CASE("views share storage: no new bytes") {
+    TEST_CASE("tensor: views share storage: no new bytes") {
         Tensor t = zeros({4, 6});
         int64_t before = cpu_allocated();
         Tensor v = t.view({24});
@@ -386,7 +386,7 @@ TEST_SUITE("tensor") {
         CHECK(cpu_allocated() == before + 96);
     }
 
-    TEST_CASE("in-place add_, mul_, fill_, copy_: values and version") {
+    TEST_CASE("tensor: in-place add_, mul_, fill_, copy_: values and version") {
         Tensor a = from_vector<double>({1, 2, 3, 4}, {2, 2});
         Tensor b = from_vector<double>({10, 20, 30, 40}, {2, 2});
         uint64_t v0 = a.storage()->version();
@@ -424,7 +424,7 @@ TEST_SUITE("tensor") {
         CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{4, 4, 4});
     }
 
-    TEST_CASE("in-place: shape and dtype mismatches throw") {
+    TEST_CASE("tensor: in-place: shape and dtype mismatches throw") {
         Tensor a = zeros({2, 2}, opts(DType::F64));
         CHECK_THROWS_WITH_AS(a.add_(zeros({4}, opts(DType::F64))), doctest::Contains("add_"), normtape::Error);
         CHECK_THROWS_WITH_AS(a.add_(zeros({2, 2})), doctest::Contains("add_"), normtape::Error);
@@ -437,7 +437,7 @@ TEST_SUITE("tensor") {
         CHECK(a.storage()->version() == v);
     }
 
-    TEST_CASE("in-place on a tensor that requires grad throws unless under NoGradGuard") {
+    TEST_CASE("tensor: in-place on a tensor that requires grad throws unless under NoGradGuard") {
         Tensor x = ones({3}, TensorOptions().dtype(DType::F64).requires_grad(true));
         Tensor y = ones({3}, opts(DType::F64));
         CHECK_THROWS_WITH_AS(x.add_(y), doctest::Contains("add_"), normtape::Error);
@@ -459,7 +459,7 @@ TEST_SUITE("tensor") {
         CHECK(x.requires_grad());
     }
 
-    TEST_CASE("requires_grad_") {
+    TEST_CASE("tensor: requires_grad_") {
         Tensor f = zeros({2});
         f.requires_grad_();
         CHECK(f.requires_grad());
@@ -476,7 +476,7 @@ TEST_SUITE("tensor") {
         CHECK_THROWS_AS(y.requires_grad_(false), normtape::Error);
     }
 
-    TEST_CASE("Device::CUDA factories throw an Error mentioning cuda") {
+    TEST_CASE("tensor: Device::CUDA factories throw an Error mentioning cuda") {
         TensorOptions cuda = TensorOptions().device(Device::CUDA);
         int64_t before = cpu_allocated();
         CHECK_THROWS_WITH_AS(empty({2, 3}, cuda), doctest::Contains("cuda"), normtape::Error);

@@ -121,7 +121,7 @@ struct Case {
 
 TEST_SUITE("torch_crosscheck") {
 
-TEST_CASE("GPT loss and parameter gradients match PyTorch") {
+TEST_CASE("torch_crosscheck: GPT loss and parameter gradients match PyTorch") {
     if (!torch_available()) {
         MESSAGE("skipped: Debian's python3-torch is not installed");
         return;
