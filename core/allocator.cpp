@@ -2,6 +2,7 @@
 #include "core/allocator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 
@@ -26,6 +27,7 @@ void check_backend(Device device, const char* what) {
 void* allocate(Device device, size_t nbytes) {
     check_backend(device, "allocate");
     if (nbytes == 0) return nullptr;
+    NT_CHECK(nbytes <= SIZE_MAX - kAlignment, "allocate: request of ", nbytes, " bytes is too large");
     size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
     void* ptr = std::aligned_alloc(kAlignment, rounded);
     NT_CHECK(ptr != nullptr, "allocate: out of memory on cpu: requested ", nbytes,
@@ -42,7 +44,13 @@ void deallocate(Device device, void* ptr, size_t nbytes) noexcept {
     if (ptr == nullptr || device != Device::CPU) return;
     std::free(ptr);
     cpu_stats.allocated_bytes -= static_cast<int64_t>(nbytes);
-    if (cpu_trace) cpu_trace->push_back({cpu_stats.num_allocs, cpu_stats.allocated_bytes});
+    if (cpu_trace) {
+        try {
+            cpu_trace->push_back({cpu_stats.num_allocs, cpu_stats.allocated_bytes});
+        } catch (...) {
+            cpu_trace = nullptr;  // out of host memory for the trace: stop tracing, never throw from here
+        }
+    }
 }
 
 MemoryStats memory_stats(Device device) {

@@ -30,10 +30,10 @@ void* allocate(Device device, size_t nbytes);
 // Returns a block obtained from allocate(device, nbytes); `nbytes` must be the size asked for.
 void deallocate(Device device, void* ptr, size_t nbytes) noexcept;
 
-// The counters of `device`'s allocator.
+// The counters of `device`'s allocator. Throws Error for a device without a backend in this build.
 MemoryStats memory_stats(Device device);
 
-// Sets peak_allocated_bytes to the current allocated_bytes.
+// Sets peak_allocated_bytes to the current allocated_bytes. Throws as memory_stats.
 void reset_peak_memory_stats(Device device);
 
 // One point of a memory timeline: the counters right after an allocation or a deallocation.

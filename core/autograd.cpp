@@ -46,7 +46,6 @@ SavedTensor::SavedTensor(const Tensor& t) {
     data_ = t.detach();
     version_ = t.storage()->version();
     was_saved_ = true;
-    is_parameter_ = t.is_leaf() && t.requires_grad();
 }
 
 Tensor SavedTensor::unpack(const char* node_name) const {
@@ -92,9 +91,9 @@ int64_t saved_bytes() {
         std::shared_ptr<Node> node = w.lock();
         if (!node) continue;
         for (SavedTensor* s : node->saved_tensors()) {
-            if (!s->holds_data() || s->is_parameter()) continue;
+            if (!s->holds_data()) continue;
             const Storage* storage = s->data().storage().get();
-            if (storage && seen.insert(storage).second) total += static_cast<int64_t>(storage->nbytes());
+            if (storage && !storage->is_parameter() && seen.insert(storage).second) total += static_cast<int64_t>(storage->nbytes());
         }
     }
     return total;
@@ -129,7 +128,7 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
 
 }  // namespace
 
-void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
     NT_CHECK(root.requires_grad(), "backward: the tensor does not require grad and has no grad_fn");
     Tensor g = gradient;
     if (!g.defined()) {

@@ -7,8 +7,9 @@
 // reverse recording order. The engine knows no op: it only calls Node::apply().
 //
 // Note [A node holds no input it did not save]
-// An Edge points at the producer's Node (or, for a leaf, at the leaf's gradient slot), never at
-// the producer's output data. So when a norm saves y instead of x, nothing keeps x alive once the
+// An Edge points at the producer's Node, never at the producer's output data. (An edge to a leaf
+// holds the leaf itself, as PyTorch's AccumulateGrad does: leaves that want a gradient are
+// parameters or user inputs, alive anyway.) So when a norm saves y instead of x, nothing keeps x alive once the
 // forward has moved on, and the allocator gets its bytes back. Breaking this invariant silently
 // turns SavePolicy::Output into a no-op.
 //
@@ -19,7 +20,9 @@
 // Note [Gradient accumulation]
 // Leaf gradients accumulate (+=) across backward() calls until zero_grad(). Inside one backward,
 // a tensor that fed several nodes receives the sum of their gradients before its producer runs.
-// Every Node's apply() returns fresh gradients (=); only the engine adds.
+// A Node's apply() returns gradients (=) that may alias grad_output (add, view, clone pass it
+// through); nothing writes into a gradient in place: the engine sums into fresh tensors and
+// copies a leaf's first gradient.
 #pragma once
 
 #include <cstdint>
@@ -56,8 +59,6 @@ public:
     void release();
 
     bool holds_data() const { return data_.defined(); }
-    // True when the saved tensor was a leaf requiring grad (a parameter); saved_bytes() skips those.
-    bool is_parameter() const { return is_parameter_; }
     const Tensor& data() const { return data_; }
 
 private:
@@ -65,7 +66,6 @@ private:
     uint64_t version_ = 0;
     bool was_saved_ = false;
     bool released_ = false;
-    bool is_parameter_ = false;
 };
 
 // One recorded op. Subclasses hold their saved tensors and plain values (eps, shapes), nothing
@@ -76,8 +76,7 @@ public:
     // The grad_fn name as PyTorch prints it: "LayerNormBackward".
     virtual const char* name() const = 0;
     // Gradients of the inputs given the gradient of the output; one entry per next_edges() entry,
-    // undefined where !needs_input_grad(i). Fresh tensors, never aliases of grad_output's storage
-    // unless documented.
+    // undefined where !needs_input_grad(i). May alias grad_output (Note [Gradient accumulation]).
     virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
     virtual std::vector<SavedTensor*> saved_tensors() { return {}; }
 
@@ -136,7 +135,9 @@ void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inpu
 // parameters (leaves that require grad). A storage saved by several nodes counts once.
 int64_t saved_bytes();
 
+namespace detail {
 // The engine behind Tensor::backward (see there).
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+}  // namespace detail
 
 }  // namespace normtape

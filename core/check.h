@@ -1,8 +1,7 @@
 // core/check.h: the library's exception type and the checks that throw it.
 //
 // User errors throw normtape::Error with a message that names the op, what was expected and
-// what was found; the library never exits. Internal invariants use assert(). The macro is
-// NT_CHECK, not CHECK, so that it never collides with doctest's CHECK in the tests.
+// what was found; the library never exits. The macro is NT_CHECK, not CHECK, so that it never collides with doctest's CHECK in the tests.
 #pragma once
 
 #include <sstream>

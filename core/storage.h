@@ -26,12 +26,18 @@ public:
     Device device() const { return device_; }
     uint64_t version() const { return version_; }
     void bump_version() { ++version_; }
+    // True once a leaf over this storage was marked requires_grad (a parameter or a user input
+    // that wants a gradient). saved_bytes() does not count such storages: they exist whether or
+    // not a graph does, whichever view of them was saved.
+    bool is_parameter() const { return is_parameter_; }
+    void mark_parameter() { is_parameter_ = true; }
 
 private:
     void* data_ = nullptr;
     size_t nbytes_ = 0;
     Device device_;
     uint64_t version_ = 0;
+    bool is_parameter_ = false;
 };
 
 }  // namespace normtape

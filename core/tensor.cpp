@@ -3,6 +3,8 @@
 #include "core/tensor.h"
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <iomanip>
 #include <ostream>
 #include <random>
@@ -28,6 +30,18 @@ Shape contiguous_strides(const Shape& shape) {
 int64_t shape_numel(const Shape& shape) {
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
+    return n;
+}
+
+// numel of a shape about to back new or reshaped data: throws naming `op` when a size is
+// negative or the bytes would not fit in int64 (so no product below can overflow).
+int64_t checked_numel(const char* op, const Shape& shape, size_t elem_size = 8) {
+    int64_t n = 1;
+    for (int64_t s : shape) {
+        NT_CHECK(s >= 0, op, ": negative size in shape ", shape_str(shape));
+        NT_CHECK(!__builtin_mul_overflow(n, s, &n) && n <= INT64_MAX / static_cast<int64_t>(elem_size), op,
+                 ": shape ", shape_str(shape), " has more elements than fit in memory");
+    }
     return n;
 }
 
@@ -57,8 +71,12 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
             using S = decltype(src_tag);
             const S* in = static_cast<const S*>(src.storage()->data());
             int64_t i = 0;
-            for_each_offset(src.shape(), src.strides(), src.impl().offset,
-                            [&](int64_t off) { out[i++] = static_cast<D>(in[off]); });
+            for_each_offset(src.shape(), src.strides(), src.impl().offset, [&](int64_t off) {
+                if constexpr (std::is_integral_v<D> && !std::is_integral_v<S>)
+                    NT_CHECK(in[off] >= -0x1p63 && in[off] < 0x1p63, "to: value ", in[off], " does not fit in ",
+                             dtype_name(dst.dtype()));
+                out[i++] = static_cast<D>(in[off]);
+            });
         });
     });
 }
@@ -74,7 +92,8 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Shape
             infer = static_cast<int>(i);
         } else {
             NT_CHECK(out[i] >= 0, op, ": invalid size in shape ", shape_str(shape));
-            known *= out[i];
+            NT_CHECK(!__builtin_mul_overflow(known, out[i], &known), op, ": shape ", shape_str(shape),
+                     " is invalid for input of shape ", shape_str(from));
         }
     }
     if (infer >= 0) {
@@ -236,6 +255,7 @@ Tensor& Tensor::requires_grad_(bool r) {
     NT_CHECK(!r || is_floating(dtype()), "requires_grad_: only floating tensors can require grad, got ",
              dtype_name(dtype()));
     impl().requires_grad = r;
+    if (r && storage()) storage()->mark_parameter();
     return *this;
 }
 
@@ -244,7 +264,7 @@ Tensor Tensor::grad() const { return Tensor(impl().grad); }
 void Tensor::zero_grad() { impl().grad.reset(); }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
-    run_backward(*this, gradient, retain_graph);
+    detail::run_backward(*this, gradient, retain_graph);
 }
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
@@ -278,6 +298,8 @@ Tensor& Tensor::mul_(double value) {
 
 Tensor& Tensor::fill_(double value) {
     check_inplace(*this, "fill_");
+    NT_CHECK(is_floating(dtype()) || (value >= -0x1p63 && value < 0x1p63), "fill_: value ", value,
+             " does not fit in ", dtype_name(dtype()));
     NT_CHECK(is_contiguous(), "fill_: expected a contiguous destination");
     dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
@@ -293,23 +315,23 @@ Tensor& Tensor::copy_(const Tensor& src) {
     NT_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: expected ", shape_str(shape()), " ",
              dtype_name(dtype()), ", got ", shape_str(src.shape()), " ", dtype_name(src.dtype()));
     NT_CHECK(is_contiguous(), "copy_: expected a contiguous destination");
-    copy_elements(*this, src);
+    copy_elements(*this, src.storage() == storage() ? src.clone() : src);  // overlapping: copy through a temporary
     storage()->bump_version();
     return *this;
 }
 
 Tensor empty(const Shape& shape, TensorOptions options) {
-    for (int64_t s : shape) NT_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+    int64_t n = checked_numel("empty", shape, element_size(options.dtype_));
     NT_CHECK(!options.requires_grad_ || is_floating(options.dtype_),
              "empty: only floating tensors can require grad, got ", dtype_name(options.dtype_));
     auto impl = std::make_shared<TensorImpl>();
-    int64_t n = shape_numel(shape);
     impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype_), options.device_);
     impl->shape = shape;
     impl->strides = contiguous_strides(shape);
     impl->dtype = options.dtype_;
     impl->device = options.device_;
     impl->requires_grad = options.requires_grad_;
+    if (options.requires_grad_) impl->storage->mark_parameter();
     return Tensor(impl);
 }
 
@@ -347,8 +369,9 @@ Tensor arange(int64_t end, TensorOptions options) {
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions options) {
     Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
-    NT_CHECK(shape_numel(s) == static_cast<int64_t>(values.size()), "from_vector: shape ", shape_str(s), " holds ",
-             shape_numel(s), " elements, got ", values.size(), " values");
+    int64_t n = checked_numel("from_vector", s);
+    NT_CHECK(n == static_cast<int64_t>(values.size()), "from_vector: shape ", shape_str(s), " holds ", n,
+             " elements, got ", values.size(), " values");
     Tensor t = empty(s, options.dtype(dtype_of<T>()));
     std::copy(values.begin(), values.end(), t.data_ptr<T>());
     return t;

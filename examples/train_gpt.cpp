@@ -140,6 +140,22 @@ std::string with_commas(int64_t v) {
     return v < 0 ? "-" + out : out;
 }
 
+// Records the allocator's events into `trace` for its lifetime (stops even if the step throws).
+class MemoryTraceScope {
+public:
+    explicit MemoryTraceScope(std::vector<MemoryEvent>* trace) : active_(trace != nullptr) {
+        if (active_) set_memory_trace(Device::CPU, trace);
+    }
+    ~MemoryTraceScope() {
+        if (active_) set_memory_trace(Device::CPU, nullptr);
+    }
+    MemoryTraceScope(const MemoryTraceScope&) = delete;
+    MemoryTraceScope& operator=(const MemoryTraceScope&) = delete;
+
+private:
+    bool active_;
+};
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     size_t n = v.size();
@@ -168,23 +184,23 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
         batcher.next(&idx, &targets);
         reset_peak_memory_stats(Device::CPU);
         int64_t allocs_at_start = memory_stats(Device::CPU).num_allocs;
-        if (step == trace_step) set_memory_trace(Device::CPU, &r.memory_trace);
-        auto t0 = clock::now();
-
-        Tensor loss = model.loss(idx, targets);
-        if (step == trace_step) r.forward_allocs = memory_stats(Device::CPU).num_allocs - allocs_at_start;
-        if (step == 0) r.saved_activation_bytes = saved_bytes();
-        loss.backward();
-        clip_grad_norm_(model.parameters(), 1.0);
-        optimizer.set_lr(lr_at(a, step));
-        optimizer.step();
-        optimizer.zero_grad();
-
-        double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-        if (step == trace_step) {
-            set_memory_trace(Device::CPU, nullptr);
-            for (MemoryEvent& e : r.memory_trace) e.num_allocs -= allocs_at_start;
+        double ms = 0;
+        Tensor loss;
+        {
+            MemoryTraceScope trace(step == trace_step ? &r.memory_trace : nullptr);
+            auto t0 = clock::now();
+            loss = model.loss(idx, targets);
+            if (step == trace_step) r.forward_allocs = memory_stats(Device::CPU).num_allocs - allocs_at_start;
+            if (step == 0) r.saved_activation_bytes = saved_bytes();
+            loss.backward();
+            clip_grad_norm_(model.parameters(), 1.0);
+            optimizer.set_lr(lr_at(a, step));
+            optimizer.step();
+            optimizer.zero_grad();
+            ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
         }
+        if (step == trace_step)
+            for (MemoryEvent& e : r.memory_trace) e.num_allocs -= allocs_at_start;
         MemoryStats m = memory_stats(Device::CPU);
         r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, m.peak_allocated_bytes);
         r.losses.push_back(loss.item<float>());
@@ -274,7 +290,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
                              {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
     std::ofstream f(a.json);
     if (!f) throw Error("train_gpt: cannot write " + a.json);
-    f << j.dump(2) << "\n";
+    f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 int run(const Args& a) {
@@ -328,7 +344,7 @@ int main(int argc, char** argv) {
     app.add_option("--device", a.device, "cpu (cuda arrives with the CUDA backend)")->check(CLI::IsMember({"cpu"}));
     app.add_option("--log-every", a.log_every, "steps between progress lines")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
     app.add_option("--json", a.json, "write the results as JSON to this file");
-    app.add_option("--save", a.save, "write the trained model (safetensors) to this file");
+    app.add_option("--save", a.save, "write the trained model (safetensors) to this file (with --policy both: the output run's)");
     app.add_option("--chart", a.chart, "SVG chart of loss and memory (with --policy both)");
     try {
         app.parse(argc, argv);

@@ -17,7 +17,8 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std
         m_.emplace_back();
         v_.emplace_back();
         for (const Tensor& p : g.params) {
-            NT_CHECK(p.defined() && p.requires_grad() && p.is_leaf(), "AdamW: expected leaf parameters that require grad");
+            NT_CHECK(p.defined() && p.requires_grad() && p.is_leaf() && p.is_contiguous(),
+                     "AdamW: expected contiguous leaf parameters that require grad");
             m_.back().push_back(zeros(p.shape(), TensorOptions().dtype(p.dtype())));
             v_.back().push_back(zeros(p.shape(), TensorOptions().dtype(p.dtype())));
         }

@@ -48,7 +48,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
         offset += n;
         data.push_back(c);
     }
-    std::string text = header.dump();
+    // Names or metadata that are not valid UTF-8 are written with U+FFFD rather than throwing.
+    std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     NT_CHECK(f.good(), "save_safetensors: cannot open ", path, " for writing");
@@ -99,7 +100,9 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
         for (auto& d : entry["shape"]) {
             NT_CHECK(d.is_number_unsigned(), "load_safetensors: ", path, ": tensor ", name, " has a bad shape entry");
             shape.push_back(d.get<int64_t>());
-            numel *= d.get<uint64_t>();
+            NT_CHECK(d.get<uint64_t>() <= (uint64_t(1) << 62) && !__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel) &&
+                         numel <= (uint64_t(1) << 60),
+                     "load_safetensors: ", path, ": tensor ", name, " has a shape too large for memory");
         }
         NT_CHECK(entry["data_offsets"][0].is_number_unsigned() && entry["data_offsets"][1].is_number_unsigned(),
                  "load_safetensors: ", path, ": tensor ", name, " has non-integer data_offsets");

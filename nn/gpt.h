@@ -75,7 +75,9 @@ public:
     // idx: [B, T] i64 token ids in [0, V), T <= block_size. Returns logits [B, T, V].
     // Throws Error naming GPT on a bad shape, dtype, T > block_size or an id out of range.
     Tensor forward(const Tensor& idx) const;
-    // Mean cross-entropy of forward(idx) against targets [B, T] i64 (a 0-dim tensor, nats).
+    // Mean cross-entropy of forward(idx) against targets [B, T] i64 (a 0-dim tensor, nats);
+    // backward() from it accumulates (+=) into every parameter's grad. Throws as forward() and
+    // cross_entropy() (targets of another shape or out of range).
     Tensor loss(const Tensor& idx, const Tensor& targets) const;
 
     // Sets the save policy of every norm (no parameter changes).
@@ -94,8 +96,9 @@ private:
 
 // Bytes that SavePolicy::Output saves over SavePolicy::Input in saved_bytes() right after a
 // forward of a [B, T] batch: the (2L + 1) norm inputs of B*T*C elements, plus, for LayerNorm,
-// their (2L + 1) means of B*T elements (DESIGN.md, "Norm ops and their policies"). Elements are
-// of config.dtype; statistics are of the same dtype (f32 for f32).
+// their (2L + 1) means of B*T elements (docs/DESIGN.md). Elements are of config.dtype; statistics
+// are of the same dtype (f32 for f32). Assumes no Output forward fell back to saving its input
+// (every |norm weight| >= kOutputPolicyMinWeight; see output_policy_fallbacks()).
 int64_t predicted_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
 
 }  // namespace normtape

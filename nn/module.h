@@ -54,6 +54,7 @@ class Linear : public Module {
 public:
     Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::F32,
            double init_std = 0.02);
+    // x: [..., in_features], dtype and device of weight -> [..., out_features]; see linear().
     Tensor forward(const Tensor& x) const;
 
     Tensor weight, bias;
@@ -63,6 +64,7 @@ public:
 class Embedding : public Module {
 public:
     Embedding(int64_t num_embeddings, int64_t embedding_dim, DType dtype = DType::F32);
+    // ids: [...] i64 in [0, num_embeddings) -> [..., embedding_dim]; see embedding().
     Tensor forward(const Tensor& ids) const;
 
     Tensor weight;

@@ -22,6 +22,8 @@ struct NormOptions {
 class NormModule : public Module {
 public:
     explicit NormModule(NormOptions o) : options(o) {}
+    // x: [..., normalized_shape], options.dtype, cpu -> same shape. What is saved, how gradients
+    // are written and what is thrown: ops/layer_norm.h, ops/rms_norm.h.
     virtual Tensor forward(const Tensor& x) const = 0;
 
     NormOptions options;  // policy may be changed between forwards
@@ -48,6 +50,7 @@ public:
 enum class NormKind { Layer, RMS };
 // "layer" or "rms".
 const char* norm_kind_name(NormKind kind);
+// A LayerNorm or an RMSNorm. Throws Error if normalized_shape <= 0.
 std::shared_ptr<NormModule> make_norm(NormKind kind, int64_t normalized_shape, NormOptions options);
 
 }  // namespace normtape

@@ -33,4 +33,13 @@ inline void check_index_input(const char* op, const char* name, const Tensor& t)
     NT_CHECK(t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
 }
 
+// Every element of the i64 tensor t (contiguous) lies in [0, n); the message gives the first
+// value outside, its flat position and n.
+inline void check_indices(const char* op, const char* name, const Tensor& t, int64_t n) {
+    const int64_t* p = t.data_ptr<int64_t>();
+    for (int64_t i = 0, end = t.numel(); i < end; ++i)
+        NT_CHECK(p[i] >= 0 && p[i] < n, op, ": expected ", name, " in [0, ", n, "), got ", p[i], " at flat position ", i,
+                 " of ", name, " ", shape_str(t.shape()));
+}
+
 }  // namespace normtape::detail

@@ -48,9 +48,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
              " for logits of shape ", shape_str(logits_in.shape()), ", got ", shape_str(targets_in.shape()));
     Tensor logits = logits_in.contiguous(), targets = targets_in.contiguous();
     int64_t V = logits.size(-1), M = logits.numel() / V;
+    detail::check_indices(op, "targets", targets, V);
     const int64_t* pt = targets.data_ptr<int64_t>();
-    for (int64_t i = 0; i < M; ++i)
-        NT_CHECK(pt[i] >= 0 && pt[i] < V, op, ": expected targets in [0, ", V, "), got ", pt[i], " at flat position ", i);
     TensorOptions opts = TensorOptions().dtype(logits.dtype());
     Tensor lse = empty({M}, opts);
     Tensor loss = empty({}, opts);

@@ -41,10 +41,8 @@ Tensor embedding(const Tensor& ids_in, const Tensor& weight_in) {
     NT_CHECK(weight_in.dim() == 2, "embedding: expected weight of shape [V, C], got ", shape_str(weight_in.shape()));
     Tensor ids = ids_in.contiguous(), weight = weight_in.contiguous();
     int64_t V = weight.size(0), C = weight.size(1);
+    detail::check_indices("embedding", "ids", ids, V);
     const int64_t* pi = ids.data_ptr<int64_t>();
-    for (int64_t i = 0, end = ids.numel(); i < end; ++i)
-        NT_CHECK(pi[i] >= 0 && pi[i] < V, "embedding: expected ids in [0, ", V, "), got ", pi[i], " at flat position ",
-                 i, " of ids ", shape_str(ids.shape()));
     Shape out_shape = ids.shape();
     out_shape.push_back(C);
     Tensor out = empty(out_shape, TensorOptions().dtype(weight.dtype()));

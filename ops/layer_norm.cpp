@@ -5,7 +5,7 @@
 namespace normtape {
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, SavePolicy policy) {
-    return detail::normalize("layer_norm", "LayerNormBackward", /*centered=*/true, x, weight, bias, eps, policy);
+    return detail::norm_forward("layer_norm", "LayerNormBackward", /*centered=*/true, x, weight, bias, eps, policy);
 }
 
 }  // namespace normtape

@@ -1,5 +1,5 @@
 // ops/matmul.h: matrix products on the cpu through Eigen. Inputs f32 or f64; outputs contiguous.
-// Both throw Error naming the op on an undefined, empty or non-floating input, on mismatched
+// Gradients are written (=); the engine adds them into leaves (+=). Both throw Error naming the op on an undefined, empty or non-floating input, on mismatched
 // dtypes or devices, and on inner dimensions that differ (both shapes in the message).
 #pragma once
 

@@ -7,6 +7,7 @@
 
 #include "core/autograd.h"
 #include "core/dispatch.h"
+#include "ops/checks.h"
 
 namespace normtape {
 
@@ -118,14 +119,12 @@ struct NormBackward : Node {
     }
 };
 
+// weight or bias, when given, is [N] of x's dtype and device.
 void check_param(const char* op, const char* what, const Tensor& p, const Tensor& x, int64_t N) {
     if (!p.defined()) return;
+    detail::check_like(op, what, p, "x", x);
     NT_CHECK(p.dim() == 1 && p.size(0) == N, op, ": expected ", what, " of shape [", N, "] (normalized_shape of x ",
              shape_str(x.shape()), "), got ", shape_str(p.shape()));
-    NT_CHECK(p.dtype() == x.dtype(), op, ": expected ", what, " of dtype ", dtype_name(x.dtype()), " (as x), got ",
-             dtype_name(p.dtype()));
-    NT_CHECK(p.device() == x.device(), op, ": expected ", what, " on ", device_name(x.device()), " (as x), got ",
-             device_name(p.device()));
 }
 
 // Note [Weights near zero under SavePolicy::Output].
@@ -148,15 +147,10 @@ int64_t output_policy_fallbacks() { return fallback_count; }
 
 namespace detail {
 
-Tensor normalize(const char* op, const char* node_name, bool centered, const Tensor& x_in, const Tensor& weight_in,
+Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x_in, const Tensor& weight_in,
                  const Tensor& bias_in, double eps, SavePolicy policy) {
-    NT_CHECK(x_in.defined(), op, ": expected a tensor x, got an undefined tensor");
-    NT_CHECK(is_floating(x_in.dtype()), op, ": expected x of a floating dtype (f32 or f64), got ",
-             dtype_name(x_in.dtype()));
-    NT_CHECK(x_in.device() == Device::CPU, op, ": expected x on cpu (this build has no CUDA backend), got ",
-             device_name(x_in.device()));
+    detail::check_floating_input(op, "x", x_in);
     NT_CHECK(x_in.dim() >= 1, op, ": expected x of shape [..., N] with at least one dimension, got a scalar");
-    NT_CHECK(x_in.numel() > 0, op, ": expected a non-empty x, got shape ", shape_str(x_in.shape()));
     NT_CHECK(std::isfinite(eps) && eps > 0.0, op, ": expected eps > 0 and finite, got ", eps);
     int64_t N = x_in.size(-1), M = x_in.numel() / N;
     check_param(op, "weight", weight_in, x_in, N);

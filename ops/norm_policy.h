@@ -56,7 +56,7 @@ namespace detail {
 
 // The norm both public ops call after checking their arguments. `centered` is true for
 // LayerNorm, false for RMSNorm; `op` names the op in messages and the node ("LayerNormBackward").
-Tensor normalize(const char* op, const char* node_name, bool centered, const Tensor& x, const Tensor& weight,
+Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x, const Tensor& weight,
                  const Tensor& bias, double eps, SavePolicy policy);
 
 }  // namespace detail

@@ -1,5 +1,6 @@
 // ops/reduce.h: sum and mean over all elements. Input f32 or f64 on the cpu, non-empty; output a
-// 0-dim tensor of the input's dtype. Save nothing (backward needs only the input's shape).
+// 0-dim tensor of the input's dtype. Save nothing (backward needs only the input's shape); the
+// gradient is written (=) and added by the engine into leaves (+=).
 // Throw Error naming the op on an undefined, empty or non-floating input.
 #pragma once
 

@@ -5,7 +5,7 @@
 namespace normtape {
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, SavePolicy policy) {
-    return detail::normalize("rms_norm", "RMSNormBackward", /*centered=*/false, x, weight, Tensor(), eps, policy);
+    return detail::norm_forward("rms_norm", "RMSNormBackward", /*centered=*/false, x, weight, Tensor(), eps, policy);
 }
 
 }  // namespace normtape

@@ -149,3 +149,24 @@ TEST_CASE("autograd: a node holds no input it did not save") {
 }
 
 }  // TEST_SUITE
+
+TEST_SUITE("autograd") {
+
+TEST_CASE("autograd: view, reshape, transpose and clone pass gradients through (finite differences)") {
+    manual_seed(9);
+    auto f = [](const std::vector<Tensor>& in) {
+        Tensor t = in[0].view({3, 4}).transpose(0, 1);  // non-contiguous [4, 3]
+        return gelu(t.reshape({2, 6}).clone());
+    };
+    CHECK_GRADCHECK(f, (std::vector<Tensor>{leaf({12})}));
+}
+
+TEST_CASE("autograd: a parameter saved through a view is still not counted by saved_bytes") {
+    Tensor w = leaf({16});
+    Tensor x = leaf({2, 4});
+    Tensor y = matmul(x, w.view({4, 4}));  // saves x and the view of w, both parameters' storages
+    CHECK(saved_bytes() == 0);
+    CHECK(y.defined());
+}
+
+}  // TEST_SUITE

@@ -491,3 +491,28 @@ TEST_SUITE("tensor") {
         CHECK(cpu_allocated() == before);
     }
 }
+
+TEST_SUITE("tensor") {
+
+TEST_CASE("tensor: shapes whose bytes overflow are refused, not wrapped") {
+    const int64_t big = int64_t(1) << 32;
+    CHECK_THROWS_WITH_AS(empty({big, big}), doctest::Contains("more elements than fit"), Error);
+    CHECK_THROWS_WITH_AS(zeros({(int64_t(1) << 61) - 1}, TensorOptions().dtype(DType::I64)),
+                         doctest::Contains("more elements than fit"), Error);
+    CHECK_THROWS_WITH_AS(zeros({0}).view({big, big, 0, big}), doctest::Contains("view"), Error);
+}
+
+TEST_CASE("tensor: copy_ from an overlapping view copies the values it had") {
+    Tensor x = from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2});
+    x.copy_(x.transpose(0, 1));
+    CHECK(x.to_vector<double>() == std::vector<double>{1, 3, 2, 4});
+}
+
+TEST_CASE("tensor: converting NaN or huge floats to i64 throws") {
+    Tensor x = from_vector(std::vector<double>{1.0, std::nan("")});
+    CHECK_THROWS_WITH_AS(x.to(DType::I64), doctest::Contains("does not fit in i64"), Error);
+    CHECK_THROWS_WITH_AS(zeros({2}, TensorOptions().dtype(DType::I64)).fill_(1e30),
+                         doctest::Contains("does not fit in i64"), Error);
+}
+
+}  // TEST_SUITE
