@@ -13,13 +13,14 @@
 
 namespace normtape {
 
-// Calls f(float{}) or f(double{}); throws Error naming `op` for any other dtype.
+// Calls f(float{}), f(double{}) or f(bf16{}); throws Error naming `op` for i64.
 template <class F>
 void dispatch_floating(DType dtype, const char* op, F&& f) {
     switch (dtype) {
         case DType::F32: f(float{}); return;
         case DType::F64: f(double{}); return;
-        default: NT_CHECK(false, op, ": expected a floating dtype (f32 or f64), got ", dtype_name(dtype));
+        case DType::BF16: f(bf16{}); return;
+        default: NT_CHECK(false, op, ": expected a floating dtype (f32, f64 or bf16), got ", dtype_name(dtype));
     }
 }
 
@@ -29,6 +30,7 @@ void dispatch_all(DType dtype, F&& f) {
     switch (dtype) {
         case DType::F32: f(float{}); return;
         case DType::F64: f(double{}); return;
+        case DType::BF16: f(bf16{}); return;
         case DType::I64: f(int64_t{}); return;
     }
 }

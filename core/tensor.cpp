@@ -73,9 +73,10 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
             int64_t i = 0;
             for_each_offset(src.shape(), src.strides(), src.impl().offset, [&](int64_t off) {
                 if constexpr (std::is_integral_v<D> && !std::is_integral_v<S>)
-                    NT_CHECK(in[off] >= -0x1p63 && in[off] < 0x1p63, "to: value ", in[off], " does not fit in ",
+                    NT_CHECK(in[off] >= -0x1p63 && in[off] < 0x1p63, "to: value ", double(in[off]), " does not fit in ",
                              dtype_name(dst.dtype()));
-                out[i++] = static_cast<D>(in[off]);
+                if constexpr (std::is_integral_v<D>) out[i++] = static_cast<D>(static_cast<acc_t<S>>(in[off]));
+                else out[i++] = static_cast<D>(in[off]);
             });
         });
     });
@@ -203,6 +204,7 @@ std::vector<T> Tensor::to_vector() const {
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(int64_t)
+NT_INSTANTIATE(bf16)
 #undef NT_INSTANTIATE
 
 Tensor Tensor::view(const Shape& new_shape) const {
@@ -277,8 +279,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
         const T* b = src.data_ptr<T>();
-        T s = static_cast<T>(alpha);
-        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] += s * b[i];
+        acc_t<T> s = static_cast<acc_t<T>>(alpha);
+        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(a[i] + s * b[i]);
     });
     storage()->bump_version();
     return *this;
@@ -290,7 +292,7 @@ Tensor& Tensor::mul_(double value) {
     dispatch_floating(dtype(), "mul_", [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
-        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] *= static_cast<T>(value);
+        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(a[i] * static_cast<acc_t<T>>(value));
     });
     storage()->bump_version();
     return *this;
@@ -379,6 +381,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
 template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
 template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
 template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<bf16>(const std::vector<bf16>&, const Shape&, TensorOptions);
 
 void manual_seed(uint64_t seed) { generator().seed(seed); }
 

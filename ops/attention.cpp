@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/dispatch.h"
@@ -13,79 +14,85 @@ namespace normtape {
 
 namespace {
 
-// out: [B, T, C], att: [B, NH, T, T], qkv: [B, T, 3C].
+// out: [B, T, C], att: [B, NH, T, T], qkv: [B, T, 3C]. Arithmetic in A = acc_t<T>.
 template <class T>
 void attention_forward_cpu(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+    using A = acc_t<T>;
     int64_t hs = C / NH;
-    T scale = T(1) / std::sqrt(T(hs));
+    A scale = A(1) / std::sqrt(A(hs));
+    std::vector<A> a(Tn), o(hs);
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < NH; ++h)
             for (int64_t t = 0; t < Tn; ++t) {
                 const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
-                T* a = att + ((b * NH + h) * Tn + t) * Tn;
-                T maxv = -std::numeric_limits<T>::infinity();
+                A maxv = -std::numeric_limits<A>::infinity();
                 for (int64_t s = 0; s <= t; ++s) {
                     const T* k = qkv + (b * Tn + s) * 3 * C + C + h * hs;
-                    T dot = 0;
-                    for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
+                    A dot = 0;
+                    for (int64_t d = 0; d < hs; ++d) dot += A(q[d]) * A(k[d]);
                     a[s] = dot * scale;
                     maxv = std::max(maxv, a[s]);
                 }
-                T sum = 0;
+                A sum = 0;
                 for (int64_t s = 0; s <= t; ++s) {
                     a[s] = std::exp(a[s] - maxv);
                     sum += a[s];
                 }
-                for (int64_t s = 0; s <= t; ++s) a[s] /= sum;
-                for (int64_t s = t + 1; s < Tn; ++s) a[s] = 0;
-                T* o = out + (b * Tn + t) * C + h * hs;
-                for (int64_t d = 0; d < hs; ++d) o[d] = 0;
+                T* att_row = att + ((b * NH + h) * Tn + t) * Tn;
+                for (int64_t s = 0; s < Tn; ++s) {
+                    a[s] = s <= t ? a[s] / sum : A(0);
+                    att_row[s] = static_cast<T>(a[s]);
+                }
+                std::fill(o.begin(), o.end(), A(0));
                 for (int64_t s = 0; s <= t; ++s) {
                     const T* v = qkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
-                    for (int64_t d = 0; d < hs; ++d) o[d] += a[s] * v[d];
+                    for (int64_t d = 0; d < hs; ++d) o[d] += a[s] * A(v[d]);
                 }
+                T* out_row = out + (b * Tn + t) * C + h * hs;
+                for (int64_t d = 0; d < hs; ++d) out_row[d] = static_cast<T>(o[d]);
             }
 }
 
 // With datt = dout . v and the softmax backward dpre = att * (datt - sum_s att * datt):
 //   dq[t] = sum_s dpre[s] k[s] / sqrt(hs), dk[s] += dpre[s] q[t] / sqrt(hs), dv[s] += att[s] dout[t].
-// dqkv is overwritten (=).
+// dqkv is overwritten (=); sums are kept in A = acc_t<T> and rounded to T once at the end.
 template <class T>
 void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn, int64_t C,
                             int64_t NH) {
+    using A = acc_t<T>;
     int64_t hs = C / NH;
-    T scale = T(1) / std::sqrt(T(hs));
-    std::fill(dqkv, dqkv + B * Tn * 3 * C, T(0));
-    std::vector<T> dpre(Tn);
+    A scale = A(1) / std::sqrt(A(hs));
+    std::vector<A> grad(B * Tn * 3 * C, A(0)), datt(Tn);
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < NH; ++h)
             for (int64_t t = 0; t < Tn; ++t) {
                 const T* a = att + ((b * NH + h) * Tn + t) * Tn;
                 const T* go = dout + (b * Tn + t) * C + h * hs;
                 const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
-                T* dq = dqkv + (b * Tn + t) * 3 * C + h * hs;
-                T sum_ad = 0;
+                A* dq = grad.data() + (b * Tn + t) * 3 * C + h * hs;
+                A sum_ad = 0;
                 for (int64_t s = 0; s <= t; ++s) {
                     const T* v = qkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
-                    T* dv = dqkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
-                    T datt = 0;
+                    A* dv = grad.data() + (b * Tn + s) * 3 * C + 2 * C + h * hs;
+                    A d_att = 0;
                     for (int64_t d = 0; d < hs; ++d) {
-                        datt += go[d] * v[d];
-                        dv[d] += a[s] * go[d];
+                        d_att += A(go[d]) * A(v[d]);
+                        dv[d] += A(a[s]) * A(go[d]);
                     }
-                    dpre[s] = datt;
-                    sum_ad += a[s] * datt;
+                    datt[s] = d_att;
+                    sum_ad += A(a[s]) * d_att;
                 }
                 for (int64_t s = 0; s <= t; ++s) {
-                    T dp = a[s] * (dpre[s] - sum_ad) * scale;
+                    A dp = A(a[s]) * (datt[s] - sum_ad) * scale;
                     const T* k = qkv + (b * Tn + s) * 3 * C + C + h * hs;
-                    T* dk = dqkv + (b * Tn + s) * 3 * C + C + h * hs;
+                    A* dk = grad.data() + (b * Tn + s) * 3 * C + C + h * hs;
                     for (int64_t d = 0; d < hs; ++d) {
-                        dq[d] += dp * k[d];
-                        dk[d] += dp * q[d];
+                        dq[d] += dp * A(k[d]);
+                        dk[d] += dp * A(q[d]);
                     }
                 }
             }
+    for (size_t i = 0; i < grad.size(); ++i) dqkv[i] = static_cast<T>(grad[i]);
 }
 
 struct AttentionBackward : Node {

@@ -23,14 +23,15 @@ struct CrossEntropyBackward : Node {
         dispatch_floating(l.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
             int64_t V = l.size(-1), M = l.numel() / V;
-            T g = grad_output.item<T>() / static_cast<T>(M);
-            const T *pl = l.data_ptr<T>(), *ps = s.data_ptr<T>();
+            using A = acc_t<T>;
+            A g = A(grad_output.item<T>()) / static_cast<A>(M);
+            const T* pl = l.data_ptr<T>();
+            const A* ps = s.data_ptr<A>();
             const int64_t* pt = t.data_ptr<int64_t>();
             T* pd = dlogits.data_ptr<T>();
-            for (int64_t i = 0; i < M; ++i) {
-                for (int64_t v = 0; v < V; ++v) pd[i * V + v] = std::exp(pl[i * V + v] - ps[i]) * g;
-                pd[i * V + pt[i]] -= g;
-            }
+            for (int64_t i = 0; i < M; ++i)
+                for (int64_t v = 0; v < V; ++v)
+                    pd[i * V + v] = static_cast<T>((std::exp(A(pl[i * V + v]) - ps[i]) - (v == pt[i] ? A(1) : A(0))) * g);
         });
         return {dlogits, Tensor()};
     }
@@ -50,21 +51,22 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
     int64_t V = logits.size(-1), M = logits.numel() / V;
     detail::check_indices(op, "targets", targets, V);
     const int64_t* pt = targets.data_ptr<int64_t>();
-    TensorOptions opts = TensorOptions().dtype(logits.dtype());
-    Tensor lse = empty({M}, opts);
-    Tensor loss = empty({}, opts);
+    Tensor lse = empty({M}, TensorOptions().dtype(stat_dtype(logits.dtype())));
+    Tensor loss = empty({}, TensorOptions().dtype(logits.dtype()));
     dispatch_floating(logits.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
+        using A = acc_t<T>;
         const T* pl = logits.data_ptr<T>();
-        T* ps = lse.data_ptr<T>();
+        A* ps = lse.data_ptr<A>();
         double total = 0.0;
         for (int64_t i = 0; i < M; ++i) {
             const T* row = pl + i * V;
-            T maxv = *std::max_element(row, row + V);
+            double maxv = row[0];
+            for (int64_t v = 1; v < V; ++v) maxv = std::max(maxv, double(row[v]));
             double sum = 0.0;
-            for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v] - maxv));
-            ps[i] = static_cast<T>(maxv + std::log(sum));
-            total += double(ps[i]) - double(row[pt[i]]);
+            for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - maxv);
+            ps[i] = static_cast<A>(maxv + std::log(sum));
+            total += maxv + std::log(sum) - double(row[pt[i]]);
         }
         *loss.data_ptr<T>() = static_cast<T>(total / static_cast<double>(M));
     });

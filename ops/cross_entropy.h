@@ -9,7 +9,7 @@ namespace normtape {
 // as torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1)) (reduction "mean").
 // logits: [..., V] f32 or f64 on the cpu, M = numel / V rows; targets: i64 with numel M and the
 // shape of logits without its last dimension, each in [0, V). Returns a 0-dim tensor (nats).
-// Saves logits and lse [M] (log-sum-exp per row); backward recomputes softmax from them:
+// Saves logits and lse [M] (log-sum-exp per row, f32; f64 for f64 logits); backward recomputes softmax from them:
 // dlogits = (softmax(logits) - onehot(targets)) * g / M, returned fresh (=).
 // Throws Error naming cross_entropy on: a non-floating or empty logits, targets not i64 or of
 // the wrong shape, a target out of [0, V) (the message gives the value and its position).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/dispatch.h"
@@ -34,9 +35,11 @@ struct AddBackward : Node {
                     using T = decltype(tag);
                     int64_t n = db.numel(), rows = g.numel() / n;
                     const T* pg = g.data_ptr<T>();
-                    T* pb = db.data_ptr<T>();
+                    std::vector<double> acc(n, 0.0);
                     for (int64_t r = 0; r < rows; ++r)
-                        for (int64_t j = 0; j < n; ++j) pb[j] += pg[r * n + j];
+                        for (int64_t j = 0; j < n; ++j) acc[j] += pg[r * n + j];
+                    T* pb = db.data_ptr<T>();
+                    for (int64_t j = 0; j < n; ++j) pb[j] = static_cast<T>(acc[j]);
                 });
             }
         }
@@ -83,11 +86,12 @@ struct GeluBackward : Node {
             using T = decltype(tag);
             const T *px = xs.data_ptr<T>(), *pg = g.data_ptr<T>();
             T* pd = dx.data_ptr<T>();
+            using A = acc_t<T>;
             for (int64_t i = 0, end = xs.numel(); i < end; ++i) {
-                T v = px[i];
-                T th = std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCoeff) * v * v * v));
-                T d = T(0.5) * (1 + th) + T(0.5) * v * (1 - th * th) * T(kSqrt2OverPi) * (1 + T(3 * kGeluCoeff) * v * v);
-                pd[i] = pg[i] * d;
+                A v = px[i];
+                A th = std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v));
+                A d = A(0.5) * (1 + th) + A(0.5) * v * (1 - th * th) * A(kSqrt2OverPi) * (1 + A(3 * kGeluCoeff) * v * v);
+                pd[i] = static_cast<T>(A(pg[i]) * d);
             }
         });
         return {dx};
@@ -109,7 +113,7 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
         int64_t n = b.numel();
-        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = pa[i] + pb[i % n];
+        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) + acc_t<T>(pb[i % n]));
     });
     if (should_record(a, b)) record(std::make_shared<AddBackward>(b.shape()), out, a, b);
     return out;
@@ -127,7 +131,7 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
         using T = decltype(tag);
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = pa[i] * pb[i];
+        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(pb[i]));
     });
     if (should_record(a, b)) {
         auto node = std::make_shared<MulBackward>(b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor());
@@ -144,7 +148,7 @@ Tensor scale(const Tensor& a_in, double s) {
         using T = decltype(tag);
         const T* pa = a.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = pa[i] * static_cast<T>(s);
+        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(s));
     });
     if (should_record(a)) record(std::make_shared<ScaleBackward>(s), out, a);
     return out;
@@ -158,9 +162,10 @@ Tensor gelu(const Tensor& x_in) {
         using T = decltype(tag);
         const T* px = x.data_ptr<T>();
         T* po = out.data_ptr<T>();
+        using A = acc_t<T>;
         for (int64_t i = 0, end = x.numel(); i < end; ++i) {
-            T v = px[i];
-            po[i] = T(0.5) * v * (1 + std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCoeff) * v * v * v)));
+            A v = px[i];
+            po[i] = static_cast<T>(A(0.5) * v * (1 + std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v))));
         }
     });
     if (should_record(x)) record(std::make_shared<GeluBackward>(x), out, x);

@@ -2,6 +2,7 @@
 #include "ops/embedding.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/dispatch.h"
@@ -20,14 +21,17 @@ struct EmbeddingBackward : Node {
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor idx = ids.unpack(name()), g = grad_output.contiguous();
         int64_t C = g.size(-1);
-        Tensor dweight = zeros({V, C}, TensorOptions().dtype(g.dtype()));
+        Tensor dweight = empty({V, C}, TensorOptions().dtype(g.dtype()));
         dispatch_floating(g.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
+            using A = acc_t<T>;
             const int64_t* pi = idx.data_ptr<int64_t>();
             const T* pg = g.data_ptr<T>();
-            T* pw = dweight.data_ptr<T>();
+            std::vector<A> acc(V * C, A(0));
             for (int64_t i = 0, end = idx.numel(); i < end; ++i)
-                for (int64_t c = 0; c < C; ++c) pw[pi[i] * C + c] += pg[i * C + c];
+                for (int64_t c = 0; c < C; ++c) acc[pi[i] * C + c] += A(pg[i * C + c]);
+            T* pw = dweight.data_ptr<T>();
+            for (int64_t k = 0; k < V * C; ++k) pw[k] = static_cast<T>(acc[k]);
         });
         return {Tensor(), dweight};
     }

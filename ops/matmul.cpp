@@ -1,7 +1,9 @@
-// ops/matmul.cpp: matmul and linear over Eigen maps of row-major data.
+// ops/matmul.cpp: matmul and linear. Every product goes through gemm(): Eigen maps of row-major
+// data on the cpu (bf16 through f32 copies: Eigen has no bf16 kernels), cuBLAS on CUDA.
 #include "ops/matmul.h"
 
 #include <Eigen/Core>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/dispatch.h"
@@ -22,10 +24,57 @@ ConstMatrixMap<T> as_matrix(const Tensor& t) {
     int64_t cols = t.size(-1);
     return ConstMatrixMap<T>(t.data_ptr<T>(), t.numel() / cols, cols);
 }
-template <class T>
-MatrixMap<T> as_mutable_matrix(const Tensor& t) {
-    int64_t cols = t.size(-1);
-    return MatrixMap<T>(t.data_ptr<T>(), t.numel() / cols, cols);
+
+// out = op(a) @ op(b), op(m) = m^T when its flag is set; every tensor is a contiguous row-major
+// matrix whose columns are its last dimension, all of one dtype and device. out is overwritten.
+void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
+    if (a.dtype() == DType::BF16) {  // f32 arithmetic on f32 copies, rounded once into out
+        Tensor tmp = empty(out.shape(), TensorOptions().dtype(DType::F32).device(out.device()));
+        gemm(tmp, a.to(DType::F32), trans_a, b.to(DType::F32), trans_b);
+        Tensor(out).copy_(tmp.to(DType::BF16));
+        return;
+    }
+    dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, bf16>) {
+            int64_t cols = out.size(-1);
+            MatrixMap<T> o(out.data_ptr<T>(), out.numel() / cols, cols);
+            auto ma = as_matrix<T>(a);
+            auto mb = as_matrix<T>(b);
+            if (!trans_a && !trans_b) o.noalias() = ma * mb;
+            else if (!trans_a && trans_b) o.noalias() = ma * mb.transpose();
+            else if (trans_a && !trans_b) o.noalias() = ma.transpose() * mb;
+            else o.noalias() = ma.transpose() * mb.transpose();
+        }
+    });
+}
+
+// out[r, :] += bias for every row r (bias [N], out [..., N]).
+void add_bias_rows(const Tensor& out, const Tensor& bias) {
+    dispatch_floating(out.dtype(), "linear", [&](auto tag) {
+        using T = decltype(tag);
+        int64_t N = bias.numel(), rows = out.numel() / N;
+        T* po = out.data_ptr<T>();
+        const T* pb = bias.data_ptr<T>();
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < N; ++j) po[r * N + j] = static_cast<T>(acc_t<T>(po[r * N + j]) + acc_t<T>(pb[j]));
+    });
+}
+
+// dbias[j] = sum over rows of g[r, j], accumulated in double.
+Tensor sum_rows(const Tensor& g) {
+    int64_t N = g.size(-1), rows = g.numel() / N;
+    Tensor out = empty({N}, TensorOptions().dtype(g.dtype()).device(g.device()));
+    dispatch_floating(g.dtype(), "linear", [&](auto tag) {
+        using T = decltype(tag);
+        std::vector<double> acc(N, 0.0);
+        const T* pg = g.data_ptr<T>();
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < N; ++j) acc[j] += double(pg[r * N + j]);
+        T* po = out.data_ptr<T>();
+        for (int64_t j = 0; j < N; ++j) po[j] = static_cast<T>(acc[j]);
+    });
+    return out;
 }
 
 Shape with_last(const Shape& s, int64_t last) {
@@ -33,6 +82,8 @@ Shape with_last(const Shape& s, int64_t last) {
     out.back() = last;
     return out;
 }
+
+TensorOptions like(const Tensor& t) { return TensorOptions().dtype(t.dtype()).device(t.device()); }
 
 struct MatmulBackward : Node {
     SavedTensor a, b;
@@ -42,19 +93,16 @@ struct MatmulBackward : Node {
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor g = grad_output.contiguous();
         Tensor da, db;
-        dispatch_floating(g.dtype(), name(), [&](auto tag) {
-            using T = decltype(tag);
-            if (needs_input_grad(0)) {
-                Tensor bs = b.unpack(name());
-                da = empty(with_last(g.shape(), bs.size(0)), TensorOptions().dtype(g.dtype()));
-                as_mutable_matrix<T>(da).noalias() = as_matrix<T>(g) * as_matrix<T>(bs).transpose();
-            }
-            if (needs_input_grad(1)) {
-                Tensor as = a.unpack(name());
-                db = empty({as.size(-1), g.size(-1)}, TensorOptions().dtype(g.dtype()));
-                as_mutable_matrix<T>(db).noalias() = as_matrix<T>(as).transpose() * as_matrix<T>(g);
-            }
-        });
+        if (needs_input_grad(0)) {  // da = g @ b^T
+            Tensor bs = b.unpack(name());
+            da = empty(with_last(g.shape(), bs.size(0)), like(g));
+            gemm(da, g, false, bs, true);
+        }
+        if (needs_input_grad(1)) {  // db = a^T @ g
+            Tensor as = a.unpack(name());
+            db = empty({as.size(-1), g.size(-1)}, like(g));
+            gemm(db, as, true, g, false);
+        }
         return {da, db};
     }
 };
@@ -67,25 +115,17 @@ struct LinearBackward : Node {
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor g = grad_output.contiguous();
         Tensor dx, dweight, dbias;
-        TensorOptions opts = TensorOptions().dtype(g.dtype());
-        dispatch_floating(g.dtype(), name(), [&](auto tag) {
-            using T = decltype(tag);
-            auto gm = as_matrix<T>(g);
-            if (needs_input_grad(0)) {
-                Tensor w = weight.unpack(name());
-                dx = empty(with_last(g.shape(), w.size(1)), opts);
-                as_mutable_matrix<T>(dx).noalias() = gm * as_matrix<T>(w);
-            }
-            if (needs_input_grad(1)) {
-                Tensor xs = x.unpack(name());
-                dweight = empty({g.size(-1), xs.size(-1)}, opts);
-                as_mutable_matrix<T>(dweight).noalias() = gm.transpose() * as_matrix<T>(xs);
-            }
-            if (needs_input_grad(2)) {
-                dbias = empty({g.size(-1)}, opts);
-                Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(dbias.data_ptr<T>(), g.size(-1)) = gm.colwise().sum();
-            }
-        });
+        if (needs_input_grad(0)) {  // dx = g @ weight
+            Tensor w = weight.unpack(name());
+            dx = empty(with_last(g.shape(), w.size(1)), like(g));
+            gemm(dx, g, false, w, false);
+        }
+        if (needs_input_grad(1)) {  // dweight = g^T @ x
+            Tensor xs = x.unpack(name());
+            dweight = empty({g.size(-1), xs.size(-1)}, like(g));
+            gemm(dweight, g, true, xs, false);
+        }
+        if (needs_input_grad(2)) dbias = sum_rows(g);
         return {dx, dweight, dbias};
     }
 };
@@ -100,11 +140,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     NT_CHECK(b_in.dim() == 2 && b_in.size(0) == a_in.size(-1), "matmul: expected b of shape [", a_in.size(-1),
              ", N] for a of shape ", shape_str(a_in.shape()), ", got ", shape_str(b_in.shape()));
     Tensor a = a_in.contiguous(), b = b_in.contiguous();
-    Tensor out = empty(with_last(a.shape(), b.size(1)), TensorOptions().dtype(a.dtype()));
-    dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
-        using T = decltype(tag);
-        as_mutable_matrix<T>(out).noalias() = as_matrix<T>(a) * as_matrix<T>(b);
-    });
+    Tensor out = empty(with_last(a.shape(), b.size(1)), like(a));
+    gemm(out, a, false, b, false);
     if (should_record(a, b)) {
         auto node = std::make_shared<MatmulBackward>(b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor());
         record(node, out, a, b);
@@ -127,13 +164,9 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     }
     Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
     Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-    Tensor out = empty(with_last(x.shape(), N), TensorOptions().dtype(x.dtype()));
-    dispatch_floating(x.dtype(), "linear", [&](auto tag) {
-        using T = decltype(tag);
-        auto o = as_mutable_matrix<T>(out);
-        o.noalias() = as_matrix<T>(x) * as_matrix<T>(weight).transpose();
-        if (bias.defined()) o.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias.data_ptr<T>(), N);
-    });
+    Tensor out = empty(with_last(x.shape(), N), like(x));
+    gemm(out, x, false, weight, true);
+    if (bias.defined()) add_bias_rows(out, bias);
     if (should_record(x, weight, bias)) {
         auto node = std::make_shared<LinearBackward>(weight.requires_grad() ? x : Tensor(),
                                                      x.requires_grad() ? weight : Tensor());

@@ -17,9 +17,10 @@ int64_t fallback_count = 0;
 
 // y = x_hat * weight + bias over rows of length N, x_hat = (x - mean) * rstd (mean = 0 when not
 // centered), rstd = 1 / sqrt(var + eps), var biased (divided by N). Sums in double.
-// x, y: [M, N]; weight, bias: [N] or nullptr; mean (nullptr when not centered), rstd: [M].
-template <class T>
-void norm_forward_cpu(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t M, int64_t N,
+// x, y: [M, N] of T; weight, bias: [N] or nullptr; mean (nullptr when not centered), rstd: [M] of
+// S = acc_t<T> (f32 for f32 and bf16, f64 for f64).
+template <class T, class S = acc_t<T>>
+void norm_forward_cpu(T* y, S* mean, S* rstd, const T* x, const T* weight, const T* bias, int64_t M, int64_t N,
                       double eps) {
     for (int64_t i = 0; i < M; ++i) {
         const T* xi = x + i * N;
@@ -29,16 +30,16 @@ void norm_forward_cpu(T* y, T* mean, T* rstd, const T* x, const T* weight, const
             m /= static_cast<double>(N);
         }
         double var = 0.0;
-        for (int64_t j = 0; j < N; ++j) var += (xi[j] - m) * (xi[j] - m);
+        for (int64_t j = 0; j < N; ++j) var += (double(xi[j]) - m) * (double(xi[j]) - m);
         var /= static_cast<double>(N);
         double s = 1.0 / std::sqrt(var + eps);
-        if (mean) mean[i] = static_cast<T>(m);
-        rstd[i] = static_cast<T>(s);
+        if (mean) mean[i] = static_cast<S>(m);
+        rstd[i] = static_cast<S>(s);
         T* yi = y + i * N;
         for (int64_t j = 0; j < N; ++j) {
-            double v = (xi[j] - m) * s;
-            if (weight) v *= weight[j];
-            if (bias) v += bias[j];
+            double v = (double(xi[j]) - m) * s;
+            if (weight) v *= double(weight[j]);
+            if (bias) v += double(bias[j]);
             yi[j] = static_cast<T>(v);
         }
     }
@@ -49,29 +50,30 @@ void norm_forward_cpu(T* y, T* mean, T* rstd, const T* x, const T* weight, const
 //   dweight = sum over rows of dy * x_hat,  dbias = sum over rows of dy.
 // dx, dweight, dbias are overwritten (=); nullptr skips one. `saved` is x or y by `policy`;
 // x_hat comes from x_hat_from_saved(), the one place the policy matters.
-template <class T>
-void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const T* mean, const T* rstd,
+template <class T, class S = acc_t<T>>
+void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const S* mean, const S* rstd,
                        const T* weight, const T* bias, bool centered, SavePolicy policy, int64_t M, int64_t N) {
     std::vector<double> dw(dweight ? N : 0, 0.0), db(dbias ? N : 0, 0.0);
     std::vector<double> x_hat(N), g(N);
     for (int64_t i = 0; i < M; ++i) {
         const T* dyi = dy + i * N;
         const T* si = saved + i * N;
-        T m = mean ? mean[i] : T(0);
+        S m = mean ? mean[i] : S(0);
         double mean_g = 0.0, mean_g_xhat = 0.0;
         for (int64_t j = 0; j < N; ++j) {
-            x_hat[j] = x_hat_from_saved<T>(policy, si[j], m, rstd[i], weight, bias, j);
-            g[j] = weight ? double(dyi[j]) * weight[j] : double(dyi[j]);
+            x_hat[j] = x_hat_from_saved<T, S>(policy, si[j], m, rstd[i], weight, bias, j);
+            g[j] = weight ? double(dyi[j]) * double(weight[j]) : double(dyi[j]);
             mean_g += g[j];
             mean_g_xhat += g[j] * x_hat[j];
-            if (dweight) dw[j] += dyi[j] * x_hat[j];
-            if (dbias) db[j] += dyi[j];
+            if (dweight) dw[j] += double(dyi[j]) * x_hat[j];
+            if (dbias) db[j] += double(dyi[j]);
         }
         mean_g = centered ? mean_g / N : 0.0;
         mean_g_xhat /= N;
         if (dx) {
             T* dxi = dx + i * N;
-            for (int64_t j = 0; j < N; ++j) dxi[j] = static_cast<T>(rstd[i] * (g[j] - mean_g - x_hat[j] * mean_g_xhat));
+            for (int64_t j = 0; j < N; ++j)
+                dxi[j] = static_cast<T>(double(rstd[i]) * (g[j] - mean_g - x_hat[j] * mean_g_xhat));
         }
     }
     for (int64_t j = 0; dweight && j < N; ++j) dweight[j] = static_cast<T>(dw[j]);
@@ -111,7 +113,7 @@ struct NormBackward : Node {
         dispatch_floating(s.dtype(), node_name, [&](auto tag) {
             using T = decltype(tag);
             norm_backward_cpu<T>(ptr_or_null<T>(dx), ptr_or_null<T>(dw), ptr_or_null<T>(db), dy.data_ptr<T>(),
-                                 s.data_ptr<T>(), ptr_or_null<T>(m), r.data_ptr<T>(), ptr_or_null<T>(w),
+                                 s.data_ptr<T>(), ptr_or_null<acc_t<T>>(m), r.data_ptr<acc_t<T>>(), ptr_or_null<T>(w),
                                  ptr_or_null<T>(b), centered, policy, M, N);
         });
         if (dx.defined()) dx = dx.view(grad_output.shape());
@@ -160,13 +162,14 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
     Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
     Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
     TensorOptions opts = TensorOptions().dtype(x.dtype()).device(x.device());
+    TensorOptions stat_opts = opts.dtype(stat_dtype(x.dtype()));
     Tensor y = empty(x.shape(), opts);
     // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
-    Tensor mean = centered ? empty({M}, opts) : Tensor();
-    Tensor rstd = empty({M}, opts);
+    Tensor mean = centered ? empty({M}, stat_opts) : Tensor();
+    Tensor rstd = empty({M}, stat_opts);
     dispatch_floating(x.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
-        norm_forward_cpu<T>(y.data_ptr<T>(), ptr_or_null<T>(mean), rstd.data_ptr<T>(), x.data_ptr<T>(),
+        norm_forward_cpu<T>(y.data_ptr<T>(), ptr_or_null<acc_t<T>>(mean), rstd.data_ptr<acc_t<T>>(), x.data_ptr<T>(),
                             ptr_or_null<T>(weight), ptr_or_null<T>(bias), M, N, eps);
     });
 

@@ -45,11 +45,12 @@ int64_t output_policy_fallbacks();
 
 // x_hat of element j of a row, from what the policy saved: Input passes (x_j, mean, rstd),
 // Output passes (y_j) and the affine parameters (nullptr when absent). For RMSNorm mean is 0.
-template <class T>
-inline T x_hat_from_saved(SavePolicy policy, T saved, T mean, T rstd, const T* weight, const T* bias, int64_t j) {
-    if (policy == SavePolicy::Input) return (saved - mean) * rstd;
-    T shifted = bias ? saved - bias[j] : saved;
-    return weight ? shifted / weight[j] : shifted;
+// T is the data type, S the statistics type (f32, or f64 for f64 data); the result is in S.
+template <class T, class S>
+inline S x_hat_from_saved(SavePolicy policy, T saved, S mean, S rstd, const T* weight, const T* bias, int64_t j) {
+    if (policy == SavePolicy::Input) return (S(saved) - mean) * rstd;
+    S shifted = bias ? S(saved) - S(bias[j]) : S(saved);
+    return weight ? shifted / S(weight[j]) : shifted;
 }
 
 namespace detail {
