@@ -7,6 +7,7 @@
 #include <new>
 
 #include "core/check.h"
+#include "core/cuda_allocator.h"
 
 namespace normtape {
 
@@ -18,8 +19,8 @@ MemoryStats cpu_stats;
 std::vector<MemoryEvent>* cpu_trace = nullptr;
 
 void check_backend(Device device, const char* what) {
-    NT_CHECK(device == Device::CPU, what, ": expected device cpu, got ", device_name(device),
-             " (this build of normtape has no CUDA backend)");
+    NT_CHECK(device.is_cpu() || cuda_is_built(), what, ": device ", device_name(device),
+             " needs the CUDA backend, which this build of normtape does not have");
 }
 
 }  // namespace
@@ -27,6 +28,7 @@ void check_backend(Device device, const char* what) {
 void* allocate(Device device, size_t nbytes) {
     check_backend(device, "allocate");
     if (nbytes == 0) return nullptr;
+    if (device.is_cuda()) return detail::cuda_allocate(device.index, nbytes);
     NT_CHECK(nbytes <= SIZE_MAX - kAlignment, "allocate: request of ", nbytes, " bytes is too large");
     size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
     void* ptr = std::aligned_alloc(kAlignment, rounded);
@@ -41,7 +43,11 @@ void* allocate(Device device, size_t nbytes) {
 }
 
 void deallocate(Device device, void* ptr, size_t nbytes) noexcept {
-    if (ptr == nullptr || device != Device::CPU) return;
+    if (ptr == nullptr) return;
+    if (device.is_cuda()) {
+        detail::cuda_deallocate(device.index, ptr);
+        return;
+    }
     std::free(ptr);
     cpu_stats.allocated_bytes -= static_cast<int64_t>(nbytes);
     if (cpu_trace) {
@@ -55,16 +61,22 @@ void deallocate(Device device, void* ptr, size_t nbytes) noexcept {
 
 MemoryStats memory_stats(Device device) {
     check_backend(device, "memory_stats");
-    return cpu_stats;
+    return device.is_cuda() ? detail::cuda_memory_stats(device.index) : cpu_stats;
 }
 
 void reset_peak_memory_stats(Device device) {
     check_backend(device, "reset_peak_memory_stats");
-    cpu_stats.peak_allocated_bytes = cpu_stats.allocated_bytes;
+    if (device.is_cuda()) detail::cuda_reset_peak_memory_stats(device.index);
+    else cpu_stats.peak_allocated_bytes = cpu_stats.allocated_bytes;
+}
+
+void empty_cache(Device device) {
+    check_backend(device, "empty_cache");
+    if (device.is_cuda()) detail::cuda_empty_cache(device.index);
 }
 
 void set_memory_trace(Device device, std::vector<MemoryEvent>* trace) {
-    check_backend(device, "set_memory_trace");
+    NT_CHECK(device.is_cpu(), "set_memory_trace: only the cpu allocator records a trace, got ", device_name(device));
     cpu_trace = trace;
 }
 

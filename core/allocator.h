@@ -2,9 +2,10 @@
 // what a policy saves.
 //
 // Every Storage gets its bytes from allocate() and returns them with deallocate(); nothing else
-// allocates tensor data. The CPU allocator hands out 64-byte aligned blocks straight from the
-// system and counts the bytes that were asked for (not the rounded block), so that the counters
-// match sums of numel * element_size exactly. CUDA allocation throws until the CUDA backend lands.
+// allocates tensor data. Both allocators count the bytes that were asked for (not the rounded
+// block), so that allocated_bytes matches sums of numel * element_size exactly. The CPU allocator
+// hands out 64-byte aligned blocks straight from the system; the CUDA allocator caches blocks
+// (core/cuda_allocator.h) and also counts the bytes it holds from the driver (reserved).
 #pragma once
 
 #include <cstddef>
@@ -19,12 +20,15 @@ namespace normtape {
 struct MemoryStats {
     int64_t allocated_bytes = 0;       // live tensor bytes now
     int64_t peak_allocated_bytes = 0;  // highest allocated_bytes since the last reset
+    int64_t reserved_bytes = 0;        // CUDA: bytes held from the driver (cached or in use); cpu: 0
+    int64_t peak_reserved_bytes = 0;   // CUDA: highest reserved_bytes since the last reset
     int64_t num_allocs = 0;            // calls to allocate() since the process started
 };
 
-// Returns `nbytes` bytes on `device`, 64-byte aligned; nbytes == 0 gives nullptr.
-// Throws Error when the memory cannot be had (the message gives the request and the stats)
-// or when `device` has no backend in this build.
+// Returns `nbytes` bytes on `device`, 64-byte (cpu) or 512-byte (CUDA) aligned; nbytes == 0
+// gives nullptr. Throws Error when the memory cannot be had (on CUDA after returning the cache to
+// the driver; the message gives the request and the counters) or when `device` has no backend in
+// this build.
 void* allocate(Device device, size_t nbytes);
 
 // Returns a block obtained from allocate(device, nbytes); `nbytes` must be the size asked for.
@@ -33,8 +37,12 @@ void deallocate(Device device, void* ptr, size_t nbytes) noexcept;
 // The counters of `device`'s allocator. Throws Error for a device without a backend in this build.
 MemoryStats memory_stats(Device device);
 
-// Sets peak_allocated_bytes to the current allocated_bytes. Throws as memory_stats.
+// Sets the peaks to the current values. Throws as memory_stats.
 void reset_peak_memory_stats(Device device);
+
+// Returns the CUDA allocator's cached, wholly free segments to the driver (reserved_bytes falls);
+// waits for the device first. No-op on the cpu.
+void empty_cache(Device device);
 
 // One point of a memory timeline: the counters right after an allocation or a deallocation.
 struct MemoryEvent {

@@ -21,7 +21,8 @@ struct Device {
 
     constexpr bool is_cpu() const { return type == DeviceType::CPU; }
     constexpr bool is_cuda() const { return type == DeviceType::CUDA; }
-    constexpr bool operator==(const Device& other) const = default;
+    constexpr bool operator==(const Device& other) const { return type == other.type && index == other.index; }
+    constexpr bool operator!=(const Device& other) const { return !(*this == other); }
 };
 
 inline constexpr Device Device::CPU{DeviceType::CPU, 0};

@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
+#include "core/tensor_cuda.h"
 #include "core/dispatch.h"
 
 namespace normtape {
@@ -62,8 +64,14 @@ void for_each_offset(const Shape& shape, const Shape& strides, int64_t offset, F
     }
 }
 
-// Copies src (any strides, any dtype) into the contiguous tensor dst of the same numel.
+// Copies src (any strides, any dtype) into the contiguous tensor dst of the same numel and device.
 void copy_elements(const Tensor& dst, const Tensor& src) {
+    NT_CHECK(dst.device() == src.device(), "copy: expected tensors on one device, got ", device_name(dst.device()),
+             " and ", device_name(src.device()), "; use to(Device)");
+    if (dst.device().is_cuda()) {
+        NT_CUDA(detail::copy_cuda(dst, src));
+        return;
+    }
     dispatch_all(dst.dtype(), [&](auto dst_tag) {
         using D = decltype(dst_tag);
         D* out = static_cast<D*>(dst.storage()->data()) + dst.impl().offset;
@@ -185,6 +193,7 @@ T* Tensor::data_ptr() const {
 template <class T>
 T Tensor::item() const {
     NT_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ", shape_str(shape()));
+    if (device().is_cuda()) return to(Device::CPU).item<T>();
     NT_CHECK(dtype() == dtype_of<T>(), "Tensor::item: the tensor is ", dtype_name(dtype()), ", got a request for ",
              dtype_name(dtype_of<T>()));
     return *data_ptr<T>();
@@ -192,7 +201,7 @@ T Tensor::item() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-    Tensor c = contiguous();
+    Tensor c = device().is_cuda() ? to(Device::CPU) : contiguous();
     const T* p = c.data_ptr<T>();
     return std::vector<T>(p, p + c.numel());
 }
@@ -245,6 +254,17 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::detach() const { return make_view(*this, shape(), strides()); }
 
+Tensor Tensor::to(Device d) const {
+    Tensor src = detach().contiguous();
+    Tensor out = empty(shape(), TensorOptions().dtype(dtype()).device(d));
+    if (d == device()) {
+        copy_elements(out, src);
+    } else {
+        NT_CUDA(detail::copy_bytes_across(out, src));
+    }
+    return out;
+}
+
 Tensor Tensor::to(DType d) const {
     Tensor out = empty(shape(), TensorOptions().dtype(d).device(device()));
     copy_elements(out, *this);
@@ -274,7 +294,14 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     NT_CHECK(other.shape() == shape() && other.dtype() == dtype(), "add_: expected ", shape_str(shape()), " ",
              dtype_name(dtype()), ", got ", shape_str(other.shape()), " ", dtype_name(other.dtype()));
     NT_CHECK(is_contiguous(), "add_: expected a contiguous destination");
+    NT_CHECK(other.device() == device(), "add_: expected other on ", device_name(device()), ", got ",
+             device_name(other.device()));
     Tensor src = other.contiguous();
+    storage()->bump_version();
+    if (device().is_cuda()) {
+        NT_CUDA(detail::add_scaled_cuda(*this, src, alpha));
+        return *this;
+    }
     dispatch_floating(dtype(), "add_", [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
@@ -282,19 +309,22 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
         acc_t<T> s = static_cast<acc_t<T>>(alpha);
         for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(a[i] + s * b[i]);
     });
-    storage()->bump_version();
     return *this;
 }
 
 Tensor& Tensor::mul_(double value) {
     check_inplace(*this, "mul_");
     NT_CHECK(is_contiguous(), "mul_: expected a contiguous destination");
+    storage()->bump_version();
+    if (device().is_cuda()) {
+        NT_CUDA(detail::mul_scalar_cuda(*this, value));
+        return *this;
+    }
     dispatch_floating(dtype(), "mul_", [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
         for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(a[i] * static_cast<acc_t<T>>(value));
     });
-    storage()->bump_version();
     return *this;
 }
 
@@ -303,12 +333,16 @@ Tensor& Tensor::fill_(double value) {
     NT_CHECK(is_floating(dtype()) || (value >= -0x1p63 && value < 0x1p63), "fill_: value ", value,
              " does not fit in ", dtype_name(dtype()));
     NT_CHECK(is_contiguous(), "fill_: expected a contiguous destination");
+    storage()->bump_version();
+    if (device().is_cuda()) {
+        NT_CUDA(detail::fill_cuda(*this, value));
+        return *this;
+    }
     dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
         for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(value);
     });
-    storage()->bump_version();
     return *this;
 }
 
@@ -349,6 +383,10 @@ Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0,
 Tensor randn(const Shape& shape, TensorOptions options) {
     NT_CHECK(is_floating(options.dtype_), "randn: expected a floating dtype, got ", dtype_name(options.dtype_));
     Tensor t = empty(shape, options);
+    if (t.device().is_cuda()) {
+        NT_CUDA(detail::randn_cuda(t));
+        return t;
+    }
     dispatch_floating(t.dtype(), "randn", [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data_ptr<T>();
@@ -359,6 +397,7 @@ Tensor randn(const Shape& shape, TensorOptions options) {
 
 Tensor arange(int64_t end, TensorOptions options) {
     NT_CHECK(end >= 0, "arange: expected end >= 0, got ", end);
+    if (options.device_.is_cuda()) return arange(end, options.device(Device::CPU)).to(options.device_);
     Tensor t = empty({end}, options);
     dispatch_all(t.dtype(), [&](auto tag) {
         using T = decltype(tag);
@@ -374,16 +413,21 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
     int64_t n = checked_numel("from_vector", s);
     NT_CHECK(n == static_cast<int64_t>(values.size()), "from_vector: shape ", shape_str(s), " holds ", n,
              " elements, got ", values.size(), " values");
-    Tensor t = empty(s, options.dtype(dtype_of<T>()));
+    Tensor t = empty(s, options.dtype(dtype_of<T>()).device(Device::CPU));
     std::copy(values.begin(), values.end(), t.data_ptr<T>());
-    return t;
+    return options.device_.is_cuda() ? t.to(options.device_).requires_grad_(options.requires_grad_) : t;
 }
 template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
 template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
 template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
 template Tensor from_vector<bf16>(const std::vector<bf16>&, const Shape&, TensorOptions);
 
-void manual_seed(uint64_t seed) { generator().seed(seed); }
+void manual_seed(uint64_t seed) {
+    generator().seed(seed);
+#if NORMTAPE_WITH_CUDA
+    detail::cuda_manual_seed(seed);
+#endif
+}
 
 double rand_scalar() {
     // 53 random bits -> [0, 1), identical on every platform (std::uniform_real_distribution is not).
@@ -428,7 +472,7 @@ void print_values(std::ostream& os, const T* p, const Shape& shape, size_t d, in
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     if (!t.defined()) return os << "Tensor(undefined)";
     os << "tensor(";
-    Tensor c = t.contiguous();
+    Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.contiguous();
     dispatch_all(c.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* p = static_cast<const T*>(c.storage()->data()) + c.impl().offset;
@@ -436,6 +480,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
         else print_values(os, p, c.shape(), 0, 0);
     });
     os << ", shape=" << shape_str(t.shape()) << ", dtype=" << dtype_name(t.dtype());
+    if (t.device().is_cuda()) os << ", device=" << device_name(t.device());
     if (t.grad_fn()) os << ", grad_fn=<" << t.grad_fn()->name() << ">";
     else if (t.requires_grad()) os << ", requires_grad=true";
     return os << ")";

@@ -69,10 +69,12 @@ public:
     int64_t nbytes() const { return numel() * static_cast<int64_t>(element_size(dtype())); }
     const std::shared_ptr<Storage>& storage() const { return impl().storage; }
 
-    // Pointer to the first element. Throws if T does not match dtype(). CPU tensors only.
+    // Pointer to the first element. Throws if T does not match dtype() or the tensor is not on the
+    // cpu (use to(Device::CPU) first).
     template <class T>
     T* data_ptr() const;
-    // The value of a one-element tensor. Throws if numel() != 1 or T does not match dtype().
+    // The value of a one-element tensor (copied from the GPU when needed). Throws if numel() != 1
+    // or T does not match dtype().
     template <class T>
     T item() const;
     // The elements in row-major order (works on non-contiguous tensors). Throws on a dtype mismatch.
@@ -92,8 +94,12 @@ public:
     Tensor clone() const;
     // Same storage, no grad_fn, requires_grad false: cuts the graph.
     Tensor detach() const;
-    // A contiguous copy converted to `dtype` (f32 <-> f64 <-> i64). Not differentiable.
+    // A contiguous copy converted to `dtype` (any of f32, f64, bf16, i64; floats to i64 throw when
+    // out of range on the cpu). Not differentiable.
     Tensor to(DType dtype) const;
+    // A contiguous copy on `device` (cpu <-> cuda, or between GPUs), same dtype; returns when the
+    // copy is done. Not differentiable. Throws Error when the device has no backend in this build.
+    Tensor to(Device device) const;
 
     // Autograd. See core/autograd.h and Note [Gradient accumulation] there.
     bool requires_grad() const { return impl().requires_grad; }

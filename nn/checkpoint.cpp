@@ -17,6 +17,7 @@ const char* st_dtype(DType d) {
     switch (d) {
         case DType::F32: return "F32";
         case DType::F64: return "F64";
+        case DType::BF16: return "BF16";
         case DType::I64: return "I64";
     }
     return "?";
@@ -25,6 +26,7 @@ const char* st_dtype(DType d) {
 bool parse_st_dtype(const std::string& s, DType* out) {
     if (s == "F32") *out = DType::F32;
     else if (s == "F64") *out = DType::F64;
+    else if (s == "BF16") *out = DType::BF16;
     else if (s == "I64") *out = DType::I64;
     else return false;
     return true;
@@ -91,7 +93,7 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
         DType dtype;
         NT_CHECK(entry.is_object() && entry.contains("dtype") && entry["dtype"].is_string() &&
                      parse_st_dtype(entry["dtype"].get<std::string>(), &dtype),
-                 "load_safetensors: ", path, ": tensor ", name, " has a missing or unsupported dtype (expected F32, F64 or I64)");
+                 "load_safetensors: ", path, ": tensor ", name, " has a missing or unsupported dtype (expected F32, F64, BF16 or I64)");
         NT_CHECK(entry.contains("shape") && entry["shape"].is_array() && entry.contains("data_offsets") &&
                      entry["data_offsets"].is_array() && entry["data_offsets"].size() == 2,
                  "load_safetensors: ", path, ": tensor ", name, " needs shape and data_offsets [begin, end]");

@@ -1,0 +1,178 @@
+// core/cuda_allocator.cpp: the caching allocator described in core/cuda_allocator.h.
+#include "core/cuda_allocator.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "core/cuda_check.h"
+
+namespace normtape::detail {
+
+namespace {
+
+constexpr size_t kRound = 512;
+constexpr size_t kSmallRequest = size_t(1) << 20;   // at most this: small pool
+constexpr size_t kSmallSegment = size_t(2) << 20;   // segment size of the small pool
+constexpr size_t kMediumRequest = size_t(10) << 20; // below this: a shared 20 MiB segment
+constexpr size_t kMediumSegment = size_t(20) << 20;
+constexpr size_t kLargeRound = size_t(2) << 20;     // larger segments are rounded to this
+constexpr size_t kLargeSplitMin = size_t(1) << 20;  // large blocks split only above this rest
+
+struct Block {
+    char* ptr;
+    size_t size;           // bytes of the block
+    bool small;            // in the small pool
+    size_t requested = 0;  // bytes asked for while allocated
+    bool allocated = false;
+    Block* prev = nullptr;  // neighbours within the same segment
+    Block* next = nullptr;
+};
+
+struct BySize {
+    bool operator()(const Block* a, const Block* b) const {
+        return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+};
+
+struct DeviceAllocator {
+    std::set<Block*, BySize> small_free, large_free;
+    std::unordered_map<void*, Block*> live;
+    MemoryStats stats;
+
+    std::set<Block*, BySize>& pool(bool small) { return small ? small_free : large_free; }
+};
+
+std::vector<DeviceAllocator>& allocators() {
+    static std::vector<DeviceAllocator> a;
+    return a;
+}
+
+DeviceAllocator& allocator(int device) {
+    NT_CHECK(device >= 0 && device < 1024, "cuda allocator: bad device index ", device);
+    if (allocators().size() <= static_cast<size_t>(device)) allocators().resize(device + 1);
+    return allocators()[device];
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void release_free_segments(int device, DeviceAllocator& a) {
+    for (bool small : {true, false}) {
+        auto& pool = a.pool(small);
+        for (auto it = pool.begin(); it != pool.end();) {
+            Block* b = *it;
+            if (b->prev || b->next) {  // part of a segment that is still partly in use
+                ++it;
+                continue;
+            }
+            CUDA_CHECK(cudaSetDevice(device));
+            CUDA_CHECK(cudaFree(b->ptr));
+            a.stats.reserved_bytes -= static_cast<int64_t>(b->size);
+            it = pool.erase(it);
+            delete b;
+        }
+    }
+}
+
+}  // namespace
+
+void* cuda_allocate(int device, size_t nbytes) {
+    DeviceAllocator& a = allocator(device);
+    NT_CHECK(nbytes <= (size_t(1) << 50), "allocate: request of ", nbytes, " bytes on cuda:", device, " is too large");
+    size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);
+    bool small = size <= kSmallRequest;
+    auto& pool = a.pool(small);
+    Block key{nullptr, size, small};
+    auto it = pool.lower_bound(&key);
+    Block* b;
+    if (it != pool.end()) {
+        b = *it;
+        pool.erase(it);
+    } else {
+        size_t segment = small ? kSmallSegment : size < kMediumRequest ? kMediumSegment : round_up(size, kLargeRound);
+        void* ptr = nullptr;
+        CUDA_CHECK(cudaSetDevice(device));
+        cudaError_t err = cudaMalloc(&ptr, segment);
+        if (err == cudaErrorMemoryAllocation) {
+            cudaGetLastError();  // clear it, give the cache back, try once more
+            release_free_segments(device, a);
+            err = cudaMalloc(&ptr, segment);
+        }
+        if (err == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            size_t free_bytes = 0, total_bytes = 0;
+            cudaMemGetInfo(&free_bytes, &total_bytes);
+            cudaGetLastError();
+            NT_CHECK(false, "out of memory on cuda:", device, ": tried to allocate ", nbytes, " bytes (a segment of ",
+                     segment, "); ", a.stats.allocated_bytes, " bytes allocated, ", a.stats.reserved_bytes,
+                     " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device");
+        }
+        CUDA_CHECK(err);
+        b = new Block{static_cast<char*>(ptr), segment, small};
+        a.stats.reserved_bytes += static_cast<int64_t>(segment);
+        a.stats.peak_reserved_bytes = std::max(a.stats.peak_reserved_bytes, a.stats.reserved_bytes);
+    }
+    size_t rest = b->size - size;
+    if (small ? rest >= kRound : rest > kLargeSplitMin) {
+        Block* r = new Block{b->ptr + size, rest, small};
+        r->prev = b;
+        r->next = b->next;
+        if (b->next) b->next->prev = r;
+        b->next = r;
+        b->size = size;
+        pool.insert(r);
+    }
+    b->allocated = true;
+    b->requested = nbytes;
+    a.live[b->ptr] = b;
+    a.stats.allocated_bytes += static_cast<int64_t>(nbytes);
+    a.stats.peak_allocated_bytes = std::max(a.stats.peak_allocated_bytes, a.stats.allocated_bytes);
+    a.stats.num_allocs += 1;
+    return b->ptr;
+}
+
+void cuda_deallocate(int device, void* ptr) noexcept {
+    DeviceAllocator& a = allocators()[device];
+    auto it = a.live.find(ptr);
+    if (it == a.live.end()) return;  // not ours: nothing to do (never happens through Storage)
+    Block* b = it->second;
+    a.live.erase(it);
+    a.stats.allocated_bytes -= static_cast<int64_t>(b->requested);
+    b->allocated = false;
+    b->requested = 0;
+    auto& pool = a.pool(b->small);
+    if (b->prev && !b->prev->allocated) {  // merge into the free block before
+        Block* p = b->prev;
+        pool.erase(p);
+        p->size += b->size;
+        p->next = b->next;
+        if (b->next) b->next->prev = p;
+        delete b;
+        b = p;
+    }
+    if (b->next && !b->next->allocated) {  // absorb the free block after
+        Block* n = b->next;
+        pool.erase(n);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next) n->next->prev = b;
+        delete n;
+    }
+    pool.insert(b);
+}
+
+MemoryStats cuda_memory_stats(int device) { return allocator(device).stats; }
+
+void cuda_reset_peak_memory_stats(int device) {
+    MemoryStats& s = allocator(device).stats;
+    s.peak_allocated_bytes = s.allocated_bytes;
+    s.peak_reserved_bytes = s.reserved_bytes;
+}
+
+void cuda_empty_cache(int device) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    release_free_segments(device, allocator(device));
+}
+
+}  // namespace normtape::detail

@@ -1,0 +1,31 @@
+// core/cuda_allocator.h: the CUDA caching allocator behind allocate(Device::CUDA, n). Internal.
+//
+// In the spirit of PyTorch's CUDACachingAllocator, simplified to one stream per device:
+// - requests are rounded up to 512 bytes;
+// - those of at most 1 MiB come from 2 MiB segments (the small pool), larger ones from 20 MiB
+//   segments below 10 MiB and from segments of their own size rounded up to 2 MiB above (the
+//   large pool); a segment is obtained with cudaMalloc and kept when its blocks are freed;
+// - a request takes the smallest cached free block that fits (best fit), split when the rest is
+//   at least 512 bytes (small pool) or more than 1 MiB (large pool); freed blocks merge with free
+//   neighbours of the same segment;
+// - when cudaMalloc fails, every wholly free segment is returned (empty_cache) and the call is
+//   tried once more before Error is thrown with the request and the counters.
+// Freed blocks can be reused at once: all of normtape's work on a device is on its one stream,
+// so later work is ordered after earlier work that used the block.
+// Counters: allocated_bytes counts the bytes asked for (as the CPU allocator does, so that
+// predictions hold to the byte); reserved_bytes counts the segments held from the driver.
+#pragma once
+
+#include <cstddef>
+
+#include "core/allocator.h"
+
+namespace normtape::detail {
+
+void* cuda_allocate(int device, size_t nbytes);
+void cuda_deallocate(int device, void* ptr) noexcept;
+MemoryStats cuda_memory_stats(int device);
+void cuda_reset_peak_memory_stats(int device);
+void cuda_empty_cache(int device);
+
+}  // namespace normtape::detail

@@ -1,0 +1,84 @@
+// core/cuda_context.cpp: per-device stream, cuBLAS handle and cuRAND generator; device queries.
+#include "core/cuda_context.h"
+
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/device.h"
+#include "core/tensor_cuda.h"
+
+namespace normtape {
+
+namespace {
+
+struct DeviceContext {
+    bool ready = false;
+    cudaStream_t stream = nullptr;
+    cublasHandle_t cublas = nullptr;
+    curandGenerator_t curand = nullptr;
+};
+
+std::vector<DeviceContext>& contexts() {
+    static std::vector<DeviceContext> c;
+    return c;
+}
+
+uint64_t current_seed = 0;
+
+DeviceContext& context(int device) {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    NT_CHECK(device >= 0 && device < count, "cuda: device ", device, " does not exist (", count, " visible)");
+    if (contexts().size() < static_cast<size_t>(count)) contexts().resize(count);
+    DeviceContext& c = contexts()[device];
+    CUDA_CHECK(cudaSetDevice(device));
+    if (!c.ready) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+        CUBLAS_CHECK(cublasCreate(&c.cublas));
+        CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
+        CUBLAS_CHECK(cublasSetMathMode(c.cublas, CUBLAS_DEFAULT_MATH));
+        CURAND_CHECK(curandCreateGenerator(&c.curand, CURAND_RNG_PSEUDO_PHILOX4_32_10));
+        CURAND_CHECK(curandSetStream(c.curand, c.stream));
+        CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(c.curand, current_seed));
+        c.ready = true;
+    }
+    return c;
+}
+
+}  // namespace
+
+namespace cuda {
+
+cudaStream_t stream(int device) { return context(device).stream; }
+cublasHandle_t cublas(int device) { return context(device).cublas; }
+curandGenerator_t curand(int device) { return context(device).curand; }
+
+void manual_seed(uint64_t seed) {
+    current_seed = seed;
+    for (DeviceContext& c : contexts()) {
+        if (!c.ready) continue;
+        CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(c.curand, seed));
+        CURAND_CHECK(curandSetGeneratorOffset(c.curand, 0));
+    }
+}
+
+}  // namespace cuda
+
+void detail::cuda_manual_seed(uint64_t seed) { cuda::manual_seed(seed); }
+
+bool cuda_is_built() { return true; }
+
+bool cuda_is_available() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no device" error
+        return false;
+    }
+    return count > 0;
+}
+
+void synchronize(Device device) {
+    if (device.is_cuda()) CUDA_CHECK(cudaStreamSynchronize(cuda::stream(device.index)));
+}
+
+}  // namespace normtape

@@ -1,0 +1,22 @@
+// core/cuda_stub.cpp: what a build without the CUDA backend links in place of core/cuda_*.cpp:
+// no GPU is ever available, and anything that would touch one throws.
+#include "core/cuda_allocator.h"
+#include "core/device.h"
+
+namespace normtape {
+
+bool cuda_is_built() { return false; }
+bool cuda_is_available() { return false; }
+void synchronize(Device device) {
+    NT_CHECK(device.is_cpu(), "synchronize: device ", device_name(device), " needs the CUDA backend, which this build does not have");
+}
+
+namespace detail {
+void* cuda_allocate(int, size_t) { NT_CHECK(false, "allocate: this build of normtape has no CUDA backend"); }
+void cuda_deallocate(int, void*) noexcept {}
+MemoryStats cuda_memory_stats(int) { return {}; }
+void cuda_reset_peak_memory_stats(int) {}
+void cuda_empty_cache(int) {}
+}  // namespace detail
+
+}  // namespace normtape

@@ -1,0 +1,155 @@
+// core/tensor_cuda.cu: kernels and launchers behind core/tensor_cuda.h.
+#include "core/tensor_cuda.h"
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "core/dispatch.h"
+
+namespace normtape::detail {
+
+namespace {
+
+constexpr int kMaxDims = 8;
+
+// Shape and strides of a source tensor, passed by value to the copy kernel.
+struct StridedLayout {
+    int ndim;
+    int64_t shape[kMaxDims];
+    int64_t strides[kMaxDims];
+    int64_t offset;
+};
+
+template <class D, class S>
+__global__ void copy_strided_kernel(D* __restrict__ dst, const S* __restrict__ src, StridedLayout layout, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        int64_t rest = i, off = layout.offset;
+        for (int d = layout.ndim - 1; d >= 0; --d) {
+            off += (rest % layout.shape[d]) * layout.strides[d];
+            rest /= layout.shape[d];
+        }
+        dst[i] = static_cast<D>(static_cast<acc_t<S>>(src[off]));
+    }
+}
+
+template <class T>
+__global__ void fill_kernel(T* __restrict__ dst, T value, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = value;
+}
+
+template <class T>
+__global__ void add_scaled_kernel(T* __restrict__ a, const T* __restrict__ b, acc_t<T> alpha, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        a[i] = static_cast<T>(acc_t<T>(a[i]) + alpha * acc_t<T>(b[i]));
+}
+
+template <class T>
+__global__ void mul_scalar_kernel(T* __restrict__ a, acc_t<T> value, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        a[i] = static_cast<T>(acc_t<T>(a[i]) * value);
+}
+
+template <class T>
+__global__ void from_float_kernel(T* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = static_cast<T>(src[i]);
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
+}
+
+}  // namespace
+
+void copy_cuda(const Tensor& dst, const Tensor& src) {
+    NT_CHECK(src.dim() <= kMaxDims, "copy: at most ", kMaxDims, " dimensions on cuda, got ", src.dim());
+    int64_t n = dst.numel();
+    if (n == 0) return;
+    StridedLayout layout{};
+    layout.ndim = static_cast<int>(src.dim());
+    for (int d = 0; d < layout.ndim; ++d) {
+        layout.shape[d] = src.shape()[d];
+        layout.strides[d] = src.strides()[d];
+    }
+    layout.offset = src.impl().offset;
+    cudaStream_t stream = cuda::stream(dst.device().index);
+    dispatch_all(dst.dtype(), [&](auto dst_tag) {
+        using D = decltype(dst_tag);
+        dispatch_all(src.dtype(), [&](auto src_tag) {
+            using S = decltype(src_tag);
+            copy_strided_kernel<D, S><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(
+                ptr<D>(dst), static_cast<const S*>(src.storage()->data()), layout, n);
+            CUDA_LAUNCH_CHECK();
+        });
+    });
+}
+
+void fill_cuda(const Tensor& dst, double value) {
+    int64_t n = dst.numel();
+    if (n == 0) return;
+    cudaStream_t stream = cuda::stream(dst.device().index);
+    dispatch_all(dst.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        fill_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(dst), static_cast<T>(value), n);
+        CUDA_LAUNCH_CHECK();
+    });
+}
+
+void add_scaled_cuda(const Tensor& a, const Tensor& b, double alpha) {
+    int64_t n = a.numel();
+    if (n == 0) return;
+    cudaStream_t stream = cuda::stream(a.device().index);
+    dispatch_floating(a.dtype(), "add_", [&](auto tag) {
+        using T = decltype(tag);
+        add_scaled_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(a), ptr<T>(b),
+                                                                                static_cast<acc_t<T>>(alpha), n);
+        CUDA_LAUNCH_CHECK();
+    });
+}
+
+void mul_scalar_cuda(const Tensor& a, double value) {
+    int64_t n = a.numel();
+    if (n == 0) return;
+    cudaStream_t stream = cuda::stream(a.device().index);
+    dispatch_floating(a.dtype(), "mul_", [&](auto tag) {
+        using T = decltype(tag);
+        mul_scalar_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(a), static_cast<acc_t<T>>(value), n);
+        CUDA_LAUNCH_CHECK();
+    });
+}
+
+void randn_cuda(const Tensor& t) {
+    int64_t n = t.numel();
+    if (n == 0) return;
+    int device = t.device().index;
+    curandGenerator_t gen = cuda::curand(device);
+    int64_t even = n + (n & 1);  // cuRAND's normal generators produce pairs
+    cudaStream_t stream = cuda::stream(device);
+    if (t.dtype() == DType::F64) {
+        Tensor tmp = empty({even}, TensorOptions().dtype(DType::F64).device(t.device()));
+        CURAND_CHECK(curandGenerateNormalDouble(gen, ptr<double>(tmp), static_cast<size_t>(even), 0.0, 1.0));
+        CUDA_CHECK(cudaMemcpyAsync(ptr<double>(t), ptr<double>(tmp), n * sizeof(double), cudaMemcpyDeviceToDevice, stream));
+        return;
+    }
+    Tensor tmp = empty({even}, TensorOptions().dtype(DType::F32).device(t.device()));
+    CURAND_CHECK(curandGenerateNormal(gen, ptr<float>(tmp), static_cast<size_t>(even), 0.0f, 1.0f));
+    dispatch_floating(t.dtype(), "randn", [&](auto tag) {
+        using T = decltype(tag);
+        from_float_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(t), ptr<float>(tmp), n);
+        CUDA_LAUNCH_CHECK();
+    });
+}
+
+void copy_bytes_across(const Tensor& dst, const Tensor& src) {
+    size_t bytes = static_cast<size_t>(src.nbytes());
+    if (bytes == 0) return;
+    const Device d = dst.device().is_cuda() ? dst.device() : src.device();
+    cudaStream_t stream = cuda::stream(d.index);
+    char* to = static_cast<char*>(dst.storage()->data()) + dst.impl().offset * element_size(dst.dtype());
+    const char* from = static_cast<const char*>(src.storage()->data()) + src.impl().offset * element_size(src.dtype());
+    CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace normtape::detail

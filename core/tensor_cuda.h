@@ -1,0 +1,28 @@
+// core/tensor_cuda.h: the CUDA side of Tensor's own operations (copies, fills, in-place updates,
+// random fill). Internal: called by core/tensor.cpp through NT_CUDA. Every function queues its
+// work on the tensor's device stream and checks its launch; none synchronizes unless it says so.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace normtape::detail {
+
+// dst[i] = convert(src[i]) in row-major order; dst contiguous, both on the same CUDA device,
+// any dtypes; src any strides (at most 8 dims). float -> i64 out of range is undefined here:
+// callers check on the host.
+void copy_cuda(const Tensor& dst, const Tensor& src);
+// Every element of the contiguous CUDA tensor dst = value.
+void fill_cuda(const Tensor& dst, double value);
+// a += alpha * b; both contiguous, same shape, dtype and device.
+void add_scaled_cuda(const Tensor& a, const Tensor& b, double alpha);
+// a *= value; a contiguous.
+void mul_scalar_cuda(const Tensor& a, double value);
+// Standard normal samples from the device's cuRAND generator (Philox; manual_seed seeds it).
+void randn_cuda(const Tensor& t);
+// Reseeds every device's generator (manual_seed calls it).
+void cuda_manual_seed(uint64_t seed);
+// Copies the bytes of contiguous src into contiguous dst of the same dtype and numel, any
+// devices (host <-> device or device <-> device); returns when the copy is done.
+void copy_bytes_across(const Tensor& dst, const Tensor& src);
+
+}  // namespace normtape::detail

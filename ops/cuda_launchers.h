@@ -1,0 +1,79 @@
+// ops/cuda_launchers.h: the CUDA entry points of every op, in one index. Internal.
+//
+// Each launcher takes raw device pointers, sizes and the CUDA device index; it picks the grid,
+// queues the kernel on that device's stream (core/cuda_context.h), checks the launch, and
+// returns without synchronizing. T is float, double or bf16 (arithmetic in acc_t<T>: f32, or
+// f64 for double); statistics and log-sum-exps are acc_t<T>. Each is defined, and explicitly
+// instantiated for the three types, in the op's .cu file; ops call them only through NT_CUDA
+// (core/cuda_dispatch.h). Outputs are overwritten (=). Reductions are deterministic: a fixed
+// order, no floating-point atomics.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "ops/norm_policy.h"
+
+namespace normtape::detail {
+
+// ops/elementwise.cu
+template <class T>  // out[i] = a[i] + b[i % b_n]   (b broadcast over a's leading dimensions)
+void add_forward_cuda(T* out, const T* a, const T* b, int64_t n, int64_t b_n, int device);
+template <class T>  // out[j] = sum over r < rows of g[r * n + j], j < n
+void sum_rows_cuda(T* out, const T* g, int64_t rows, int64_t n, int device);
+template <class T>  // out[i] = a[i] * b[i]
+void mul_forward_cuda(T* out, const T* a, const T* b, int64_t n, int device);
+template <class T>  // out[i] = a[i] * s
+void scale_forward_cuda(T* out, const T* a, double s, int64_t n, int device);
+template <class T>  // out[i] = gelu_tanh(x[i])
+void gelu_forward_cuda(T* out, const T* x, int64_t n, int device);
+template <class T>  // dx[i] = dy[i] * gelu_tanh'(x[i])
+void gelu_backward_cuda(T* dx, const T* dy, const T* x, int64_t n, int device);
+
+// ops/reduce.cu
+template <class T>  // out[0] = factor * sum of x[0..n)
+void sum_cuda(T* out, const T* x, int64_t n, double factor, int device);
+
+// ops/embedding.cu
+template <class T>  // out[i, :] = weight[ids[i], :], i < n_ids, rows of C
+void embedding_forward_cuda(T* out, const int64_t* ids, const T* weight, int64_t n_ids, int64_t C, int device);
+template <class T>  // dweight[v, :] = sum over i with ids[i] == v of dout[i, :]; all V rows written
+void embedding_backward_cuda(T* dweight, const int64_t* ids, const T* dout, int64_t n_ids, int64_t V, int64_t C,
+                             int device);
+
+// ops/cross_entropy.cu
+template <class T>  // lse[i] = logsumexp(logits[i, :]); loss[0] = mean over i of lse[i] - logits[i, targets[i]]
+void cross_entropy_forward_cuda(T* loss, acc_t<T>* lse, const T* logits, const int64_t* targets, int64_t M, int64_t V,
+                                int device);
+template <class T>  // dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * grad / M
+void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* lse, const int64_t* targets,
+                                 double grad, int64_t M, int64_t V, int device);
+
+// ops/attention.cu (qkv [B, T, 3C], att [B, NH, T, T], out [B, T, C]; see ops/attention.h)
+template <class T>
+void attention_forward_cuda(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH, int device);
+template <class T>
+void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t T_, int64_t C,
+                             int64_t NH, int device);
+
+// ops/matmul.cu: out = op(a) @ op(b) over row-major matrices, cuBLAS with f32 accumulation
+// (f64 for double; f32 products without TF32). a: [a_rows, a_cols], b: [b_rows, b_cols].
+template <class T>
+void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
+               int64_t b_cols, bool trans_b, int device);
+
+// ops/norm_policy.cu: the norms (see ops/norm_policy.h); mean is nullptr when not centered,
+// weight/bias nullptr when absent; dweight/dbias nullptr when not wanted.
+template <class T>
+void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
+                       int64_t N, double eps, int device);
+template <class T>
+void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
+                        const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
+                        int64_t M, int64_t N, int device);
+// True when every |weight[j]| >= kOutputPolicyMinWeight (synchronizes: the answer is needed on
+// the host to choose what to save).
+template <class T>
+bool weight_allows_output_policy_cuda(const T* weight, int64_t N, int device);
+
+}  // namespace normtape::detail
