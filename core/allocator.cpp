@@ -28,7 +28,10 @@ void check_backend(Device device, const char* what) {
 void* allocate(Device device, size_t nbytes) {
     check_backend(device, "allocate");
     if (nbytes == 0) return nullptr;
-    if (device.is_cuda()) return detail::cuda_allocate(device.index, nbytes);
+    if (device.is_cuda()) {
+        NT_CHECK(cuda_is_available(), "allocate: no CUDA GPU is visible for ", nbytes, " bytes on ", device_name(device));
+        return detail::cuda_allocate(device.index, nbytes);
+    }
     NT_CHECK(nbytes <= SIZE_MAX - kAlignment, "allocate: request of ", nbytes, " bytes is too large");
     size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
     void* ptr = std::aligned_alloc(kAlignment, rounded);
@@ -76,8 +79,9 @@ void empty_cache(Device device) {
 }
 
 void set_memory_trace(Device device, std::vector<MemoryEvent>* trace) {
-    NT_CHECK(device.is_cpu(), "set_memory_trace: only the cpu allocator records a trace, got ", device_name(device));
-    cpu_trace = trace;
+    check_backend(device, "set_memory_trace");
+    if (device.is_cuda()) detail::cuda_set_memory_trace(device.index, trace);
+    else cpu_trace = trace;
 }
 
 }  // namespace normtape

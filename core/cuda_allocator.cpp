@@ -40,6 +40,16 @@ struct DeviceAllocator {
     std::set<Block*, BySize> small_free, large_free;
     std::unordered_map<void*, Block*> live;
     MemoryStats stats;
+    std::vector<MemoryEvent>* trace = nullptr;
+
+    void record() noexcept {
+        if (!trace) return;
+        try {
+            trace->push_back({stats.num_allocs, stats.allocated_bytes});
+        } catch (...) {
+            trace = nullptr;  // no host memory for the trace: stop tracing, never throw from here
+        }
+    }
 
     std::set<Block*, BySize>& pool(bool small) { return small ? small_free : large_free; }
 };
@@ -129,6 +139,7 @@ void* cuda_allocate(int device, size_t nbytes) {
     a.stats.allocated_bytes += static_cast<int64_t>(nbytes);
     a.stats.peak_allocated_bytes = std::max(a.stats.peak_allocated_bytes, a.stats.allocated_bytes);
     a.stats.num_allocs += 1;
+    a.record();
     return b->ptr;
 }
 
@@ -139,6 +150,7 @@ void cuda_deallocate(int device, void* ptr) noexcept {
     Block* b = it->second;
     a.live.erase(it);
     a.stats.allocated_bytes -= static_cast<int64_t>(b->requested);
+    a.record();
     b->allocated = false;
     b->requested = 0;
     auto& pool = a.pool(b->small);
@@ -169,6 +181,8 @@ void cuda_reset_peak_memory_stats(int device) {
     s.peak_allocated_bytes = s.allocated_bytes;
     s.peak_reserved_bytes = s.reserved_bytes;
 }
+
+void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace) { allocator(device).trace = trace; }
 
 void cuda_empty_cache(int device) {
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "core/allocator.h"
 
@@ -27,5 +28,6 @@ void cuda_deallocate(int device, void* ptr) noexcept;
 MemoryStats cuda_memory_stats(int device);
 void cuda_reset_peak_memory_stats(int device);
 void cuda_empty_cache(int device);
+void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace);
 
 }  // namespace normtape::detail

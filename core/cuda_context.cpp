@@ -69,12 +69,15 @@ void detail::cuda_manual_seed(uint64_t seed) { cuda::manual_seed(seed); }
 bool cuda_is_built() { return true; }
 
 bool cuda_is_available() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();  // clear the sticky "no device" error
-        return false;
-    }
-    return count > 0;
+    static const bool available = [] {  // asked once: the answer cannot change within a process
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess) {
+            cudaGetLastError();  // clear the "no device" error
+            return false;
+        }
+        return count > 0;
+    }();
+    return available;
 }
 
 void synchronize(Device device) {

@@ -17,6 +17,7 @@ void cuda_deallocate(int, void*) noexcept {}
 MemoryStats cuda_memory_stats(int) { return {}; }
 void cuda_reset_peak_memory_stats(int) {}
 void cuda_empty_cache(int) {}
+void cuda_set_memory_trace(int, std::vector<MemoryEvent>*) {}
 }  // namespace detail
 
 }  // namespace normtape

@@ -1,9 +1,10 @@
-// examples/train_gpt.cpp: the main job. Trains a byte-level pre-LN GPT on a UTF-8 text file and,
-// with --policy both, trains it twice (same seed, same batches), once per norm save policy, then
-// prints the memory each policy needed, side by side, with the saving the formula predicts.
+// examples/train_gpt.cpp: the main job. Trains a byte-level pre-LN GPT on a UTF-8 text file (or
+// on random tokens) and, with --policy both, trains it twice (same seed, same batches), once per
+// norm save policy, then prints the memory each policy needed, side by side, with the saving the
+// formula predicts. Runs on the cpu or a CUDA GPU (the default when one is visible).
 //
 // Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
-// L layers (--layers), V = 256 bytes.
+// L layers (--layers), V vocabulary (256 bytes; --vocab with --data random).
 //
 // Exit codes: 0 done; 1 a runtime error, or measured saving != predicted saving; 2 bad flags,
 // bad values or unreadable data (one line on stderr).
@@ -30,9 +31,9 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Args {
-    std::string data;  // empty: the project's own documentation and sources
-    int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128;
-    std::string norm = "layer", policy = "both", device = "cpu";
+    std::string data;  // empty: the project's own documentation and sources; "random": random tokens
+    int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
+    std::string norm = "layer", policy = "both", device, dtype, preset;
     double lr = 3e-3;
     uint64_t seed = 1337;
     int64_t log_every = 50;
@@ -73,47 +74,63 @@ std::string default_corpus(std::string* description) {
     return text;
 }
 
-// Random windows of the text: idx = text[s : s + T], targets = text[s + 1 : s + T + 1].
+// Random windows of the text: idx = text[s : s + T], targets = text[s + 1 : s + T + 1]; with an
+// empty text, random tokens in [0, V). Batches are made on the host and copied to `device`.
 class Batcher {
 public:
-    Batcher(const std::string& text, int64_t B, int64_t T, uint64_t seed) : text_(text), B_(B), T_(T), rng_(seed) {}
+    Batcher(const std::string& text, int64_t B, int64_t T, int64_t V, uint64_t seed, Device device)
+        : text_(text), B_(B), T_(T), V_(V), rng_(seed), device_(device) {}
     void next(Tensor* idx, Tensor* targets) {
         std::vector<int64_t> x(B_ * T_), y(B_ * T_);
-        uint64_t positions = text_.size() - static_cast<uint64_t>(T_);
         for (int64_t b = 0; b < B_; ++b) {
-            uint64_t s = rng_() % positions;
+            if (text_.empty()) {
+                for (int64_t t = 0; t < T_; ++t) {
+                    x[b * T_ + t] = static_cast<int64_t>(rng_() % static_cast<uint64_t>(V_));
+                    y[b * T_ + t] = static_cast<int64_t>(rng_() % static_cast<uint64_t>(V_));
+                }
+                continue;
+            }
+            uint64_t s = rng_() % (text_.size() - static_cast<uint64_t>(T_));
             for (int64_t t = 0; t < T_; ++t) {
                 x[b * T_ + t] = static_cast<unsigned char>(text_[s + t]);
                 y[b * T_ + t] = static_cast<unsigned char>(text_[s + t + 1]);
             }
         }
-        *idx = from_vector(x, {B_, T_});
-        *targets = from_vector(y, {B_, T_});
+        TensorOptions opts = TensorOptions().device(device_);
+        *idx = from_vector(x, {B_, T_}, opts);
+        *targets = from_vector(y, {B_, T_}, opts);
     }
 
 private:
     const std::string& text_;
-    int64_t B_, T_;
+    int64_t B_, T_, V_;
     std::mt19937_64 rng_;
+    Device device_;
 };
 
 struct RunResult {
     SavePolicy policy;
-    int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0;
+    int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
     std::vector<MemoryEvent> memory_trace;  // allocator events of one step (step 2)
     int64_t forward_allocs = 0;             // allocations of that step's forward
 };
 
+Device device_of(const Args& a) { return a.device == "cuda" ? Device::CUDA : Device::CPU; }
+DType dtype_of(const Args& a) { return a.dtype == "bf16" ? DType::BF16 : DType::F32; }
+
 GPTConfig make_config(const Args& a, SavePolicy policy) {
     GPTConfig c;
+    c.vocab_size = a.vocab;
     c.block_size = a.seq;
     c.n_layer = a.layers;
     c.n_head = a.heads;
     c.n_embd = a.embd;
     c.norm = a.norm == "layer" ? NormKind::Layer : NormKind::RMS;
     c.policy = policy;
+    c.dtype = dtype_of(a);
+    c.device = device_of(a);
     return c;
 }
 
@@ -140,19 +157,21 @@ std::string with_commas(int64_t v) {
     return v < 0 ? "-" + out : out;
 }
 
-// Records the allocator's events into `trace` for its lifetime (stops even if the step throws).
+// Records the device allocator's events into `trace` for its lifetime (stops even if the step
+// throws).
 class MemoryTraceScope {
 public:
-    explicit MemoryTraceScope(std::vector<MemoryEvent>* trace) : active_(trace != nullptr) {
-        if (active_) set_memory_trace(Device::CPU, trace);
+    MemoryTraceScope(Device device, std::vector<MemoryEvent>* trace) : device_(device), active_(trace != nullptr) {
+        if (active_) set_memory_trace(device_, trace);
     }
     ~MemoryTraceScope() {
-        if (active_) set_memory_trace(Device::CPU, nullptr);
+        if (active_) set_memory_trace(device_, nullptr);
     }
     MemoryTraceScope(const MemoryTraceScope&) = delete;
     MemoryTraceScope& operator=(const MemoryTraceScope&) = delete;
 
 private:
+    Device device_;
     bool active_;
 };
 
@@ -164,6 +183,7 @@ double median(std::vector<double> v) {
 
 RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
     using clock = std::chrono::steady_clock;
+    const Device dev = device_of(a);
     manual_seed(a.seed);
     GPT model(make_config(a, policy));
     std::vector<ParamGroup> groups(2);  // weight decay for matrices only (GPT-2 / nanoGPT)
@@ -174,7 +194,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
     opt.lr = a.lr;
     opt.beta2 = 0.95;
     AdamW optimizer(groups, opt);
-    Batcher batcher(text, a.batch, a.seq, a.seed);
+    Batcher batcher(text, a.batch, a.seq, a.vocab, a.seed, dev);
 
     RunResult r;
     r.policy = policy;
@@ -182,27 +202,30 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
     for (int64_t step = 0; step < a.steps; ++step) {
         Tensor idx, targets;
         batcher.next(&idx, &targets);
-        reset_peak_memory_stats(Device::CPU);
-        int64_t allocs_at_start = memory_stats(Device::CPU).num_allocs;
+        synchronize(dev);
+        reset_peak_memory_stats(dev);
+        int64_t allocs_at_start = memory_stats(dev).num_allocs;
         double ms = 0;
         Tensor loss;
         {
-            MemoryTraceScope trace(step == trace_step ? &r.memory_trace : nullptr);
+            MemoryTraceScope trace(dev, step == trace_step ? &r.memory_trace : nullptr);
             auto t0 = clock::now();
             loss = model.loss(idx, targets);
-            if (step == trace_step) r.forward_allocs = memory_stats(Device::CPU).num_allocs - allocs_at_start;
+            if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
             if (step == 0) r.saved_activation_bytes = saved_bytes();
             loss.backward();
             clip_grad_norm_(model.parameters(), 1.0);
             optimizer.set_lr(lr_at(a, step));
             optimizer.step();
             optimizer.zero_grad();
+            synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
         }
         if (step == trace_step)
             for (MemoryEvent& e : r.memory_trace) e.num_allocs -= allocs_at_start;
-        MemoryStats m = memory_stats(Device::CPU);
+        MemoryStats m = memory_stats(dev);
         r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, m.peak_allocated_bytes);
+        r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
         r.losses.push_back(loss.item<float>());
         r.step_ms.push_back(ms);
         if (step % a.log_every == 0 || step == a.steps - 1) {
@@ -224,9 +247,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
 
 void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
     const RunResult &in = runs[0], &out = runs[1];
-    std::printf("\nNorm save policies side by side (%s norm, L=%lld, B=%lld, T=%lld, C=%lld, f32)\n", a.norm.c_str(),
-                static_cast<long long>(a.layers), static_cast<long long>(a.batch), static_cast<long long>(a.seq),
-                static_cast<long long>(a.embd));
+    std::printf("\nNorm save policies side by side (%s norm, L=%lld, B=%lld, T=%lld, C=%lld, V=%lld, %s on %s)\n",
+                a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.batch),
+                static_cast<long long>(a.seq), static_cast<long long>(a.embd), static_cast<long long>(a.vocab),
+                a.dtype.c_str(), a.device.c_str());
     std::printf("%-34s %16s %16s %16s\n", "", "save input", "save output", "saving");
     auto row = [](const char* name, int64_t x, int64_t y) {
         std::printf("%-34s %16s %16s %16s\n", name, with_commas(x).c_str(), with_commas(y).c_str(),
@@ -237,6 +261,9 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
                 predicted == in.saved_activation_bytes - out.saved_activation_bytes ? "= measured, to the byte"
                                                                                       : "!= measured");
     row("peak allocated bytes", in.peak_allocated_bytes, out.peak_allocated_bytes);
+    if (a.device == "cuda") row("peak reserved bytes", in.peak_reserved_bytes, out.peak_reserved_bytes);
+    double peak_ratio = static_cast<double>(in.peak_allocated_bytes - out.peak_allocated_bytes) / static_cast<double>(predicted);
+    std::printf("%-34s %16s %16s %15.2f%%\n", "peak saving / predicted saving", "", "", 100.0 * peak_ratio);
     std::printf("%-34s %16.4f %16.4f\n", "final loss (nats)", in.losses.back(), out.losses.back());
     std::printf("%-34s %16.1f %16.1f\n", "median step time (ms)", in.step_ms_median, out.step_ms_median);
     std::printf("%-34s %16.0f %16.0f\n", "tokens/s", in.tokens_per_s, out.tokens_per_s);
@@ -278,15 +305,17 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
                 int64_t params) {
     nlohmann::json j;
     j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
-                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", 256}, {"norm", a.norm}, {"policy", a.policy},
-                   {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", "f32"}, {"parameters", params}};
+                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
+                   {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset},
+                   {"parameters", params}};
     j["predicted_saving_bytes"] = predicted;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
     j["runs"] = nlohmann::json::array();
     for (const RunResult& r : runs)
         j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm},
                              {"saved_activation_bytes", r.saved_activation_bytes},
-                             {"peak_allocated_bytes", r.peak_allocated_bytes}, {"losses", r.losses},
+                             {"peak_allocated_bytes", r.peak_allocated_bytes},
+                             {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
                              {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
     std::ofstream f(a.json);
     if (!f) throw Error("train_gpt: cannot write " + a.json);
@@ -295,16 +324,20 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
 
 int run(const Args& a) {
     std::string desc;
-    std::string text = a.data.empty() ? default_corpus(&desc) : read_file(a.data);
-    if (!a.data.empty()) desc = a.data;
-    if (static_cast<int64_t>(text.size()) < a.seq + 2)
+    std::string text;
+    if (a.data == "random") desc = "random tokens in [0, " + std::to_string(a.vocab) + ")";
+    else if (a.data.empty()) text = default_corpus(&desc);
+    else text = read_file(desc = a.data);
+    if (a.data != "random" && static_cast<int64_t>(text.size()) < a.seq + 2)
         throw UsageError("data " + desc + " has " + std::to_string(text.size()) + " bytes; --seq " +
                          std::to_string(a.seq) + " needs at least " + std::to_string(a.seq + 2));
-    int64_t params = GPT(make_config(a, SavePolicy::Input)).num_parameters();
-    std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g\n",
+    int64_t params = num_parameters(make_config(a, SavePolicy::Input));
+    std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g, "
+                "%s on %s\n",
                 a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.heads),
-                static_cast<long long>(a.embd), with_commas(params).c_str(), static_cast<long long>(a.batch),
-                static_cast<long long>(a.seq), static_cast<long long>(a.steps), a.lr);
+                static_cast<long long>(a.embd), static_cast<long long>(a.vocab), with_commas(params).c_str(),
+                static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.steps), a.lr,
+                a.dtype.c_str(), a.device.c_str());
     std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
 
     std::vector<SavePolicy> policies;
@@ -314,6 +347,11 @@ int run(const Args& a) {
     for (SavePolicy p : policies) runs.push_back(train(a, text, p));
 
     int64_t predicted = predicted_saving_bytes(make_config(a, SavePolicy::Input), a.batch, a.seq);
+    if (a.preset == "gpt2-medium-ish" && runs.size() == 2)
+        std::printf("reference (PyTorch, same model in pure bf16, same GPU model, Apex memory-efficient LayerNorm): "
+                    "peak 801.6 MiB lower, predicted 800 MiB; ours: predicted %.1f MiB, peak %.1f MiB lower\n",
+                    static_cast<double>(predicted) / (1 << 20),
+                    static_cast<double>(runs[0].peak_allocated_bytes - runs[1].peak_allocated_bytes) / (1 << 20));
     if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
     if (runs.size() < 2) return 0;
     print_table(a, runs, predicted);
@@ -330,7 +368,7 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
     Args a;
     CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
-    app.add_option("--data", a.data, "UTF-8 text file (default: the project's README and sources)");
+    app.add_option("--data", a.data, "UTF-8 text file, or 'random' for random tokens (default: the project's README and sources)");
     app.add_option("--steps", a.steps, "training steps per policy")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
     app.add_option("--batch", a.batch, "sequences per batch (B)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     app.add_option("--seq", a.seq, "sequence length (T)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -341,13 +379,36 @@ int main(int argc, char** argv) {
     app.add_option("--policy", a.policy, "input, output or both")->check(CLI::IsMember({"input", "output", "both"}));
     app.add_option("--lr", a.lr, "peak learning rate")->check(CLI::Range(1e-12, 10.0));
     app.add_option("--seed", a.seed, "seed for initialization and batches");
-    app.add_option("--device", a.device, "cpu (cuda arrives with the CUDA backend)")->check(CLI::IsMember({"cpu"}));
+    app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible)")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)")->check(CLI::IsMember({"f32", "bf16"}));
+    app.add_option("--vocab", a.vocab, "vocabulary size with --data random (otherwise 256 bytes)")->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+    app.add_option("--preset", a.preset, "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens")
+        ->check(CLI::IsMember({"gpt2-medium-ish"}));
     app.add_option("--log-every", a.log_every, "steps between progress lines")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
     app.add_option("--json", a.json, "write the results as JSON to this file");
     app.add_option("--save", a.save, "write the trained model (safetensors) to this file (with --policy both: the output run's)");
     app.add_option("--chart", a.chart, "SVG chart of loss and memory (with --policy both)");
     try {
         app.parse(argc, argv);
+        if (a.preset == "gpt2-medium-ish") {  // explicit flags win over the preset
+            auto set = [&](const char* flag, int64_t& field, int64_t value) {
+                if (app.count(flag) == 0) field = value;
+            };
+            set("--vocab", a.vocab, 32768);
+            set("--seq", a.seq, 1024);
+            set("--embd", a.embd, 1024);
+            set("--heads", a.heads, 16);
+            set("--layers", a.layers, 12);
+            set("--batch", a.batch, 16);
+            if (app.count("--data") == 0) a.data = "random";
+        }
+        if (a.device.empty()) a.device = cuda_is_available() ? "cuda" : "cpu";
+        if (a.device == "cuda" && !cuda_is_available())
+            throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
+                                             : "--device cuda: this build of normtape has no CUDA backend");
+        if (a.dtype.empty()) a.dtype = a.device == "cuda" ? "bf16" : "f32";
+        if (a.data != "random" && a.vocab != 256)
+            throw UsageError("--vocab " + std::to_string(a.vocab) + " needs --data random (text is read as 256 byte values)");
         if (a.embd % a.heads != 0)
             throw UsageError("--embd " + std::to_string(a.embd) + " is not divisible by --heads " + std::to_string(a.heads));
         return run(a);

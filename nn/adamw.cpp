@@ -4,9 +4,27 @@
 #include <cmath>
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
+#include "nn/adamw_update.h"
 
 namespace normtape {
+
+namespace detail {
+// nn/adamw.cu
+template <class T>
+void adamw_step_cuda(T* p, acc_t<T>* master, const T* g, acc_t<T>* m, acc_t<T>* v, int64_t n, const AdamWStep& s,
+                     int device);
+template <class T>
+double sum_squares_cuda(const T* x, int64_t n, int device);
+}  // namespace detail
+
+namespace {
+template <class T>
+T* raw(const Tensor& t) {
+    return t.defined() ? static_cast<T*>(t.storage()->data()) + t.impl().offset : nullptr;
+}
+}  // namespace
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std::move(groups)), options_(options) {
     NT_CHECK(options.lr >= 0 && options.eps > 0 && options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
@@ -14,13 +32,14 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std
              "AdamW: expected lr >= 0, eps > 0 and betas in [0, 1), got lr ", options.lr, ", eps ", options.eps,
              ", betas (", options.beta1, ", ", options.beta2, ")");
     for (const ParamGroup& g : groups_) {
-        m_.emplace_back();
-        v_.emplace_back();
+        state_.emplace_back();
         for (const Tensor& p : g.params) {
             NT_CHECK(p.defined() && p.requires_grad() && p.is_leaf() && p.is_contiguous(),
                      "AdamW: expected contiguous leaf parameters that require grad");
-            m_.back().push_back(zeros(p.shape(), TensorOptions().dtype(p.dtype())));
-            v_.back().push_back(zeros(p.shape(), TensorOptions().dtype(p.dtype())));
+            TensorOptions opts = TensorOptions().dtype(stat_dtype(p.dtype())).device(p.device());
+            ParamState st{zeros(p.shape(), opts), zeros(p.shape(), opts), Tensor()};
+            if (p.dtype() == DType::BF16) st.master = p.detach().to(DType::F32);
+            state_.back().push_back(st);
         }
     }
 }
@@ -31,26 +50,29 @@ AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
 void AdamW::step() {
     NoGradGuard no_grad;
     ++t_;
-    double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t_));
-    double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(t_));
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
+        detail::AdamWStep s{options_.lr, options_.beta1, options_.beta2, options_.eps, groups_[gi].weight_decay,
+                            1.0 - std::pow(options_.beta1, static_cast<double>(t_)),
+                            1.0 - std::pow(options_.beta2, static_cast<double>(t_))};
         for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
             Tensor p = groups_[gi].params[i];
             Tensor g = p.grad();
             if (!g.defined()) continue;
+            ParamState& st = state_[gi][i];
             dispatch_floating(p.dtype(), "AdamW", [&](auto tag) {
                 using T = decltype(tag);
-                T* pp = p.data_ptr<T>();
-                const T* pg = g.data_ptr<T>();
-                T* pm = m_[gi][i].data_ptr<T>();
-                T* pv = v_[gi][i].data_ptr<T>();
-                double lr = options_.lr, decay = 1.0 - options_.lr * groups_[gi].weight_decay;
-                for (int64_t k = 0, end = p.numel(); k < end; ++k) {
-                    pm[k] = static_cast<T>(options_.beta1 * pm[k] + (1 - options_.beta1) * pg[k]);
-                    pv[k] = static_cast<T>(options_.beta2 * pv[k] + (1 - options_.beta2) * double(pg[k]) * pg[k]);
-                    double update = (pm[k] / bc1) / (std::sqrt(pv[k] / bc2) + options_.eps);
-                    pp[k] = static_cast<T>(pp[k] * decay - lr * update);
+                using A = acc_t<T>;
+                if (p.device().is_cuda()) {
+                    NT_CUDA(detail::adamw_step_cuda<T>(raw<T>(p), raw<A>(st.master), raw<T>(g), raw<A>(st.m),
+                                                       raw<A>(st.v), p.numel(), s, p.device().index));
+                    return;
                 }
+                T* pp = raw<T>(p);
+                A* master = raw<A>(st.master);
+                const T* pg = raw<T>(g);
+                A *pm = raw<A>(st.m), *pv = raw<A>(st.v);
+                for (int64_t k = 0, end = p.numel(); k < end; ++k)
+                    detail::adamw_update<T>(pp + k, master ? master + k : nullptr, pg[k], pm + k, pv + k, s);
             });
             p.storage()->bump_version();
         }
@@ -70,8 +92,12 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
         if (!g.defined()) continue;
         dispatch_floating(g.dtype(), "clip_grad_norm_", [&](auto tag) {
             using T = decltype(tag);
-            const T* pg = g.data_ptr<T>();
-            for (int64_t k = 0, end = g.numel(); k < end; ++k) total += double(pg[k]) * pg[k];
+            if (g.device().is_cuda()) {
+                NT_CUDA(total += detail::sum_squares_cuda<T>(raw<T>(g), g.numel(), g.device().index));
+                return;
+            }
+            const T* pg = raw<T>(g);
+            for (int64_t k = 0, end = g.numel(); k < end; ++k) total += double(pg[k]) * double(pg[k]);
         });
     }
     double norm = std::sqrt(total);

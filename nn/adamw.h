@@ -26,9 +26,11 @@ struct ParamGroup {
 //   p -= lr * weight_decay * p                         (decoupled weight decay)
 //   m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2
 //   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
-// Moments m, v are kept in f64 for f64 parameters and f32 otherwise, one pair per parameter.
-// Parameters whose grad() is undefined are skipped. Updates are in place (the storage version
-// is bumped, so a graph that saved an old parameter refuses to run backward).
+// Moments m, v are kept in f64 for f64 parameters and f32 otherwise, on the parameter's device;
+// a bf16 parameter also gets an f32 master copy, which is what is updated (the parameter is its
+// rounding). Parameters whose grad() is undefined are skipped. Updates are in place (the
+// storage version is bumped, so a graph that saved an old parameter refuses to run backward).
+// The formula lives once, in nn/adamw_update.h, for the cpu loop and the CUDA kernel.
 class AdamW {
 public:
     AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
@@ -42,8 +44,12 @@ public:
     int64_t step_count() const { return t_; }
 
 private:
+    struct ParamState {
+        Tensor m, v;    // first and second moments
+        Tensor master;  // f32 copy of a bf16 parameter, else undefined
+    };
     std::vector<ParamGroup> groups_;
-    std::vector<std::vector<Tensor>> m_, v_;  // per group, per parameter
+    std::vector<std::vector<ParamState>> state_;  // per group, per parameter
     AdamWOptions options_;
     int64_t t_ = 0;
 };

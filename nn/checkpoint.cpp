@@ -43,8 +43,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     uint64_t offset = 0;
     for (const auto& [name, t] : tensors) {
         NT_CHECK(names.insert(name).second, "save_safetensors: ", path, ": duplicate tensor name ", name);
-        NT_CHECK(t.device() == Device::CPU, "save_safetensors: ", path, ": tensor ", name, " must be on cpu");
-        Tensor c = t.detach().contiguous();
+        Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.detach().contiguous();
         uint64_t n = static_cast<uint64_t>(c.nbytes());
         header[name] = {{"dtype", st_dtype(c.dtype())}, {"shape", c.shape()}, {"data_offsets", {offset, offset + n}}};
         offset += n;
@@ -137,7 +136,7 @@ void load_checkpoint(const std::string& path, Module& module) {
                  shape_str(it->second.shape()), " ", dtype_name(it->second.dtype()));
     }
     NoGradGuard no_grad;
-    for (auto& [name, p] : params) Tensor(p).copy_(by_name[name]);
+    for (auto& [name, p] : params) Tensor(p).copy_(by_name[name].to(p.device()));
 }
 
 }  // namespace normtape

@@ -14,7 +14,8 @@
 
 namespace normtape {
 
-// Writes `tensors` (cpu, any dtype; copied contiguous) and string `metadata` to `path`.
+// Writes `tensors` (any device and dtype; copied to the host, contiguous) and string `metadata`
+// to `path`.
 // Throws Error naming the file when it cannot be written or two tensors share a name.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
@@ -28,8 +29,8 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
 // Saves every parameter of `module` under its named_parameters() name.
 void save_checkpoint(const std::string& path, const Module& module, const std::map<std::string, std::string>& metadata = {});
 
-// Copies each parameter of `module` from the file's tensor of the same name, in place (the
-// storage version is bumped). Throws Error naming the file and the parameter when one is
+// Copies each parameter of `module` from the file's tensor of the same name, in place, onto the
+// parameter's device (the storage version is bumped). Throws Error naming the file and the parameter when one is
 // missing or has another shape or dtype; nothing is modified then.
 void load_checkpoint(const std::string& path, Module& module);
 

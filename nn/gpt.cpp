@@ -25,14 +25,16 @@ NormOptions norm_options(const GPTConfig& c) {
     o.eps = c.norm_eps;
     o.policy = c.policy;
     o.dtype = c.dtype;
+    o.device = c.device;
     return o;
 }
+TensorOptions param_options(const GPTConfig& c) { return TensorOptions().dtype(c.dtype).device(c.device); }
 double residual_std(const GPTConfig& c) { return 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer)); }
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) {
-    c_attn = register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, c.dtype));
-    c_proj = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, c.dtype, residual_std(c)));
+    c_attn = register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, param_options(c)));
+    c_proj = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
@@ -40,8 +42,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
 }
 
 MLP::MLP(const GPTConfig& c) {
-    c_fc = register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, true, c.dtype));
-    c_proj = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, c.dtype, residual_std(c)));
+    c_fc = register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, true, param_options(c)));
+    c_proj = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
 }
 
 Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(gelu(c_fc->forward(x))); }
@@ -62,11 +64,11 @@ Tensor Block::forward(Tensor x) const {
 
 GPT::GPT(const GPTConfig& c) : config_(c) {
     check_config(c);
-    wte = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, c.dtype));
-    wpe = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, c.dtype));
+    wte = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, param_options(c)));
+    wpe = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, param_options(c)));
     for (int64_t i = 0; i < c.n_layer; ++i) h.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(c)));
     ln_f = register_module("ln_f", make_norm(c.norm, c.n_embd, norm_options(c)));
-    lm_head = register_module("lm_head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, c.dtype));
+    lm_head = register_module("lm_head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, param_options(c)));
 }
 
 Tensor GPT::forward(const Tensor& idx) const {
@@ -75,7 +77,7 @@ Tensor GPT::forward(const Tensor& idx) const {
     int64_t T = idx.size(1);
     NT_CHECK(T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
              config_.block_size, "], got ", T);
-    Tensor x = add(wte->forward(idx), wpe->forward(arange(T)));
+    Tensor x = add(wte->forward(idx), wpe->forward(arange(T, TensorOptions().dtype(DType::I64).device(idx.device()))));
     // Moving the residual into each block leaves the block the only handle, so the block's input
     // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
     for (const auto& block : h) x = block->forward(std::move(x));
@@ -94,10 +96,18 @@ void GPT::set_policy(SavePolicy policy) {
     ln_f->options.policy = policy;
 }
 
+int64_t num_parameters(const GPTConfig& c) {
+    const int64_t C = c.n_embd, V = c.vocab_size;
+    const int64_t norm = c.norm == NormKind::Layer ? 2 * C : C;  // weight (+ bias)
+    const int64_t block = 2 * norm + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C);
+    return V * C + c.block_size * C + c.n_layer * block + norm + V * C;
+}
+
 int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
     int64_t norms = 2 * c.n_layer + 1;
-    int64_t elements = B * T * c.n_embd + (c.norm == NormKind::Layer ? B * T : 0);
-    return norms * elements * static_cast<int64_t>(element_size(c.dtype));
+    int64_t x_bytes = B * T * c.n_embd * static_cast<int64_t>(element_size(c.dtype));
+    int64_t mean_bytes = c.norm == NormKind::Layer ? B * T * static_cast<int64_t>(element_size(stat_dtype(c.dtype))) : 0;
+    return norms * (x_bytes + mean_bytes);
 }
 
 }  // namespace normtape

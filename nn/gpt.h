@@ -28,7 +28,8 @@ struct GPTConfig {
     int64_t n_embd = 128;
     NormKind norm = NormKind::Layer;
     SavePolicy policy = SavePolicy::Input;
-    DType dtype = DType::F32;
+    DType dtype = DType::F32;          // of parameters and activations (bf16: AdamW keeps f32 masters)
+    Device device = Device::CPU;
     double norm_eps = 1e-5;
 };
 
@@ -94,10 +95,13 @@ private:
     GPTConfig config_;
 };
 
+// The number of parameter elements GPT(config) has, without building it.
+int64_t num_parameters(const GPTConfig& config);
+
 // Bytes that SavePolicy::Output saves over SavePolicy::Input in saved_bytes() right after a
 // forward of a [B, T] batch: the (2L + 1) norm inputs of B*T*C elements, plus, for LayerNorm,
 // their (2L + 1) means of B*T elements (docs/DESIGN.md). Elements are of config.dtype; statistics
-// are of the same dtype (f32 for f32). Assumes no Output forward fell back to saving its input
+// of stat_dtype(config.dtype) (f32 for f32 and bf16, f64 for f64). Assumes no Output forward fell back to saving its input
 // (every |norm weight| >= kOutputPolicyMinWeight; see output_policy_fallbacks()).
 int64_t predicted_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
 

@@ -41,27 +41,42 @@ void Module::zero_grad() {
     for (Tensor& t : parameters()) t.zero_grad();
 }
 
+void Module::to(Device device, DType dtype) {
+    NT_CHECK(is_floating(dtype), "Module::to: expected a floating dtype, got ", dtype_name(dtype));
+    for (Tensor& p : parameters()) {
+        Tensor moved = p.detach().to(dtype).to(device);
+        moved.storage()->mark_parameter();
+        TensorImpl& impl = p.impl();
+        impl.storage = moved.storage();
+        impl.strides = moved.strides();
+        impl.offset = 0;
+        impl.dtype = dtype;
+        impl.device = device;
+        impl.grad.reset();
+    }
+}
+
 namespace {
-Tensor normal_init(const Shape& shape, double std, DType dtype) {
-    Tensor t = randn(shape, TensorOptions().dtype(dtype));
+Tensor normal_init(const Shape& shape, double std, TensorOptions options) {
+    Tensor t = randn(shape, options.requires_grad(false));
     t.mul_(std);
     return t;
 }
 }  // namespace
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, DType dtype, double init_std) {
+Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, TensorOptions options, double init_std) {
     NT_CHECK(in_features > 0 && out_features > 0, "Linear: expected positive in_features and out_features, got ",
              in_features, " and ", out_features);
-    weight = register_parameter("weight", normal_init({out_features, in_features}, init_std, dtype));
-    if (has_bias) bias = register_parameter("bias", zeros({out_features}, TensorOptions().dtype(dtype)));
+    weight = register_parameter("weight", normal_init({out_features, in_features}, init_std, options));
+    if (has_bias) bias = register_parameter("bias", zeros({out_features}, options.requires_grad(false)));
 }
 
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, DType dtype) {
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options) {
     NT_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: expected positive sizes, got ", num_embeddings,
              " and ", embedding_dim);
-    weight = register_parameter("weight", normal_init({num_embeddings, embedding_dim}, 0.02, dtype));
+    weight = register_parameter("weight", normal_init({num_embeddings, embedding_dim}, 0.02, options));
 }
 
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(ids, weight); }

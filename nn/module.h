@@ -29,6 +29,10 @@ public:
     int64_t num_parameters() const;
     // Drops every parameter's gradient (grad() becomes undefined, as PyTorch's set_to_none).
     void zero_grad();
+    // Moves every parameter to `device` and converts it to `dtype`, in place: the parameter
+    // tensors (and every handle to them) keep their identity, their data is replaced. Drops
+    // gradients. As torch.nn.Module.to(device, dtype).
+    void to(Device device, DType dtype);
 
 protected:
     // Adds `t` as a parameter called `name` (it must be a leaf; requires_grad is set). Returns it.
@@ -48,11 +52,11 @@ private:
 };
 
 // Linear(in_features, out_features, bias): y = x @ weight^T + bias (ops/matmul.h linear).
-// weight: [out_features, in_features], bias: [out_features]; both drawn N(0, init_std^2) / zero
-// (GPT-2's initialization) in `dtype`.
+// weight: [out_features, in_features] drawn N(0, init_std^2), bias: [out_features] zeros (GPT-2's
+// initialization), of options' dtype and device (on CUDA drawn by cuRAND).
 class Linear : public Module {
 public:
-    Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::F32,
+    Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions options = {},
            double init_std = 0.02);
     // x: [..., in_features], dtype and device of weight -> [..., out_features]; see linear().
     Tensor forward(const Tensor& x) const;
@@ -60,10 +64,11 @@ public:
     Tensor weight, bias;
 };
 
-// Embedding(num_embeddings, embedding_dim): a [V, C] table drawn N(0, 0.02^2) (ops/embedding.h).
+// Embedding(num_embeddings, embedding_dim): a [V, C] table drawn N(0, 0.02^2) (ops/embedding.h),
+// of options' dtype and device.
 class Embedding : public Module {
 public:
-    Embedding(int64_t num_embeddings, int64_t embedding_dim, DType dtype = DType::F32);
+    Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options = {});
     // ids: [...] i64 in [0, num_embeddings) -> [..., embedding_dim]; see embedding().
     Tensor forward(const Tensor& ids) const;
 

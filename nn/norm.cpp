@@ -14,7 +14,7 @@ void check_size(const char* module, int64_t n) {
 
 LayerNorm::LayerNorm(int64_t normalized_shape, NormOptions opts) : NormModule(opts) {
     check_size("LayerNorm", normalized_shape);
-    TensorOptions t = TensorOptions().dtype(opts.dtype);
+    TensorOptions t = TensorOptions().dtype(opts.dtype).device(opts.device);
     if (opts.elementwise_affine) {
         weight = register_parameter("weight", ones({normalized_shape}, t));
         if (opts.bias) bias = register_parameter("bias", zeros({normalized_shape}, t));
@@ -25,7 +25,7 @@ Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, 
 
 RMSNorm::RMSNorm(int64_t normalized_shape, NormOptions opts) : NormModule(opts) {
     check_size("RMSNorm", normalized_shape);
-    if (opts.elementwise_affine) weight = register_parameter("weight", ones({normalized_shape}, TensorOptions().dtype(opts.dtype)));
+    if (opts.elementwise_affine) weight = register_parameter("weight", ones({normalized_shape}, TensorOptions().dtype(opts.dtype).device(opts.device)));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, options.eps, options.policy); }

@@ -16,13 +16,14 @@ struct NormOptions {
     bool bias = true;
     SavePolicy policy = SavePolicy::Input;
     DType dtype = DType::F32;
+    Device device = Device::CPU;
 };
 
 // The interface Block uses so that it can hold either norm.
 class NormModule : public Module {
 public:
     explicit NormModule(NormOptions o) : options(o) {}
-    // x: [..., normalized_shape], options.dtype, cpu -> same shape. What is saved, how gradients
+    // x: [..., normalized_shape], options.dtype, options.device -> same shape. What is saved, how gradients
     // are written and what is thrown: ops/layer_norm.h, ops/rms_norm.h.
     virtual Tensor forward(const Tensor& x) const = 0;
 

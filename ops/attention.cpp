@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
+#include "ops/cuda_launchers.h"
 
 namespace normtape {
 
@@ -95,6 +97,11 @@ void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* att, 
     for (size_t i = 0; i < grad.size(); ++i) dqkv[i] = static_cast<T>(grad[i]);
 }
 
+template <class T>
+T* raw(const Tensor& t) {
+    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
+}
+
 struct AttentionBackward : Node {
     SavedTensor qkv, att;
     int64_t n_head;
@@ -103,11 +110,16 @@ struct AttentionBackward : Node {
     std::vector<SavedTensor*> saved_tensors() override { return {&qkv, &att}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor q = qkv.unpack(name()), a = att.unpack(name()), g = grad_output.contiguous();
-        Tensor dqkv = empty(q.shape(), TensorOptions().dtype(q.dtype()));
+        Tensor dqkv = empty(q.shape(), TensorOptions().dtype(q.dtype()).device(q.device()));
         dispatch_floating(q.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
-            attention_backward_cpu<T>(dqkv.data_ptr<T>(), g.data_ptr<T>(), q.data_ptr<T>(), a.data_ptr<T>(), q.size(0),
-                                      q.size(1), q.size(2) / 3, n_head);
+            if (q.device().is_cuda()) {
+                NT_CUDA(detail::attention_backward_cuda<T>(raw<T>(dqkv), raw<T>(g), raw<T>(q), raw<T>(a), q.size(0),
+                                                           q.size(1), q.size(2) / 3, n_head, q.device().index));
+            } else {
+                attention_backward_cpu<T>(raw<T>(dqkv), raw<T>(g), raw<T>(q), raw<T>(a), q.size(0), q.size(1),
+                                          q.size(2) / 3, n_head);
+            }
         });
         return {dqkv};
     }
@@ -125,12 +137,17 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
              "divisible by n_head = ", n_head, ", got shape ", shape_str(qkv_in.shape()));
     Tensor qkv = qkv_in.contiguous();
     int64_t B = qkv.size(0), Tn = qkv.size(1);
-    TensorOptions opts = TensorOptions().dtype(qkv.dtype());
+    TensorOptions opts = TensorOptions().dtype(qkv.dtype()).device(qkv.device());
     Tensor out = empty({B, Tn, C}, opts);
     Tensor att = empty({B, n_head, Tn, Tn}, opts);
     dispatch_floating(qkv.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
-        attention_forward_cpu<T>(out.data_ptr<T>(), att.data_ptr<T>(), qkv.data_ptr<T>(), B, Tn, C, n_head);
+        if (qkv.device().is_cuda()) {
+            NT_CUDA(detail::attention_forward_cuda<T>(raw<T>(out), raw<T>(att), raw<T>(qkv), B, Tn, C, n_head,
+                                                      qkv.device().index));
+        } else {
+            attention_forward_cpu<T>(raw<T>(out), raw<T>(att), raw<T>(qkv), B, Tn, C, n_head);
+        }
     });
     if (should_record(qkv)) record(std::make_shared<AttentionBackward>(qkv, att, n_head), out, qkv);
     return out;

@@ -1,18 +1,16 @@
-// ops/checks.h: the argument checks every op starts with. Each throws Error naming the op,
-// the argument, what was expected and what was found.
+// ops/checks.h: the argument checks every op starts with, and device_ptr for the CUDA branches.
+// Each check throws Error naming the op, the argument, what was expected and what was found.
 #pragma once
 
 #include "core/tensor.h"
 
 namespace normtape::detail {
 
-// t is defined, non-empty, of a floating dtype, on the cpu.
+// t is defined, non-empty, of a floating dtype, on any device.
 inline void check_floating_input(const char* op, const char* name, const Tensor& t) {
     NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
-    NT_CHECK(is_floating(t.dtype()), op, ": expected ", name, " of a floating dtype (f32 or f64), got ",
+    NT_CHECK(is_floating(t.dtype()), op, ": expected ", name, " of a floating dtype (f32, f64 or bf16), got ",
              dtype_name(t.dtype()));
-    NT_CHECK(t.device() == Device::CPU, op, ": expected ", name, " on cpu (this build has no CUDA backend), got ",
-             device_name(t.device()));
     NT_CHECK(t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
 }
 
@@ -25,21 +23,30 @@ inline void check_like(const char* op, const char* name, const Tensor& t, const 
              ref_name, "), got ", device_name(t.device()));
 }
 
-// t holds token ids or class indices: i64 on the cpu, non-empty.
+// t holds token ids or class indices: i64, non-empty, on any device.
 inline void check_index_input(const char* op, const char* name, const Tensor& t) {
     NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
     NT_CHECK(t.dtype() == DType::I64, op, ": expected ", name, " of dtype i64, got ", dtype_name(t.dtype()));
-    NT_CHECK(t.device() == Device::CPU, op, ": expected ", name, " on cpu, got ", device_name(t.device()));
     NT_CHECK(t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
 }
 
 // Every element of the i64 tensor t (contiguous) lies in [0, n); the message gives the first
-// value outside, its flat position and n.
+// value outside, its flat position and n. A CUDA tensor is copied to the host first (this waits
+// for the device).
 inline void check_indices(const char* op, const char* name, const Tensor& t, int64_t n) {
-    const int64_t* p = t.data_ptr<int64_t>();
-    for (int64_t i = 0, end = t.numel(); i < end; ++i)
+    Tensor host = t.device().is_cuda() ? t.to(Device::CPU) : t;
+    const int64_t* p = host.data_ptr<int64_t>();
+    for (int64_t i = 0, end = host.numel(); i < end; ++i)
         NT_CHECK(p[i] >= 0 && p[i] < n, op, ": expected ", name, " in [0, ", n, "), got ", p[i], " at flat position ", i,
                  " of ", name, " ", shape_str(t.shape()));
+}
+
+// Pointer to t's first element on whatever device t lives (Tensor::data_ptr refuses non-cpu
+// tensors): for passing device memory to a CUDA launcher. No dtype or device check: the caller
+// has dispatched on t.dtype(); dereference it only on t's device.
+template <class T>
+T* device_ptr(const Tensor& t) {
+    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
 }
 
 }  // namespace normtape::detail

@@ -7,12 +7,14 @@ namespace normtape {
 
 // cross_entropy(logits, targets) = mean over rows i of (logsumexp(logits[i, :]) - logits[i, targets[i]]),
 // as torch.nn.functional.cross_entropy(logits.view(-1, V), targets.view(-1)) (reduction "mean").
-// logits: [..., V] f32 or f64 on the cpu, M = numel / V rows; targets: i64 with numel M and the
-// shape of logits without its last dimension, each in [0, V). Returns a 0-dim tensor (nats).
+// logits: [..., V] f32, f64 or bf16 on the cpu or a CUDA device, M = numel / V rows; targets: i64
+// on logits' device, with the shape of logits without its last dimension, each in [0, V) (a CUDA
+// targets is copied to the host to be checked). Returns a 0-dim tensor (nats).
 // Saves logits and lse [M] (log-sum-exp per row, f32; f64 for f64 logits); backward recomputes softmax from them:
 // dlogits = (softmax(logits) - onehot(targets)) * g / M, returned fresh (=).
-// Throws Error naming cross_entropy on: a non-floating or empty logits, targets not i64 or of
-// the wrong shape, a target out of [0, V) (the message gives the value and its position).
+// Throws Error naming cross_entropy on: a non-floating or empty logits, targets not i64, of the
+// wrong shape or on another device, a target out of [0, V) (the message gives the value and its
+// position).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 
 }  // namespace normtape

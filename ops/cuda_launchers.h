@@ -61,6 +61,8 @@ void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* att,
 template <class T>
 void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
                int64_t b_cols, bool trans_b, int device);
+template <class T>  // out[r, j] += bias[j], out [rows, N]
+void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
 // ops/norm_policy.cu: the norms (see ops/norm_policy.h); mean is nullptr when not centered,
 // weight/bias nullptr when absent; dweight/dbias nullptr when not wanted.
@@ -71,9 +73,5 @@ template <class T>
 void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device);
-// True when every |weight[j]| >= kOutputPolicyMinWeight (synchronizes: the answer is needed on
-// the host to choose what to save).
-template <class T>
-bool weight_allows_output_policy_cuda(const T* weight, int64_t N, int device);
 
 }  // namespace normtape::detail

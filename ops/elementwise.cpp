@@ -1,4 +1,5 @@
-// ops/elementwise.cpp: add, mul, scale, gelu: checks, CPU kernels, nodes.
+// ops/elementwise.cpp: add, mul, scale, gelu: checks, dispatch, CPU kernels, nodes. The CUDA
+// kernels are in ops/elementwise.cu.
 #include "ops/elementwise.h"
 
 #include <algorithm>
@@ -6,8 +7,10 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
+#include "ops/cuda_launchers.h"
 
 namespace normtape {
 
@@ -30,10 +33,15 @@ struct AddBackward : Node {
             if (g.shape() == b_shape) {
                 db = g;
             } else {
-                db = zeros(b_shape, TensorOptions().dtype(g.dtype()));
+                db = empty(b_shape, TensorOptions().dtype(g.dtype()).device(g.device()));
                 dispatch_floating(g.dtype(), name(), [&](auto tag) {
                     using T = decltype(tag);
                     int64_t n = db.numel(), rows = g.numel() / n;
+                    if (g.device().is_cuda()) {
+                        NT_CUDA(detail::sum_rows_cuda<T>(detail::device_ptr<T>(db), detail::device_ptr<T>(g), rows, n,
+                                                         g.device().index));
+                        return;
+                    }
                     const T* pg = g.data_ptr<T>();
                     std::vector<double> acc(n, 0.0);
                     for (int64_t r = 0; r < rows; ++r)
@@ -81,9 +89,14 @@ struct GeluBackward : Node {
     std::vector<SavedTensor*> saved_tensors() override { return {&x}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor xs = x.unpack(name()), g = grad_output.contiguous();
-        Tensor dx = empty(xs.shape(), TensorOptions().dtype(xs.dtype()));
+        Tensor dx = empty(xs.shape(), TensorOptions().dtype(xs.dtype()).device(xs.device()));
         dispatch_floating(xs.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
+            if (xs.device().is_cuda()) {
+                NT_CUDA(detail::gelu_backward_cuda<T>(detail::device_ptr<T>(dx), detail::device_ptr<T>(g),
+                                                      detail::device_ptr<T>(xs), xs.numel(), xs.device().index));
+                return;
+            }
             const T *px = xs.data_ptr<T>(), *pg = g.data_ptr<T>();
             T* pd = dx.data_ptr<T>();
             using A = acc_t<T>;
@@ -107,9 +120,14 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
     NT_CHECK(is_suffix(b_in.shape(), a_in.shape()), "add: expected b of shape ", shape_str(a_in.shape()),
              " or a suffix of it, got ", shape_str(b_in.shape()));
     Tensor a = a_in.contiguous(), b = b_in.contiguous();
-    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()));
+    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()).device(a.device()));
     dispatch_floating(a.dtype(), "add", [&](auto tag) {
         using T = decltype(tag);
+        if (a.device().is_cuda()) {
+            NT_CUDA(detail::add_forward_cuda<T>(detail::device_ptr<T>(out), detail::device_ptr<T>(a),
+                                                detail::device_ptr<T>(b), a.numel(), b.numel(), a.device().index));
+            return;
+        }
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
         int64_t n = b.numel();
@@ -126,9 +144,14 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
     NT_CHECK(a_in.shape() == b_in.shape(), "mul: expected b of shape ", shape_str(a_in.shape()), " (as a), got ",
              shape_str(b_in.shape()));
     Tensor a = a_in.contiguous(), b = b_in.contiguous();
-    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()));
+    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()).device(a.device()));
     dispatch_floating(a.dtype(), "mul", [&](auto tag) {
         using T = decltype(tag);
+        if (a.device().is_cuda()) {
+            NT_CUDA(detail::mul_forward_cuda<T>(detail::device_ptr<T>(out), detail::device_ptr<T>(a),
+                                                detail::device_ptr<T>(b), a.numel(), a.device().index));
+            return;
+        }
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
         for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(pb[i]));
@@ -143,9 +166,14 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
 Tensor scale(const Tensor& a_in, double s) {
     detail::check_floating_input("scale", "a", a_in);
     Tensor a = a_in.contiguous();
-    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()));
+    Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()).device(a.device()));
     dispatch_floating(a.dtype(), "scale", [&](auto tag) {
         using T = decltype(tag);
+        if (a.device().is_cuda()) {
+            NT_CUDA(detail::scale_forward_cuda<T>(detail::device_ptr<T>(out), detail::device_ptr<T>(a), s, a.numel(),
+                                                  a.device().index));
+            return;
+        }
         const T* pa = a.data_ptr<T>();
         T* po = out.data_ptr<T>();
         for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(s));
@@ -157,9 +185,14 @@ Tensor scale(const Tensor& a_in, double s) {
 Tensor gelu(const Tensor& x_in) {
     detail::check_floating_input("gelu", "x", x_in);
     Tensor x = x_in.contiguous();
-    Tensor out = empty(x.shape(), TensorOptions().dtype(x.dtype()));
+    Tensor out = empty(x.shape(), TensorOptions().dtype(x.dtype()).device(x.device()));
     dispatch_floating(x.dtype(), "gelu", [&](auto tag) {
         using T = decltype(tag);
+        if (x.device().is_cuda()) {
+            NT_CUDA(detail::gelu_forward_cuda<T>(detail::device_ptr<T>(out), detail::device_ptr<T>(x), x.numel(),
+                                                 x.device().index));
+            return;
+        }
         const T* px = x.data_ptr<T>();
         T* po = out.data_ptr<T>();
         using A = acc_t<T>;

@@ -1,7 +1,8 @@
-// ops/elementwise.h: add, mul, scale, gelu. Inputs f32 or f64 on the cpu; outputs contiguous,
-// of the inputs' dtype. Each throws Error naming the op on an undefined, empty or non-floating
-// input, or on mismatched shapes, dtypes or devices. Gradients are written (=), add's passing the
-// output gradient through, and the engine adds them into leaves (+=).
+// ops/elementwise.h: add, mul, scale, gelu. Inputs f32, f64 or bf16 on the cpu or a CUDA device;
+// outputs contiguous, of the inputs' dtype and device. Each throws Error naming the op on an
+// undefined, empty or non-floating input, or on mismatched shapes, dtypes or devices. Gradients
+// are written (=), add's passing the output gradient through, and the engine adds them into
+// leaves (+=).
 #pragma once
 
 #include "core/tensor.h"

@@ -1,12 +1,15 @@
-// ops/embedding.cpp: gather forward, scatter-add backward.
+// ops/embedding.cpp: gather forward, scatter-add backward: checks, dispatch, CPU kernels, node.
+// The CUDA kernels are in ops/embedding.cu.
 #include "ops/embedding.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
+#include "ops/cuda_launchers.h"
 
 namespace normtape {
 
@@ -21,9 +24,15 @@ struct EmbeddingBackward : Node {
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor idx = ids.unpack(name()), g = grad_output.contiguous();
         int64_t C = g.size(-1);
-        Tensor dweight = empty({V, C}, TensorOptions().dtype(g.dtype()));
+        Tensor dweight = empty({V, C}, TensorOptions().dtype(g.dtype()).device(g.device()));
         dispatch_floating(g.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
+            if (g.device().is_cuda()) {
+                NT_CUDA(detail::embedding_backward_cuda<T>(detail::device_ptr<T>(dweight),
+                                                           detail::device_ptr<int64_t>(idx), detail::device_ptr<T>(g),
+                                                           idx.numel(), V, C, g.device().index));
+                return;
+            }
             using A = acc_t<T>;
             const int64_t* pi = idx.data_ptr<int64_t>();
             const T* pg = g.data_ptr<T>();
@@ -43,15 +52,23 @@ Tensor embedding(const Tensor& ids_in, const Tensor& weight_in) {
     detail::check_index_input("embedding", "ids", ids_in);
     detail::check_floating_input("embedding", "weight", weight_in);
     NT_CHECK(weight_in.dim() == 2, "embedding: expected weight of shape [V, C], got ", shape_str(weight_in.shape()));
+    NT_CHECK(ids_in.device() == weight_in.device(), "embedding: expected ids on ", device_name(weight_in.device()),
+             " (as weight), got ", device_name(ids_in.device()));
     Tensor ids = ids_in.contiguous(), weight = weight_in.contiguous();
     int64_t V = weight.size(0), C = weight.size(1);
     detail::check_indices("embedding", "ids", ids, V);
-    const int64_t* pi = ids.data_ptr<int64_t>();
     Shape out_shape = ids.shape();
     out_shape.push_back(C);
-    Tensor out = empty(out_shape, TensorOptions().dtype(weight.dtype()));
+    Tensor out = empty(out_shape, TensorOptions().dtype(weight.dtype()).device(weight.device()));
     dispatch_floating(weight.dtype(), "embedding", [&](auto tag) {
         using T = decltype(tag);
+        if (weight.device().is_cuda()) {
+            NT_CUDA(detail::embedding_forward_cuda<T>(detail::device_ptr<T>(out), detail::device_ptr<int64_t>(ids),
+                                                      detail::device_ptr<T>(weight), ids.numel(), C,
+                                                      weight.device().index));
+            return;
+        }
+        const int64_t* pi = ids.data_ptr<int64_t>();
         const T* pw = weight.data_ptr<T>();
         T* po = out.data_ptr<T>();
         for (int64_t i = 0, end = ids.numel(); i < end; ++i) std::copy(pw + pi[i] * C, pw + (pi[i] + 1) * C, po + i * C);

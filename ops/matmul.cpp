@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
+#include "ops/cuda_launchers.h"
 
 namespace normtape {
 
@@ -25,9 +27,22 @@ ConstMatrixMap<T> as_matrix(const Tensor& t) {
     return ConstMatrixMap<T>(t.data_ptr<T>(), t.numel() / cols, cols);
 }
 
+template <class T>
+T* raw(const Tensor& t) {
+    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
+}
+
 // out = op(a) @ op(b), op(m) = m^T when its flag is set; every tensor is a contiguous row-major
 // matrix whose columns are its last dimension, all of one dtype and device. out is overwritten.
 void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
+    if (a.device().is_cuda()) {
+        dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+            using T = decltype(tag);
+            NT_CUDA(detail::gemm_cuda<T>(raw<T>(out), raw<T>(a), a.numel() / a.size(-1), a.size(-1), trans_a, raw<T>(b),
+                                         b.numel() / b.size(-1), b.size(-1), trans_b, a.device().index));
+        });
+        return;
+    }
     if (a.dtype() == DType::BF16) {  // f32 arithmetic on f32 copies, rounded once into out
         Tensor tmp = empty(out.shape(), TensorOptions().dtype(DType::F32).device(out.device()));
         gemm(tmp, a.to(DType::F32), trans_a, b.to(DType::F32), trans_b);
@@ -54,6 +69,10 @@ void add_bias_rows(const Tensor& out, const Tensor& bias) {
     dispatch_floating(out.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
         int64_t N = bias.numel(), rows = out.numel() / N;
+        if (out.device().is_cuda()) {
+            NT_CUDA(detail::add_bias_rows_cuda<T>(raw<T>(out), raw<T>(bias), rows, N, out.device().index));
+            return;
+        }
         T* po = out.data_ptr<T>();
         const T* pb = bias.data_ptr<T>();
         for (int64_t r = 0; r < rows; ++r)
@@ -67,6 +86,10 @@ Tensor sum_rows(const Tensor& g) {
     Tensor out = empty({N}, TensorOptions().dtype(g.dtype()).device(g.device()));
     dispatch_floating(g.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
+        if (g.device().is_cuda()) {
+            NT_CUDA(detail::sum_rows_cuda<T>(raw<T>(out), raw<T>(g), rows, N, g.device().index));
+            return;
+        }
         std::vector<double> acc(N, 0.0);
         const T* pg = g.data_ptr<T>();
         for (int64_t r = 0; r < rows; ++r)

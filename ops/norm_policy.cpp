@@ -7,7 +7,9 @@
 
 #include "core/autograd.h"
 #include "core/dispatch.h"
+#include "core/cuda_dispatch.h"
 #include "ops/checks.h"
+#include "ops/cuda_launchers.h"
 
 namespace normtape {
 
@@ -80,9 +82,10 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
     for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(db[j]);
 }
 
+// The data of t, or nullptr for an undefined tensor; any device.
 template <class T>
 T* ptr_or_null(const Tensor& t) {
-    return t.defined() ? t.data_ptr<T>() : nullptr;
+    return t.defined() ? static_cast<T*>(t.storage()->data()) + t.impl().offset : nullptr;
 }
 
 // Saved: x (Input) or y (Output) [M, N]; mean [M] (LayerNorm under Input), rstd [M]; weight,
@@ -112,9 +115,17 @@ struct NormBackward : Node {
         int64_t N = s.size(-1), M = s.numel() / N;
         dispatch_floating(s.dtype(), node_name, [&](auto tag) {
             using T = decltype(tag);
-            norm_backward_cpu<T>(ptr_or_null<T>(dx), ptr_or_null<T>(dw), ptr_or_null<T>(db), dy.data_ptr<T>(),
-                                 s.data_ptr<T>(), ptr_or_null<acc_t<T>>(m), r.data_ptr<acc_t<T>>(), ptr_or_null<T>(w),
-                                 ptr_or_null<T>(b), centered, policy, M, N);
+            using S = acc_t<T>;
+            if (s.device().is_cuda()) {
+                NT_CUDA(detail::norm_backward_cuda<T>(ptr_or_null<T>(dx), ptr_or_null<T>(dw), ptr_or_null<T>(db),
+                                                      ptr_or_null<T>(dy), ptr_or_null<T>(s), ptr_or_null<S>(m),
+                                                      ptr_or_null<S>(r), ptr_or_null<T>(w), ptr_or_null<T>(b), centered,
+                                                      policy, M, N, s.device().index));
+            } else {
+                norm_backward_cpu<T>(ptr_or_null<T>(dx), ptr_or_null<T>(dw), ptr_or_null<T>(db), ptr_or_null<T>(dy),
+                                     ptr_or_null<T>(s), ptr_or_null<S>(m), ptr_or_null<S>(r), ptr_or_null<T>(w),
+                                     ptr_or_null<T>(b), centered, policy, M, N);
+            }
         });
         if (dx.defined()) dx = dx.view(grad_output.shape());
         return {dx, dw, db};
@@ -129,9 +140,10 @@ void check_param(const char* op, const char* what, const Tensor& p, const Tensor
              shape_str(x.shape()), "), got ", shape_str(p.shape()));
 }
 
-// Note [Weights near zero under SavePolicy::Output].
-bool weight_allows_output_policy(const Tensor& weight) {
-    if (!weight.defined()) return true;
+// Note [Weights near zero under SavePolicy::Output]. Reads a GPU weight on the host (N values).
+bool weight_allows_output_policy(const Tensor& weight_any) {
+    if (!weight_any.defined()) return true;
+    Tensor weight = weight_any.device().is_cuda() ? weight_any.to(Device::CPU) : weight_any;
     bool ok = true;
     dispatch_floating(weight.dtype(), "norm", [&](auto tag) {
         using T = decltype(tag);
@@ -169,8 +181,15 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
     Tensor rstd = empty({M}, stat_opts);
     dispatch_floating(x.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
-        norm_forward_cpu<T>(y.data_ptr<T>(), ptr_or_null<acc_t<T>>(mean), rstd.data_ptr<acc_t<T>>(), x.data_ptr<T>(),
-                            ptr_or_null<T>(weight), ptr_or_null<T>(bias), M, N, eps);
+        using S = acc_t<T>;
+        if (x.device().is_cuda()) {
+            NT_CUDA(detail::norm_forward_cuda<T>(ptr_or_null<T>(y), ptr_or_null<S>(mean), ptr_or_null<S>(rstd),
+                                                 ptr_or_null<T>(x), ptr_or_null<T>(weight), ptr_or_null<T>(bias), M, N,
+                                                 eps, x.device().index));
+        } else {
+            norm_forward_cpu<T>(ptr_or_null<T>(y), ptr_or_null<S>(mean), ptr_or_null<S>(rstd), ptr_or_null<T>(x),
+                                ptr_or_null<T>(weight), ptr_or_null<T>(bias), M, N, eps);
+        }
     });
 
     if (should_record(x, weight, bias)) {

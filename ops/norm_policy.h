@@ -47,7 +47,7 @@ int64_t output_policy_fallbacks();
 // Output passes (y_j) and the affine parameters (nullptr when absent). For RMSNorm mean is 0.
 // T is the data type, S the statistics type (f32, or f64 for f64 data); the result is in S.
 template <class T, class S>
-inline S x_hat_from_saved(SavePolicy policy, T saved, S mean, S rstd, const T* weight, const T* bias, int64_t j) {
+NT_HOST_DEVICE inline S x_hat_from_saved(SavePolicy policy, T saved, S mean, S rstd, const T* weight, const T* bias, int64_t j) {
     if (policy == SavePolicy::Input) return (S(saved) - mean) * rstd;
     S shifted = bias ? S(saved) - S(bias[j]) : S(saved);
     return weight ? shifted / S(weight[j]) : shifted;

@@ -1,9 +1,12 @@
-// ops/reduce.cpp: sum and mean: one kernel, one node, a factor apart.
+// ops/reduce.cpp: sum and mean: one kernel, one node, a factor apart. The CUDA kernel is in
+// ops/reduce.cu.
 #include "ops/reduce.h"
 
 #include "core/autograd.h"
+#include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
+#include "ops/cuda_launchers.h"
 
 namespace normtape {
 
@@ -22,7 +25,7 @@ struct SumBackward : Node {
             using T = decltype(tag);
             g = static_cast<double>(grad_output.item<T>());
         });
-        return {full(input_shape, g * factor, TensorOptions().dtype(grad_output.dtype()))};
+        return {full(input_shape, g * factor, TensorOptions().dtype(grad_output.dtype()).device(grad_output.device()))};
     }
 };
 
@@ -30,9 +33,14 @@ Tensor reduce(const char* op, const char* node_name, const Tensor& x_in, bool di
     detail::check_floating_input(op, "x", x_in);
     Tensor x = x_in.contiguous();
     double factor = divide ? 1.0 / static_cast<double>(x.numel()) : 1.0;
-    Tensor out = empty({}, TensorOptions().dtype(x.dtype()));
+    Tensor out = empty({}, TensorOptions().dtype(x.dtype()).device(x.device()));
     dispatch_floating(x.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
+        if (x.device().is_cuda()) {
+            NT_CUDA(detail::sum_cuda<T>(detail::device_ptr<T>(out), detail::device_ptr<T>(x), x.numel(), factor,
+                                        x.device().index));
+            return;
+        }
         const T* p = x.data_ptr<T>();
         double s = 0.0;
         for (int64_t i = 0, end = x.numel(); i < end; ++i) s += p[i];

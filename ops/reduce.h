@@ -1,6 +1,7 @@
-// ops/reduce.h: sum and mean over all elements. Input f32 or f64 on the cpu, non-empty; output a
-// 0-dim tensor of the input's dtype. Save nothing (backward needs only the input's shape); the
-// gradient is written (=) and added by the engine into leaves (+=).
+// ops/reduce.h: sum and mean over all elements. Input f32, f64 or bf16 on the cpu or a CUDA
+// device, non-empty; output a 0-dim tensor of the input's dtype and device. Save nothing
+// (backward needs only the input's shape); the gradient is written (=) and added by the engine
+// into leaves (+=).
 // Throw Error naming the op on an undefined, empty or non-floating input.
 #pragma once
 
@@ -8,7 +9,8 @@
 
 namespace normtape {
 
-// sum(x) = sum of all elements (accumulated in double). dx = g everywhere.
+// sum(x) = sum of all elements (accumulated in double on the cpu; on CUDA in f32, f64 for f64,
+// in a fixed order). dx = g everywhere.
 Tensor sum(const Tensor& x);
 
 // mean(x) = sum(x) / numel(x). dx = g / numel everywhere.

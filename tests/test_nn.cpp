@@ -49,6 +49,8 @@ TEST_CASE("nn: GPT parameters have GPT-2 names and the expected count") {
     GPTConfig rms = small_config();
     rms.norm = NormKind::RMS;
     CHECK(GPT(rms).num_parameters() == model.num_parameters() - (2 * L + 1) * C);  // no norm biases
+    CHECK(num_parameters(small_config()) == model.num_parameters());
+    CHECK(num_parameters(rms) == GPT(rms).num_parameters());
 }
 
 TEST_CASE("nn: norm module options") {

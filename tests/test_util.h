@@ -20,13 +20,34 @@ struct Tolerance {
     double rtol, atol;
 };
 inline Tolerance tolerance(DType dtype) {
-    return dtype == DType::F64 ? Tolerance{1e-10, 1e-12} : Tolerance{1e-5, 1e-6};
+    if (dtype == DType::F64) return {1e-10, 1e-12};
+    if (dtype == DType::BF16) return {1e-2, 1e-2};
+    return {1e-5, 1e-6};
+}
+
+// Normwise relative error ||a - b|| / ||b|| allowed between two implementations of one op (CUDA
+// against the cpu reference, normtape against PyTorch) in each dtype: f32 and f64 differ only by
+// summation order; bf16 rounds every stored value to 8 bits of mantissa (unit roundoff 3.9e-3).
+inline double normwise_tolerance(DType dtype) {
+    if (dtype == DType::F64) return 1e-12;
+    if (dtype == DType::BF16) return 1e-2;
+    return 1e-5;
 }
 constexpr double kGradcheckStep = 1e-6;    // h in (f(x + h) - f(x - h)) / 2h
 constexpr double kGradcheckRtol = 1e-6;    // |analytic - numeric| <= atol + rtol * |numeric|
 constexpr double kGradcheckAtol = 1e-8;
 
 inline std::vector<double> as_f64(const Tensor& t) { return t.to(DType::F64).to_vector<double>(); }
+
+// Skips the rest of a test case, with a message, where no CUDA GPU is visible.
+#define REQUIRE_CUDA_OR_SKIP()                                                                 \
+    do {                                                                                       \
+        if (!::normtape::cuda_is_available()) {                                                \
+            MESSAGE("skipped: no CUDA GPU is visible (CUDA backend built: "                    \
+                    << (::normtape::cuda_is_built() ? "yes" : "no") << ")");                   \
+            return;                                                                            \
+        }                                                                                      \
+    } while (0)
 
 // Largest |a - b| and whether every element passes |a - b| <= atol + rtol * |b|.
 struct Comparison {
@@ -58,6 +79,27 @@ inline Comparison compare(const Tensor& a, const Tensor& b, Tolerance tol) {
     c.message = ss.str();
     return c;
 }
+
+// ||a - b|| / ||b|| over all elements (a and b on any device, any floating dtype); infinity when
+// the shapes differ or a value is NaN.
+inline double normwise_error(const Tensor& a, const Tensor& b) {
+    if (a.shape() != b.shape()) return INFINITY;
+    std::vector<double> va = as_f64(a.to(Device::CPU)), vb = as_f64(b.to(Device::CPU));
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < va.size(); ++i) {
+        diff += (va[i] - vb[i]) * (va[i] - vb[i]);
+        ref += vb[i] * vb[i];
+    }
+    double e = std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
+    return std::isnan(e) ? INFINITY : e;
+}
+
+#define CHECK_NORMWISE(a, b, tol)                                      \
+    do {                                                               \
+        double err_ = ::normtape::testing::normwise_error((a), (b));   \
+        INFO("normwise error " << err_ << " (tolerance " << (tol) << ")"); \
+        CHECK(err_ <= (tol));                                          \
+    } while (0)
 
 #define CHECK_CLOSE(a, b, tol)                                         \
     do {                                                               \

@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 
 # safetensors dtype names <-> torch and numpy dtypes (little-endian).
-ST_TO_TORCH = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
-ST_TO_NUMPY = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "I64": np.dtype("<i8")}
+ST_TO_TORCH = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "BF16": torch.bfloat16}
+# numpy has no bf16: its bytes are read and written as uint16, the upper half of an f32.
+ST_TO_NUMPY = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "BF16": np.dtype("<u2")}
 TORCH_TO_ST = {v: k for k, v in ST_TO_TORCH.items()}
 
 
@@ -81,7 +82,7 @@ def load_safetensors(path):
         except (KeyError, TypeError, ValueError):
             raise ScriptError(f"{path}: tensor {name} needs dtype, shape and data_offsets [begin, end]")
         if dtype not in ST_TO_NUMPY:
-            raise ScriptError(f"{path}: tensor {name} has unsupported dtype {dtype} (expected F32, F64 or I64)")
+            raise ScriptError(f"{path}: tensor {name} has unsupported dtype {dtype} (expected F32, F64, BF16 or I64)")
         np_dtype = ST_TO_NUMPY[dtype]
         numel = math.prod(shape)
         if not (0 <= begin <= end <= len(data)) or end - begin != numel * np_dtype.itemsize:
@@ -89,7 +90,10 @@ def load_safetensors(path):
                                  f"shape {shape} {dtype} within {len(data)} data bytes")
         array = np.frombuffer(data, dtype=np_dtype, count=numel, offset=begin).reshape(shape)
         # astype(native) copies: the tensor then owns writable, aligned, native-endian memory.
-        tensors[name] = torch.from_numpy(array.astype(np_dtype.newbyteorder("="))).to(ST_TO_TORCH[dtype])
+        native = array.astype(np_dtype.newbyteorder("="))
+        if dtype == "BF16":  # exact: a bf16 value is the f32 with these 16 upper bits
+            native = (native.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = torch.from_numpy(native).to(ST_TO_TORCH[dtype])
     return tensors
 
 
@@ -101,7 +105,10 @@ def save_safetensors(path, tensors):
         if t.dtype not in TORCH_TO_ST:
             raise ScriptError(f"cannot write tensor {name} of dtype {t.dtype}")
         st = TORCH_TO_ST[t.dtype]
-        raw = t.numpy().astype(ST_TO_NUMPY[st]).tobytes()
+        if st == "BF16":
+            raw = (t.float().numpy().view(np.uint32) >> 16).astype("<u2").tobytes()
+        else:
+            raw = t.numpy().astype(ST_TO_NUMPY[st]).tobytes()
         header[name] = {"dtype": st, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
         chunks.append(raw)
         offset += len(raw)
@@ -205,8 +212,8 @@ def check_inputs(p, idx, targets, kind, n_head):
     if unexpected:
         raise ScriptError(f"checkpoint: unexpected parameters for --norm {kind}: {', '.join(unexpected)}")
     dtype = p["wte.weight"].dtype
-    if dtype not in (torch.float32, torch.float64):
-        raise ScriptError(f"checkpoint: expected F32 or F64 parameters, got {TORCH_TO_ST.get(dtype, dtype)}")
+    if dtype not in (torch.float32, torch.float64, torch.bfloat16):
+        raise ScriptError(f"checkpoint: expected F32, F64 or BF16 parameters, got {TORCH_TO_ST.get(dtype, dtype)}")
     for name, shape in shapes.items():
         if list(p[name].shape) != shape or p[name].dtype != dtype:
             raise ScriptError(f"checkpoint: {name} expected {shape} {TORCH_TO_ST[dtype]}, "
@@ -236,6 +243,7 @@ def main():
     parser.add_argument("--norm", required=True, choices=["layer", "rms"])
     parser.add_argument("--n-head", required=True, type=int)
     parser.add_argument("--eps", type=float, default=1e-5)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the model runs there; files stay on the host)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # deterministic reductions; the model is tiny
@@ -243,6 +251,10 @@ def main():
     batch = load_safetensors(args.batch)
     idx, targets = batch.get("idx"), batch.get("targets")
     n_layer = check_inputs(params, idx, targets, args.norm, args.n_head)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        raise ScriptError(f"--device {args.device}: torch sees no CUDA device")
+    params = {name: t.to(args.device) for name, t in params.items()}
+    idx, targets = idx.to(args.device), targets.to(args.device)
 
     for t in params.values():
         t.requires_grad_(True)

@@ -1,0 +1,63 @@
+// ops/matmul.cu: matrix products through cuBLAS (cublasGemmEx), and the bias row add of linear.
+#include <type_traits>
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "ops/cuda_launchers.h"
+
+namespace normtape::detail {
+
+namespace {
+
+template <class T>
+cudaDataType_t cuda_type() {
+    if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+    else if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+    else return CUDA_R_16BF;
+}
+
+// out[r, j] += bias[j]; out [rows, N].
+template <class T>
+__global__ void add_bias_rows_kernel(T* __restrict__ out, const T* __restrict__ bias, int64_t rows, int64_t N) {
+    int64_t n = rows * N;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        out[i] = static_cast<T>(acc_t<T>(out[i]) + acc_t<T>(bias[i % N]));
+}
+
+}  // namespace
+
+// Row-major out = op(a) @ op(b) is column-major out^T = op(b)^T @ op(a)^T: a row-major matrix is
+// its transpose in column-major order, so the operands swap and keep their own transposition.
+template <class T>
+void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
+               int64_t b_cols, bool trans_b, int device) {
+    int64_t M = trans_a ? a_cols : a_rows, K = trans_a ? a_rows : a_cols;
+    int64_t N = trans_b ? b_rows : b_cols;
+    NT_CHECK((trans_b ? b_cols : b_rows) == K, "matmul: inner dimensions differ (", K, " and ",
+             trans_b ? b_cols : b_rows, ")");
+    NT_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX, "matmul: a dimension exceeds cuBLAS's int range");
+    if (M == 0 || N == 0) return;
+    using A = acc_t<T>;
+    A alpha = 1, beta = 0;
+    cublasComputeType_t compute = std::is_same_v<T, double> ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasGemmEx(cuda::cublas(device), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b, cuda_type<T>(),
+                              static_cast<int>(b_cols), a, cuda_type<T>(), static_cast<int>(a_cols), &beta, out,
+                              cuda_type<T>(), static_cast<int>(N), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+template <class T>
+void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device) {
+    add_bias_rows_kernel<T><<<cuda::blocks_for(rows * N), cuda::kThreads, 0, cuda::stream(device)>>>(out, bias, rows, N);
+    CUDA_LAUNCH_CHECK();
+}
+
+#define NT_INSTANTIATE(T)                                                                                           \
+    template void gemm_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool, int);       \
+    template void add_bias_rows_cuda<T>(T*, const T*, int64_t, int64_t, int);
+NT_INSTANTIATE(float)
+NT_INSTANTIATE(double)
+NT_INSTANTIATE(bf16)
+#undef NT_INSTANTIATE
+
+}  // namespace normtape::detail

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh: everything that needs a GPU, in one call on the lent H200 (see
+# scripts/gpu_prepare.sh for .gpu_deps): configure for sm_90, build, run every test with the GPU
+# visible (the PyTorch cross-check uses that machine's python3 with CUDA torch), then the memory
+# comparison of the gpt2-medium-ish preset in bf16 and a bf16 run on tinyshakespeare. Logs and
+# JSON go to $OUT (or ./gpu_out); a short summary is printed last.
+#   scripts/gpu_check.sh [quick]   quick: build and tests only
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/gpu_out}"
+mkdir -p "$OUT"
+cd "$ROOT"
+DEPS="$ROOT/.gpu_deps"
+if [ -d "$DEPS/data" ] && [ ! -f ../shared/data/tinyshakespeare.txt ]; then
+    mkdir -p ../shared/data && cp "$DEPS"/data/* ../shared/data/ 2>/dev/null
+fi
+summary=()
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$DEPS" \
+    > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
+if cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1; then summary+=("build: ok"); else
+    grep -E "error" "$OUT/build.log" | head -20; exit 1; fi
+
+export NORMTAPE_PYTHON=python3
+(cd build-gpu && ctest -j 8 --output-on-failure > "$OUT/ctest.log" 2>&1)
+summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)")
+grep -E "Failed|\*\*\*Exception|Not Run" "$OUT/ctest.log" | head -20
+./build-gpu/normtape_tests -ts=cuda,torch_crosscheck -s 2>&1 | grep -E "errors against PyTorch|  (layer|rms)/|skipped" \
+    > "$OUT/crosscheck.txt"
+
+if [ "${1:-}" != "quick" ]; then
+    ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 4 --log-every 1 \
+        --json "$OUT/medium.json" --chart "$OUT/medium.svg" > "$OUT/medium.log" 2>&1
+    summary+=("medium preset: exit $?")
+    if [ -f ../shared/data/tinyshakespeare.txt ]; then
+        ./build-gpu/train_gpt --device cuda --data ../shared/data/tinyshakespeare.txt --policy both --steps 300 \
+            --log-every 50 --json "$OUT/shakespeare.json" --chart "$OUT/shakespeare.svg" > "$OUT/shakespeare.log" 2>&1
+        summary+=("tinyshakespeare bf16: exit $?")
+    fi
+fi
+
+echo "==================== summary"
+printf '%s\n' "${summary[@]}"
+cat "$OUT/crosscheck.txt"
+for f in medium shakespeare; do
+    [ -f "$OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output)\] step" "$OUT/$f.log" | tail -16; }
+done

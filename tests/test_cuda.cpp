@@ -1,0 +1,236 @@
+// tests/test_cuda.cpp: the CUDA backend against the cpu reference: the caching allocator's
+// accounting, device copies, every op forward and backward in f32 and bf16 (the norms in both
+// policies, over every shape class, with weights near zero), and a whole GPT step. Every case
+// skips with a message where no GPU is visible.
+#include <functional>
+
+#include "test_util.h"
+
+using namespace normtape;
+using namespace normtape::testing;
+
+namespace {
+
+using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// An input of a compared op: values (made on the cpu in f32 or i64) and whether it needs a gradient.
+struct Input {
+    Tensor values;
+    bool differentiable = true;
+};
+
+Input normal(const Shape& shape, double scale = 1.0) {
+    Tensor t = randn(shape);
+    t.mul_(scale);
+    return {t, true};
+}
+
+Input indices(const Shape& shape, int64_t n) {
+    Tensor t = zeros(shape, TensorOptions().dtype(DType::I64));
+    int64_t* p = t.data_ptr<int64_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<int64_t>(rand_scalar() * static_cast<double>(n)) % n;
+    return {t, false};
+}
+
+// Runs f on the inputs on the cpu and on CUDA, in `dtype`, and compares the outputs and, for
+// L = sum(out * u) with a random u, every differentiable input's gradient (normwise).
+void check_cuda_matches_cpu(DType dtype, const std::vector<Input>& inputs, const OpFn& f) {
+    CAPTURE(dtype_name(dtype));
+    std::vector<Tensor> cpu, gpu;
+    for (const Input& in : inputs) {
+        Tensor c = in.differentiable ? in.values.to(dtype) : in.values.clone();
+        Tensor g = c.to(Device::CUDA);
+        if (in.differentiable) {
+            c.requires_grad_(true);
+            g.requires_grad_(true);
+        }
+        cpu.push_back(c);
+        gpu.push_back(g);
+    }
+    Tensor out_cpu = f(cpu), out_gpu = f(gpu);
+    REQUIRE(out_gpu.device() == Device::CUDA);
+    CHECK_NORMWISE(out_gpu, out_cpu, normwise_tolerance(dtype));
+    Tensor u = randn(out_cpu.shape()).to(dtype);
+    sum(mul(out_cpu, u)).backward();
+    sum(mul(out_gpu, u.to(Device::CUDA))).backward();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        if (!inputs[i].differentiable) continue;
+        CAPTURE(i);
+        REQUIRE(gpu[i].grad().defined());
+        CHECK_NORMWISE(gpu[i].grad(), cpu[i].grad(), normwise_tolerance(dtype));
+    }
+}
+
+const DType kDtypes[] = {DType::F32, DType::BF16};
+
+}  // namespace
+
+TEST_SUITE("cuda") {
+
+TEST_CASE("cuda: the caching allocator counts, caches, reuses, splits and resets") {
+    REQUIRE_CUDA_OR_SKIP();
+    empty_cache(Device::CUDA);
+    MemoryStats s0 = memory_stats(Device::CUDA);
+    void* first = nullptr;
+    {
+        Tensor a = empty({250}, TensorOptions().device(Device::CUDA));  // 1000 bytes: small pool, one 2 MiB segment
+        first = a.storage()->data();
+        MemoryStats s1 = memory_stats(Device::CUDA);
+        CHECK(s1.allocated_bytes - s0.allocated_bytes == 1000);
+        CHECK(s1.reserved_bytes - s0.reserved_bytes == (2 << 20));
+        Tensor b = empty({250}, TensorOptions().device(Device::CUDA));  // split from the same segment
+        CHECK(memory_stats(Device::CUDA).reserved_bytes == s1.reserved_bytes);
+        CHECK(static_cast<char*>(b.storage()->data()) - static_cast<char*>(first) == 1024);  // rounded to 512
+        CHECK(memory_stats(Device::CUDA).peak_allocated_bytes - s0.allocated_bytes >= 2000);
+    }
+    MemoryStats s2 = memory_stats(Device::CUDA);
+    CHECK(s2.allocated_bytes == s0.allocated_bytes);
+    CHECK(s2.reserved_bytes - s0.reserved_bytes == (2 << 20));  // cached, not returned
+    {
+        Tensor c = empty({250}, TensorOptions().device(Device::CUDA));
+        CHECK(c.storage()->data() == first);  // the freed block, merged back, is reused
+        CHECK(memory_stats(Device::CUDA).reserved_bytes == s2.reserved_bytes);
+    }
+    reset_peak_memory_stats(Device::CUDA);
+    CHECK(memory_stats(Device::CUDA).peak_allocated_bytes == memory_stats(Device::CUDA).allocated_bytes);
+    {
+        Tensor big = empty({(int64_t(50) << 20) / 4}, TensorOptions().device(Device::CUDA));  // 50 MiB, own segment
+        CHECK(memory_stats(Device::CUDA).reserved_bytes - s2.reserved_bytes == (int64_t(50) << 20));
+    }
+    empty_cache(Device::CUDA);
+    CHECK(memory_stats(Device::CUDA).reserved_bytes == s0.reserved_bytes);
+}
+
+TEST_CASE("cuda: running out of memory throws with the request and the counters, and leaks nothing") {
+    REQUIRE_CUDA_OR_SKIP();
+    MemoryStats before = memory_stats(Device::CUDA);
+    CHECK_THROWS_WITH_AS(empty({int64_t(1) << 44}, TensorOptions().device(Device::CUDA)),
+                         doctest::Contains("out of memory on cuda:0: tried to allocate 70368744177664 bytes"), Error);
+    CHECK(memory_stats(Device::CUDA).allocated_bytes == before.allocated_bytes);
+    Tensor still_usable = ones({4}, TensorOptions().device(Device::CUDA));
+    CHECK(sum(still_usable).item<float>() == 4.0f);
+}
+
+TEST_CASE("cuda: copies between devices and dtypes round-trip") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(1);
+    Tensor x = randn({3, 5});
+    for (DType d : {DType::F32, DType::F64, DType::BF16}) {
+        Tensor c = x.to(d);
+        CHECK(c.to(Device::CUDA).to(Device::CPU).to_vector<double>().size() == 15);
+        CHECK_CLOSE(c.to(Device::CUDA).to(Device::CPU), c, tolerance(DType::F64));
+        CHECK_CLOSE(c.to(Device::CUDA).to(DType::F32).to(Device::CPU), c.to(DType::F32), tolerance(DType::F64));
+    }
+    Tensor t = x.to(Device::CUDA).transpose(0, 1).contiguous().to(Device::CPU);
+    CHECK_CLOSE(t, x.transpose(0, 1).contiguous(), tolerance(DType::F64));
+    manual_seed(7);
+    std::vector<float> r1 = randn({1001}, TensorOptions().device(Device::CUDA)).to_vector<float>();
+    manual_seed(7);
+    std::vector<float> r2 = randn({1001}, TensorOptions().device(Device::CUDA)).to_vector<float>();
+    CHECK(r1 == r2);  // cuRAND Philox, seeded by manual_seed: reproducible
+}
+
+TEST_CASE("cuda: elementwise ops, reductions and products match the cpu") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(2);
+    for (DType d : kDtypes) {
+        check_cuda_matches_cpu(d, {normal({4, 5, 33}), normal({33})}, [](auto& in) { return add(in[0], in[1]); });
+        check_cuda_matches_cpu(d, {normal({4, 5, 33}), normal({5, 33})}, [](auto& in) { return add(in[0], in[1]); });
+        check_cuda_matches_cpu(d, {normal({7, 65}), normal({7, 65})}, [](auto& in) { return mul(in[0], in[1]); });
+        check_cuda_matches_cpu(d, {normal({3, 100})}, [](auto& in) { return scale(in[0], -1.5); });
+        check_cuda_matches_cpu(d, {normal({1000}, 2.0)}, [](auto& in) { return gelu(in[0]); });
+        check_cuda_matches_cpu(d, {normal({37, 41})}, [](auto& in) { return sum(in[0]); });
+        check_cuda_matches_cpu(d, {normal({37, 41})}, [](auto& in) { return mean(in[0]); });
+        check_cuda_matches_cpu(d, {normal({2, 17, 33}), normal({33, 20})}, [](auto& in) { return matmul(in[0], in[1]); });
+        check_cuda_matches_cpu(d, {normal({4, 9, 48}), normal({40, 48}), normal({40})},
+                               [](auto& in) { return linear(in[0], in[1], in[2]); });
+        check_cuda_matches_cpu(d, {normal({300, 64}), normal({96, 64})}, [](auto& in) { return linear(in[0], in[1]); });
+    }
+}
+
+TEST_CASE("cuda: attention, embedding and cross-entropy match the cpu") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(3);
+    for (DType d : kDtypes) {
+        check_cuda_matches_cpu(d, {normal({2, 13, 96})}, [](auto& in) { return causal_self_attention(in[0], 4); });
+        check_cuda_matches_cpu(d, {normal({1, 70, 192})}, [](auto& in) { return causal_self_attention(in[0], 2); });
+        check_cuda_matches_cpu(d, {indices({3, 7}, 5), normal({50, 24})}, [](auto& in) { return embedding(in[0], in[1]); });
+        check_cuda_matches_cpu(d, {normal({6, 5, 37}, 3.0), indices({6, 5}, 37)},
+                               [](auto& in) { return cross_entropy(in[0], in[1]); });
+    }
+}
+
+TEST_CASE("cuda: layer_norm and rms_norm match the cpu in both policies over every shape class") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(4);
+    // N below a warp, odd N, N = 3000, N large, M = 1
+    const Shape shapes[] = {{5, 7}, {3, 33}, {4, 3000}, {2, 20000}, {1, 1024}, {2, 3, 768}};
+    for (DType d : kDtypes)
+        for (SavePolicy p : {SavePolicy::Input, SavePolicy::Output})
+            for (const Shape& s : shapes) {
+                CAPTURE(policy_name(p));
+                CAPTURE(shape_str(s));
+                int64_t N = s.back();
+                Input w{add(ones({N}), scale(randn({N}), 0.2)), true};
+                check_cuda_matches_cpu(d, {normal(s, 2.0), w, normal({N}, 0.3)},
+                                       [p](auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5, p); });
+                check_cuda_matches_cpu(d, {normal(s, 2.0), w},
+                                       [p](auto& in) { return rms_norm(in[0], in[1], 1e-5, p); });
+                check_cuda_matches_cpu(d, {normal(s, 2.0)},
+                                       [p](auto& in) { return layer_norm(in[0], Tensor(), Tensor(), 1e-5, p); });
+            }
+}
+
+TEST_CASE("cuda: weights near zero under SavePolicy::Output follow the cpu's rule") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(5);
+    for (double special : {0.0, 1e-6, 1e-3, -1e-3, -0.7}) {
+        CAPTURE(special);
+        Tensor w = add(ones({64}), scale(randn({64}), 0.1));
+        w.data_ptr<float>()[5] = static_cast<float>(special);
+        int64_t before = output_policy_fallbacks();
+        check_cuda_matches_cpu(DType::F32, {normal({6, 64}), {w, true}, normal({64}, 0.3)},
+                               [](auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5, SavePolicy::Output); });
+        // one forward on each device; both fall back below the threshold
+        CHECK(output_policy_fallbacks() - before == (std::abs(special) < kOutputPolicyMinWeight ? 2 : 0));
+    }
+}
+
+TEST_CASE("cuda: a GPT step on the GPU matches the same step on the cpu (f32, and bf16 against f32)") {
+    REQUIRE_CUDA_OR_SKIP();
+    for (NormKind norm : {NormKind::Layer, NormKind::RMS})
+        for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output})
+            for (DType dtype : {DType::F32, DType::BF16}) {
+                CAPTURE(norm_kind_name(norm));
+                CAPTURE(policy_name(policy));
+                CAPTURE(dtype_name(dtype));
+                GPTConfig c;
+                c.block_size = 32;
+                c.n_layer = 2;
+                c.n_head = 4;
+                c.n_embd = 64;
+                c.norm = norm;
+                c.policy = policy;
+                manual_seed(6);
+                GPT cpu_model(c);
+                manual_seed(6);
+                GPT gpu_model(c);
+                gpu_model.to(Device::CUDA, dtype);
+                std::vector<int64_t> ids(4 * 32);
+                for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 131 + 7) % 256);
+                Tensor idx = from_vector(ids, {4, 32}), targets = from_vector(std::vector<int64_t>(ids.rbegin(), ids.rend()), {4, 32});
+                Tensor l_cpu = cpu_model.loss(idx, targets);
+                Tensor l_gpu = gpu_model.loss(idx.to(Device::CUDA), targets.to(Device::CUDA));
+                l_cpu.backward();
+                l_gpu.backward();
+                double tol = dtype == DType::BF16 ? 3e-2 : 1e-4;
+                CHECK(std::abs(l_gpu.item<float>() - l_cpu.item<float>()) <= tol * std::abs(l_cpu.item<float>()) + 1e-3);
+                NamedTensors pc = cpu_model.named_parameters(), pg = gpu_model.named_parameters();
+                for (size_t i = 0; i < pc.size(); ++i) {
+                    CAPTURE(pc[i].first);
+                    CHECK_NORMWISE(pg[i].second.grad(), pc[i].second.grad(), 5 * tol);
+                }
+            }
+}
+
+}  // TEST_SUITE
