@@ -1,5 +1,6 @@
 // core/cuda_stub.cpp: what a build without the CUDA backend links in place of core/cuda_*.cpp:
 // no GPU is ever available, and anything that would touch one throws.
+#include "core/check.h"
 #include "core/cuda_allocator.h"
 #include "core/device.h"
 

@@ -36,8 +36,8 @@ T* raw(const Tensor& t) {
 // matrix whose columns are its last dimension, all of one dtype and device. out is overwritten.
 void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
     if (a.device().is_cuda()) {
-        dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
-            using T = decltype(tag);
+        dispatch_floating(a.dtype(), "matmul", [&]([[maybe_unused]] auto tag) {
+            using T [[maybe_unused]] = decltype(tag);
             NT_CUDA(detail::gemm_cuda<T>(raw<T>(out), raw<T>(a), a.numel() / a.size(-1), a.size(-1), trans_a, raw<T>(b),
                                          b.numel() / b.size(-1), b.size(-1), trans_b, a.device().index));
         });
