@@ -194,8 +194,7 @@ template <class T>
 T Tensor::item() const {
     NT_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ", shape_str(shape()));
     if (device().is_cuda()) return to(Device::CPU).item<T>();
-    NT_CHECK(dtype() == dtype_of<T>(), "Tensor::item: the tensor is ", dtype_name(dtype()), ", got a request for ",
-             dtype_name(dtype_of<T>()));
+    if (dtype() != dtype_of<T>()) return to(dtype_of<T>()).item<T>();
     return *data_ptr<T>();
 }
 

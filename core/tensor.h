@@ -73,8 +73,8 @@ public:
     // cpu (use to(Device::CPU) first).
     template <class T>
     T* data_ptr() const;
-    // The value of a one-element tensor (copied from the GPU when needed). Throws if numel() != 1
-    // or T does not match dtype().
+    // The value of a one-element tensor, converted to T (as libtorch's item<T>) and copied from the
+    // GPU when needed. Throws if numel() != 1, or converting a float that does not fit to i64.
     template <class T>
     T item() const;
     // The elements in row-major order (works on non-contiguous tensors). Throws on a dtype mismatch.

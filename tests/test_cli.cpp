@@ -64,7 +64,8 @@ TEST_CASE("train_gpt: bad flags, values and data: one line on stderr, exit code 
     for (const Case& c : {Case{"--bogus", "--bogus"}, Case{"--steps 0", "--steps"}, Case{"--steps abc", "--steps"},
                           Case{"--norm batch", "--norm"}, Case{"--policy all", "--policy"},
                           Case{"--embd 10 --heads 3", "not divisible"}, Case{"--lr -1", "--lr"},
-                          Case{"--device cuda", "--device"}, Case{"--data /nonexistent/file.txt", "cannot read data"},
+                          Case{"--device tpu", "--device"}, Case{"--dtype f16", "--dtype"},
+                          Case{"--vocab 100", "needs --data random"}, Case{"--data /nonexistent/file.txt", "cannot read data"},
                           Case{"--data " + short_file + " --seq 8", "needs at least 10"}}) {
         CAPTURE(c.args);
         Result r = run_train_gpt(c.args);

@@ -117,7 +117,6 @@ TEST_CASE("cuda: copies between devices and dtypes round-trip") {
     Tensor x = randn({3, 5});
     for (DType d : {DType::F32, DType::F64, DType::BF16}) {
         Tensor c = x.to(d);
-        CHECK(c.to(Device::CUDA).to(Device::CPU).to_vector<double>().size() == 15);
         CHECK_CLOSE(c.to(Device::CUDA).to(Device::CPU), c, tolerance(DType::F64));
         CHECK_CLOSE(c.to(Device::CUDA).to(DType::F32).to(Device::CPU), c.to(DType::F32), tolerance(DType::F64));
     }

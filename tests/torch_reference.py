@@ -148,7 +148,7 @@ def attn(x, p, prefix, n_head):
     k = k.view(B, T, n_head, hs).transpose(1, 2)
     v = v.view(B, T, n_head, hs).transpose(1, 2)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))               # [B, NH, T, T]
-    mask = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)            # True above the diagonal
+    mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)  # True above the diagonal
     att = att.masked_fill(mask, float("-inf"))
     att = F.softmax(att, dim=-1)
     y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)              # heads concatenated
