@@ -193,8 +193,8 @@ T* Tensor::data_ptr() const {
 template <class T>
 T Tensor::item() const {
     NT_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ", shape_str(shape()));
-    if (device().is_cuda()) return to(Device::CPU).item<T>();
-    if (dtype() != dtype_of<T>()) return to(dtype_of<T>()).item<T>();
+    if (device().is_cuda()) return to(Device::CPU).template item<T>();
+    if (dtype() != dtype_of<T>()) return to(dtype_of<T>()).template item<T>();
     return *data_ptr<T>();
 }
 
