@@ -65,7 +65,8 @@ template <class T>  // out[r, j] += bias[j], out [rows, N]
 void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
 // ops/norm_policy.cu: the norms (see ops/norm_policy.h); mean is nullptr when not centered,
-// weight/bias nullptr when absent; dweight/dbias nullptr when not wanted.
+// weight/bias nullptr when absent; dx/dweight/dbias nullptr when not wanted. norm_*_cuda run the
+// fast kernels where they apply; norm_*_reference_cuda always run the plain ones (tests compare).
 template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device);
@@ -73,5 +74,12 @@ template <class T>
 void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device);
+template <class T>
+void norm_forward_reference_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias,
+                                 int64_t M, int64_t N, double eps, int device);
+template <class T>
+void norm_backward_reference_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
+                                  const acc_t<T>* rstd, const T* weight, const T* bias, bool centered,
+                                  SavePolicy policy, int64_t M, int64_t N, int device);
 
 }  // namespace normtape::detail

@@ -1,7 +1,22 @@
-// ops/norm_policy.cu: the CUDA kernels of layer_norm and rms_norm, both policies. The plain
-// version: one block per row, statistics in acc_t<T> with fixed-order block reductions; weight
-// and bias gradients summed deterministically in two passes (row chunks, then chunks in order).
-// The policy enters only through x_hat_from_saved() (ops/norm_policy.h), as on the cpu.
+// ops/norm_policy.cu: the CUDA kernels of layer_norm and rms_norm, both policies.
+//
+// Two versions. The reference (norm_*_reference_cuda) is written to be checked by eye: one block
+// per row, statistics with fixed-order block reductions, weight and bias gradients in two
+// passes. The fast one (norm_*_cuda, f32 and bf16) is what the ops run; it is tested against the
+// reference and the cpu (tests/test_cuda.cpp) and timed by examples/bench_norms.cpp:
+// - a row is held in registers, read once with 16-byte loads: a group of threads_per_row threads
+//   (a power of two from 32 to 1024) owns a row, each thread VECS vectors of 16 bytes;
+// - blocks are persistent (as many as fit on the GPU) and walk the rows;
+// - statistics in f32, two passes over the registers (mean, then squared deviations);
+// - dweight and dbias: each thread sums its own columns over the rows its group visits, in
+//   order, in shared memory; the groups' partial rows are then summed in order (no atomics);
+// - x_hat comes from x_hat_from_saved(), the one place where the policy matters, as on the cpu.
+// Rows longer than 16384, N not a multiple of a vector, misaligned data and f64 use the reference
+// kernels.
+#include <algorithm>
+#include <initializer_list>
+#include <type_traits>
+
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/tensor.h"
@@ -110,10 +125,279 @@ __global__ void sum_chunks_kernel(T* __restrict__ out, const acc_t<T>* __restric
     out[j] = static_cast<T>(s);
 }
 
+
+// ---- the fast kernels -----------------------------------------------------------------------
+
+constexpr int kMaxRowThreads = 1024;
+
+// A 16-byte vector of T, unpacked into E = 16 / sizeof(T) floats.
+template <class T>
+struct Pack {
+    static constexpr int E = 16 / sizeof(T);
+};
+
+__device__ inline void load_pack(const float* p, float (&v)[4]) {
+    float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ inline void store_pack(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void load_pack(const bf16* p, float (&v)[8]) {
+    uint4 q = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+__device__ inline void store_pack(bf16* p, const float (&v)[8]) {
+    uint32_t w[4];
+    for (int k = 0; k < 4; ++k)
+        w[k] = uint32_t(bf16::round_to_bf16(v[2 * k])) | (uint32_t(bf16::round_to_bf16(v[2 * k + 1])) << 16);
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+// weight or bias of one vector of columns; 1 or 0 where absent.
+template <class T>
+__device__ inline void load_affine(const T* p, int c, float fill, float (&v)[Pack<T>::E]) {
+    if (p) load_pack(p + c * Pack<T>::E, v);
+    else for (int e = 0; e < Pack<T>::E; ++e) v[e] = fill;
+}
+
+// The sums of a and b over the group of threads_per_row threads that owns a row, returned to all
+// of them (identical in every lane: the butterfly adds the same pairs). Every thread of the block
+// must call it the same number of times (it may use __syncthreads).
+__device__ inline void group_sum2(float& a, float& b, float* shared, int threads_per_row) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, offset);
+        b += __shfl_xor_sync(0xffffffffu, b, offset);
+    }
+    int warps_per_row = threads_per_row >> 5;
+    if (warps_per_row == 1) return;
+    int warp = threadIdx.x >> 5, group = threadIdx.x / threads_per_row;
+    if ((threadIdx.x & 31) == 0) {
+        shared[2 * warp] = a;
+        shared[2 * warp + 1] = b;
+    }
+    __syncthreads();
+    a = 0, b = 0;
+    for (int w = group * warps_per_row; w < (group + 1) * warps_per_row; ++w) {
+        a += shared[2 * w];
+        b += shared[2 * w + 1];
+    }
+    __syncthreads();
+}
+
+// Register budget: a thread holds VECS * E floats per row array; 16 or fewer let 1024 threads
+// share an SM's registers, 32 or fewer 256 threads (fast_layout picks accordingly).
+template <class T, int VECS>
+constexpr int max_threads() {
+    return VECS * Pack<T>::E <= 16 ? 1024 : 256;
+}
+
+template <class T, int VECS>
+__global__ void __launch_bounds__(max_threads<T, VECS>()) norm_forward_fast_kernel(
+    T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
+    const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
+    constexpr int E = Pack<T>::E;
+    extern __shared__ float shared[];
+    const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
+    const int vecs_per_row = N / E;
+    float v[VECS][E];
+    for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
+        const int64_t row = base + threadIdx.x / threads_per_row;
+        const bool active = row < M;
+        const T* xr = x + row * N;
+        float s = 0, unused = 0;
+#pragma unroll
+        for (int k = 0; k < VECS; ++k) {
+            int c = k * threads_per_row + lane;
+            if (active && c < vecs_per_row) load_pack(xr + c * E, v[k]);
+            else for (int e = 0; e < E; ++e) v[k][e] = 0.0f;
+            for (int e = 0; e < E; ++e) s += v[k][e];
+        }
+        float m = 0;
+        if (mean) {
+            group_sum2(s, unused, shared, threads_per_row);
+            m = s / N;
+        }
+        float sq = 0;
+#pragma unroll
+        for (int k = 0; k < VECS; ++k) {
+            if (k * threads_per_row + lane >= vecs_per_row) continue;
+            for (int e = 0; e < E; ++e) sq += (v[k][e] - m) * (v[k][e] - m);
+        }
+        group_sum2(sq, unused, shared, threads_per_row);
+        const float r = rsqrtf(sq / N + eps);
+        if (!active) continue;
+        if (lane == 0) {
+            if (mean) mean[row] = m;
+            rstd[row] = r;
+        }
+        T* yr = y + row * N;
+#pragma unroll
+        for (int k = 0; k < VECS; ++k) {
+            int c = k * threads_per_row + lane;
+            if (c >= vecs_per_row) continue;
+            float w[E], b[E], out[E];
+            load_affine(weight, c, 1.0f, w);
+            load_affine(bias, c, 0.0f, b);
+            for (int e = 0; e < E; ++e) out[e] = (v[k][e] - m) * r * w[e] + b[e];
+            store_pack(yr + c * E, out);
+        }
+    }
+}
+
+// dx per row; dweight and dbias partial sums of this block's groups in shared memory
+// (acc_w, acc_b: [groups][N] each; every column of a group belongs to one thread, so no two
+// threads add to one place), written at the end to partial rows [blockIdx.x * groups + group].
+template <class T, int VECS>
+__global__ void __launch_bounds__(max_threads<T, VECS>()) norm_backward_fast_kernel(
+    T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
+    const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, SavePolicy policy, int64_t M, int N,
+    int threads_per_row) {
+    constexpr int E = Pack<T>::E;
+    extern __shared__ float shared[];
+    const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
+    const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
+    float* reduce = shared;                             // 2 per warp
+    float* acc_w = shared + 2 * (blockDim.x / 32) + group * 2 * N;  // this group's [N] sums
+    float* acc_b = acc_w + N;
+    for (int k = 0; k < VECS; ++k) {
+        int c = k * threads_per_row + lane;
+        if (c < vecs_per_row)
+            for (int e = 0; e < E; ++e) acc_w[c * E + e] = 0.0f, acc_b[c * E + e] = 0.0f;
+    }
+    float d[VECS][E], xh[VECS][E];
+    for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
+        const int64_t row = base + group;
+        const bool active = row < M;
+        const float m = active && mean ? mean[row] : 0.0f, r = active ? rstd[row] : 0.0f;
+        float sum_g = 0, sum_gx = 0;
+#pragma unroll
+        for (int k = 0; k < VECS; ++k) {
+            int c = k * threads_per_row + lane;
+            if (active && c < vecs_per_row) {
+                load_pack(dy + row * N + c * E, d[k]);
+                load_pack(saved + row * N + c * E, xh[k]);
+                float w[E], b[E];
+                load_affine(weight, c, 1.0f, w);
+                load_affine(bias, c, 0.0f, b);
+                for (int e = 0; e < E; ++e) {
+                    // x_hat_from_saved (ops/norm_policy.h) with this vector's weight and bias
+                    xh[k][e] = policy == SavePolicy::Input ? (xh[k][e] - m) * r : (xh[k][e] - b[e]) / w[e];
+                    float g = d[k][e] * w[e];
+                    sum_g += g;
+                    sum_gx += g * xh[k][e];
+                    acc_w[c * E + e] += d[k][e] * xh[k][e];
+                    acc_b[c * E + e] += d[k][e];
+                    d[k][e] = g;  // from here on d holds g = dy * weight
+                }
+            }
+        }
+        group_sum2(sum_g, sum_gx, reduce, threads_per_row);
+        if (!active || !dx) continue;
+        const float mean_g = centered ? sum_g / N : 0.0f, mean_gx = sum_gx / N;
+#pragma unroll
+        for (int k = 0; k < VECS; ++k) {
+            int c = k * threads_per_row + lane;
+            if (c >= vecs_per_row) continue;
+            float out[E];
+            for (int e = 0; e < E; ++e) out[e] = r * (d[k][e] - mean_g - xh[k][e] * mean_gx);
+            store_pack(dx + row * N + c * E, out);
+        }
+    }
+    const int64_t prow = int64_t(blockIdx.x) * groups + group;
+    for (int k = 0; k < VECS; ++k) {
+        int c = k * threads_per_row + lane;
+        if (c >= vecs_per_row) continue;
+        for (int e = 0; e < E; ++e) {
+            if (partial_w) partial_w[prow * N + c * E + e] = acc_w[c * E + e];
+            if (partial_b) partial_b[prow * N + c * E + e] = acc_b[c * E + e];
+        }
+    }
+}
+
+// How a row is spread over threads, or vecs == 0 when the fast kernels do not apply.
+struct FastLayout {
+    int vecs = 0, threads_per_row = 0, block = 0;  // vecs: 16-byte vectors per thread and row
+};
+
+template <class T>
+FastLayout fast_layout(int64_t N, std::initializer_list<const void*> ptrs) {
+    FastLayout l;
+    constexpr int E = Pack<T>::E;
+    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(16) * kMaxRowThreads) return l;
+    for (const void* p : ptrs)
+        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return l;
+    const int64_t vecs_per_row = N / E;
+    // the fewest threads per row whose share of the row fits the register budget of max_threads()
+    for (int t = 32; t <= kMaxRowThreads; t *= 2) {
+        int64_t vecs = (vecs_per_row + t - 1) / t;
+        if (vecs * E <= (t <= 256 ? 32 : 16)) {
+            l.threads_per_row = t;
+            l.vecs = static_cast<int>(vecs);
+            l.block = t < 128 ? 128 : t;
+            return l;
+        }
+    }
+    return l;
+}
+
+// Persistent grid: as many blocks as can be resident at once, at most one per group of rows.
+template <class Kernel>
+unsigned persistent_grid(Kernel kernel, int block, size_t shared_bytes, int64_t rows, int rows_per_block, int device) {
+    int per_sm = 0, sms = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
+    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(std::max(per_sm, 1)) * sms)));
+}
+
+template <class T, int VECS>
+void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
+                       int64_t M, int64_t N, double eps, int device) {
+    auto kernel = norm_forward_fast_kernel<T, VECS>;
+    size_t shared = 2 * sizeof(float) * (l.block / 32);
+    unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
+    kernel<<<grid, l.block, shared, cuda::stream(device)>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
+                                                           static_cast<float>(eps), l.threads_per_row);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <class T, int VECS>
+void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
+                        const float* mean, const float* rstd, const T* weight, const T* bias, bool centered,
+                        SavePolicy policy, int64_t M, int64_t N, int device) {
+    auto kernel = norm_backward_fast_kernel<T, VECS>;
+    int groups = l.block / l.threads_per_row;
+    size_t shared = sizeof(float) * (2 * (l.block / 32) + 2 * size_t(groups) * N);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    unsigned grid = persistent_grid(kernel, l.block, shared, M, groups, device);
+    int64_t partial_rows = int64_t(grid) * groups;
+    TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
+    Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
+    auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };
+    cudaStream_t stream = cuda::stream(device);
+    kernel<<<grid, l.block, shared, stream>>>(dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered,
+                                              policy, M, static_cast<int>(N), l.threads_per_row);
+    CUDA_LAUNCH_CHECK();
+    unsigned blocks = static_cast<unsigned>((N + kColumnThreads - 1) / kColumnThreads);
+    if (dweight) {
+        sum_chunks_kernel<T><<<blocks, kColumnThreads, 0, stream>>>(dweight, ptr(pw), partial_rows, N);
+        CUDA_LAUNCH_CHECK();
+    }
+    if (dbias) {
+        sum_chunks_kernel<T><<<blocks, kColumnThreads, 0, stream>>>(dbias, ptr(pb), partial_rows, N);
+        CUDA_LAUNCH_CHECK();
+    }
+}
+
 }  // namespace
 
 template <class T>
-void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
+void norm_forward_reference_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device) {
     norm_forward_kernel<T><<<static_cast<unsigned>(M), kRowThreads, 0, cuda::stream(device)>>>(y, mean, rstd, x, weight,
                                                                                                  bias, N, eps);
@@ -121,7 +405,7 @@ void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T
 }
 
 template <class T>
-void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
+void norm_backward_reference_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);
@@ -150,11 +434,67 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
     }
 }
 
+
+// The fast kernels where they apply (f32 and bf16, see the file comment), else the reference.
+template <class T>
+void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
+                       int64_t N, double eps, int device) {
+    if constexpr (!std::is_same_v<T, double>) {
+        FastLayout l = fast_layout<T>(N, {y, x, weight, bias});
+        switch (l.vecs) {
+#define NT_CASE(V) \
+    case V: return norm_forward_fast<T, V>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+            NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4)
+#undef NT_CASE
+            default:
+                if constexpr (std::is_same_v<T, float>) {  // f32 rows take up to 8 vectors a thread
+                    switch (l.vecs) {
+                        case 5: return norm_forward_fast<T, 5>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                        case 6: return norm_forward_fast<T, 6>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                        case 7: return norm_forward_fast<T, 7>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                        case 8: return norm_forward_fast<T, 8>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                        default: break;
+                    }
+                }
+                break;
+        }
+    }
+    norm_forward_reference_cuda<T>(y, mean, rstd, x, weight, bias, M, N, eps, device);
+}
+
+template <class T>
+void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
+                        const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
+                        int64_t M, int64_t N, int device) {
+    if constexpr (!std::is_same_v<T, double>) {
+        FastLayout l = fast_layout<T>(N, {dx, dweight, dbias, dy, saved, weight, bias});
+        switch (l.vecs) {
+#define NT_CASE(V)                                                                                               \
+    case V:                                                                                                      \
+        return norm_backward_fast<T, V>(l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered,    \
+                                        policy, M, N, device);
+            NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4)
+            default:
+                if constexpr (std::is_same_v<T, float>) {
+                    switch (l.vecs) { NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8) default: break; }
+                }
+                break;
+#undef NT_CASE
+        }
+    }
+    norm_backward_reference_cuda<T>(dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N,
+                                    device);
+}
+
 #define NT_INSTANTIATE(T)                                                                                          \
     template void norm_forward_cuda<T>(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const T*, int64_t, int64_t,  \
                                        double, int);                                                              \
     template void norm_backward_cuda<T>(T*, T*, T*, const T*, const T*, const acc_t<T>*, const acc_t<T>*, const T*, \
-                                        const T*, bool, SavePolicy, int64_t, int64_t, int);
+                                        const T*, bool, SavePolicy, int64_t, int64_t, int);                       \
+    template void norm_forward_reference_cuda<T>(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const T*, int64_t, \
+                                                 int64_t, double, int);                                           \
+    template void norm_backward_reference_cuda<T>(T*, T*, T*, const T*, const T*, const acc_t<T>*, const acc_t<T>*, \
+                                                  const T*, const T*, bool, SavePolicy, int64_t, int64_t, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

@@ -30,6 +30,11 @@ grep -E "Failed|\*\*\*Exception|Not Run" "$OUT/ctest.log" | head -20
     > "$OUT/crosscheck.txt"
 
 if [ "${1:-}" != "quick" ]; then
+    ./build-gpu/bench_norms --json "$OUT/bench.json" --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
+    summary+=("bench_norms: exit $?")
+    PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$OUT/bench.json" --out "$OUT/compare.json" \
+        > "$OUT/compare.log" 2>&1
+    summary+=("bench_torch_norms: exit $?")
     ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 4 --log-every 1 \
         --json "$OUT/medium.json" --chart "$OUT/medium.svg" > "$OUT/medium.log" 2>&1
     summary+=("medium preset: exit $?")
@@ -43,6 +48,7 @@ fi
 echo "==================== summary"
 printf '%s\n' "${summary[@]}"
 cat "$OUT/crosscheck.txt"
+cat "$OUT/compare.log" 2>/dev/null
 for f in medium shakespeare; do
     [ -f "$OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output)\] step" "$OUT/$f.log" | tail -16; }
 done

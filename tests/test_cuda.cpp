@@ -4,6 +4,8 @@
 // skips with a message where no GPU is visible.
 #include <functional>
 
+#include "core/dispatch.h"
+#include "ops/cuda_launchers.h"
 #include "test_util.h"
 
 using namespace normtape;
@@ -178,6 +180,50 @@ TEST_CASE("cuda: layer_norm and rms_norm match the cpu in both policies over eve
                 check_cuda_matches_cpu(d, {normal(s, 2.0)},
                                        [p](auto& in) { return layer_norm(in[0], Tensor(), Tensor(), 1e-5, p); });
             }
+}
+
+TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benchmark width") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(8);
+    for (DType dtype : kDtypes)
+        for (int64_t N : {768, 1024, 2048, 3000, 4096, 8192, 16384})
+            for (bool centered : {true, false})
+                for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+                    CAPTURE(dtype_name(dtype));
+                    CAPTURE(N);
+                    CAPTURE(centered);
+                    CAPTURE(policy_name(policy));
+                    const int64_t M = 1031;  // many rows per persistent block, a ragged last wave
+                    TensorOptions o = TensorOptions().dtype(dtype).device(Device::CUDA);
+                    TensorOptions so = o.dtype(DType::F32);
+                    Tensor x = add(scale(randn({M, N}, o), 2.0), full({N}, 0.5, o)), dy = randn({M, N}, o);
+                    Tensor w = add(ones({N}, o), scale(randn({N}, o), 0.2)), b = centered ? scale(randn({N}, o), 0.3) : Tensor();
+                    Tensor y[2], mean[2], rstd[2], dx[2], dw[2], db[2];
+                    dispatch_floating(dtype, "test", [&](auto tag) {
+                        using T = decltype(tag);
+                        auto p = [](const Tensor& t) { return t.defined() ? static_cast<T*>(t.storage()->data()) : nullptr; };
+                        auto f = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };
+                        for (int k = 0; k < 2; ++k) {
+                            y[k] = empty({M, N}, o), dx[k] = empty({M, N}, o), dw[k] = empty({N}, o);
+                            db[k] = centered ? empty({N}, o) : Tensor();
+                            mean[k] = centered ? empty({M}, so) : Tensor(), rstd[k] = empty({M}, so);
+                            auto forward = k == 0 ? detail::norm_forward_cuda<T> : detail::norm_forward_reference_cuda<T>;
+                            auto backward = k == 0 ? detail::norm_backward_cuda<T> : detail::norm_backward_reference_cuda<T>;
+                            forward(p(y[k]), f(mean[k]), f(rstd[k]), p(x), p(w), p(b), M, N, 1e-5, 0);
+                            const T* saved = policy == SavePolicy::Input ? p(x) : p(y[k]);
+                            backward(p(dx[k]), p(dw[k]), p(db[k]), p(dy), saved,
+                                     policy == SavePolicy::Input ? f(mean[k]) : nullptr, f(rstd[k]), p(w), p(b),
+                                     centered, policy, M, N, 0);
+                        }
+                    });
+                    double tol = normwise_tolerance(dtype);
+                    CHECK_NORMWISE(y[0], y[1], tol);
+                    CHECK_NORMWISE(rstd[0], rstd[1], 1e-5);
+                    if (centered) CHECK_NORMWISE(mean[0], mean[1], 1e-5);
+                    CHECK_NORMWISE(dx[0], dx[1], tol);
+                    CHECK_NORMWISE(dw[0], dw[1], tol);
+                    if (centered) CHECK_NORMWISE(db[0], db[1], tol);
+                }
 }
 
 TEST_CASE("cuda: weights near zero under SavePolicy::Output follow the cpu's rule") {

@@ -1,0 +1,174 @@
+// examples/bench_norms.cpp: the norm kernels' speed on a GPU, as effective bandwidth against a
+// device-to-device copy timed in the same run.
+//
+// For N in {768, 1024, 2048, 3000, 4096, 8192, 16384} and M = 2^28 / N rows, dtypes bf16 and f32,
+// LayerNorm and RMSNorm: the forward, and the backward (dx, dweight and dbias, complete) under
+// SavePolicy::Input and SavePolicy::Output. Each case is timed with CUDA events: 3 warm-up runs,
+// then the median of 20. The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
+// so nothing is served from it between runs. Effective bandwidth = bytes that must move / time:
+// forward x in and y out; backward x (or y) and dy in, dx out (weights and statistics, M*8
+// bytes at most, are not counted); copy = bytes read + bytes written.
+//
+//   bench_norms [--quick] [--csv FILE] [--json FILE] [--reference]
+//   --quick: M = 2^20 / N (a smoke test; CI compiles this program, it has no GPU to run it)
+//   --reference: also time the plain reference kernels
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "normtape.h"
+#include "ops/cuda_launchers.h"
+
+using namespace normtape;
+
+namespace {
+
+struct Row {
+    std::string dtype, norm, pass, policy;  // pass: forward | backward; policy: input | output | -
+    int64_t N, M;
+    double ms, gbps, pct_copy;
+};
+
+// Median time in ms of `fn` on the device's stream.
+double time_ms(const std::function<void()>& fn, int warmup = 3, int repeats = 20) {
+    cudaStream_t stream = cuda::stream(0);
+    for (int i = 0; i < warmup; ++i) fn();
+    std::vector<double> times;
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < repeats; ++i) {
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        fn();
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms);
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+    return t.defined() ? static_cast<T*>(t.storage()->data()) : nullptr;
+}
+
+template <class T>
+void bench_dtype(const char* dtype_name_, int64_t total, bool reference, std::vector<Row>& rows) {
+    const DType dt = dtype_of<T>();
+    for (int64_t N : {768, 1024, 2048, 3000, 4096, 8192, 16384}) {
+        const int64_t M = total / N;
+        TensorOptions o = TensorOptions().dtype(dt).device(Device::CUDA);
+        TensorOptions so = TensorOptions().dtype(DType::F32).device(Device::CUDA);
+        Tensor x = randn({M, N}, o), dy = randn({M, N}, o), y = empty({M, N}, o), dx = empty({M, N}, o);
+        Tensor w = add(ones({N}, o), scale(randn({N}, o), 0.1)), b = scale(randn({N}, o), 0.1);
+        Tensor dw = empty({N}, o), db = empty({N}, o), mean = empty({M}, so), rstd = empty({M}, so);
+        const double bytes = static_cast<double>(M * N) * sizeof(T);
+        double copy_ms = time_ms([&] {
+            CUDA_CHECK(cudaMemcpyAsync(ptr<T>(y), ptr<T>(x), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                       cuda::stream(0)));
+        });
+        double copy_gbps = 2 * bytes / copy_ms / 1e6;
+        rows.push_back({dtype_name_, "-", "copy", "-", N, M, copy_ms, copy_gbps, 100.0});
+        auto add_row = [&](const std::string& norm, const std::string& pass, const std::string& policy, double ms,
+                           double moved) {
+            double gbps = moved / ms / 1e6;
+            rows.push_back({dtype_name_, norm, pass, policy, N, M, ms, gbps, 100.0 * gbps / copy_gbps});
+        };
+        for (int kernels = 0; kernels < (reference ? 2 : 1); ++kernels) {
+            auto forward = kernels == 0 ? detail::norm_forward_cuda<T> : detail::norm_forward_reference_cuda<T>;
+            auto backward = kernels == 0 ? detail::norm_backward_cuda<T> : detail::norm_backward_reference_cuda<T>;
+            std::string suffix = kernels == 0 ? "" : " (reference)";
+            for (bool centered : {true, false}) {
+                std::string norm = std::string(centered ? "layer" : "rms") + suffix;
+                float* m = centered ? ptr<float>(mean) : nullptr;
+                T* bias = centered ? ptr<T>(b) : nullptr;
+                add_row(norm, "forward", "-", time_ms([&] {
+                            forward(ptr<T>(y), m, ptr<float>(rstd), ptr<T>(x), ptr<T>(w), bias, M, N, 1e-5, 0);
+                        }), 2 * bytes);
+                for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+                    const T* saved = policy == SavePolicy::Input ? ptr<T>(x) : ptr<T>(y);
+                    add_row(norm, "backward", policy_name(policy), time_ms([&] {
+                                backward(ptr<T>(dx), ptr<T>(dw), centered ? ptr<T>(db) : nullptr, ptr<T>(dy), saved,
+                                         policy == SavePolicy::Input ? m : nullptr, ptr<float>(rstd), ptr<T>(w), bias,
+                                         centered, policy, M, N, 0);
+                            }), 3 * bytes);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    bool quick = false, reference = false;
+    std::string csv, json;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--quick") quick = true;
+        else if (a == "--reference") reference = true;
+        else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
+        else if (a == "--json" && i + 1 < argc) json = argv[++i];
+        else {
+            std::fprintf(stderr, "bench_norms: unknown argument %s (see the comment atop examples/bench_norms.cpp)\n",
+                         a.c_str());
+            return 2;
+        }
+    }
+    if (!cuda_is_available()) {
+        std::fprintf(stderr, "bench_norms: no CUDA GPU is visible\n");
+        return 2;
+    }
+    try {
+        const int64_t total = int64_t(1) << (quick ? 20 : 28);
+        std::vector<Row> rows;
+        bench_dtype<bf16>("bf16", total, reference, rows);
+        bench_dtype<float>("f32", total, reference, rows);
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        std::printf("%s, M*N = 2^%d elements, median of 20 CUDA-event timings after 3 warm-ups\n", prop.name,
+                    quick ? 20 : 28);
+        std::printf("%-5s %-18s %-8s %-7s %6s %8s %9s %8s %7s\n", "dtype", "norm", "pass", "policy", "N", "M", "ms",
+                    "GB/s", "% copy");
+        for (const Row& r : rows)
+            std::printf("%-5s %-18s %-8s %-7s %6lld %8lld %9.4f %8.1f %7.1f\n", r.dtype.c_str(), r.norm.c_str(),
+                        r.pass.c_str(), r.policy.c_str(), static_cast<long long>(r.N), static_cast<long long>(r.M),
+                        r.ms, r.gbps, r.pct_copy);
+        if (!csv.empty()) {
+            std::ofstream f(csv);
+            f << "dtype,norm,pass,policy,N,M,ms,gbps,pct_copy\n";
+            for (const Row& r : rows)
+                f << r.dtype << "," << r.norm << "," << r.pass << "," << r.policy << "," << r.N << "," << r.M << ","
+                  << r.ms << "," << r.gbps << "," << r.pct_copy << "\n";
+        }
+        if (!json.empty()) {
+            std::ofstream f(json);
+            f << "[\n";
+            for (size_t i = 0; i < rows.size(); ++i) {
+                const Row& r = rows[i];
+                f << "  {\"dtype\": \"" << r.dtype << "\", \"norm\": \"" << r.norm << "\", \"pass\": \"" << r.pass
+                  << "\", \"policy\": \"" << r.policy << "\", \"N\": " << r.N << ", \"M\": " << r.M
+                  << ", \"ms\": " << r.ms << ", \"gbps\": " << r.gbps << ", \"pct_copy\": " << r.pct_copy << "}"
+                  << (i + 1 < rows.size() ? ",\n" : "\n");
+            }
+            f << "]\n";
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_norms: error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
