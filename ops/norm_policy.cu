@@ -13,6 +13,8 @@
 // - x_hat comes from x_hat_from_saved(), the one place where the policy matters, as on the cpu.
 // Rows longer than 16384, N not a multiple of a vector, misaligned data and f64 use the reference
 // kernels.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <initializer_list>
 #include <type_traits>
@@ -128,7 +130,6 @@ __global__ void sum_chunks_kernel(T* __restrict__ out, const acc_t<T>* __restric
 
 // ---- the fast kernels -----------------------------------------------------------------------
 
-constexpr int kMaxRowThreads = 1024;
 
 // A 16-byte vector of T, unpacked into E = 16 / sizeof(T) floats.
 template <class T>
@@ -153,8 +154,10 @@ __device__ inline void load_pack(const bf16* p, float (&v)[8]) {
 }
 __device__ inline void store_pack(bf16* p, const float (&v)[8]) {
     uint32_t w[4];
-    for (int k = 0; k < 4; ++k)
-        w[k] = uint32_t(bf16::round_to_bf16(v[2 * k])) | (uint32_t(bf16::round_to_bf16(v[2 * k + 1])) << 16);
+    for (int k = 0; k < 4; ++k) {  // round to nearest even, two at a time (same rounding as bf16's)
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        w[k] = *reinterpret_cast<uint32_t*>(&h);
+    }
     *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 // weight or bias of one vector of columns; 1 or 0 where absent.
@@ -188,15 +191,13 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
     __syncthreads();
 }
 
-// Register budget: a thread holds VECS * E floats per row array; 16 or fewer let 1024 threads
-// share an SM's registers, 32 or fewer 256 threads (fast_layout picks accordingly).
-template <class T, int VECS>
-constexpr int max_threads() {
-    return VECS * Pack<T>::E <= 16 ? 1024 : 256;
-}
+// Register budget: a thread holds at most 32 floats of a row per array, in blocks of at most 512
+// threads (128 registers a thread); fast_layout picks the threads per row accordingly.
+constexpr int kMaxBlock = 512;
+constexpr int kMaxRowFloats = 32;
 
 template <class T, int VECS>
-__global__ void __launch_bounds__(max_threads<T, VECS>()) norm_forward_fast_kernel(
+__global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
     T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
     constexpr int E = Pack<T>::E;
@@ -249,10 +250,12 @@ __global__ void __launch_bounds__(max_threads<T, VECS>()) norm_forward_fast_kern
 }
 
 // dx per row; dweight and dbias partial sums of this block's groups in shared memory
-// (acc_w, acc_b: [groups][N] each; every column of a group belongs to one thread, so no two
-// threads add to one place), written at the end to partial rows [blockIdx.x * groups + group].
+// (acc_w, acc_b: [groups][E][vecs_per_row] each, element e of vector c at e * vecs_per_row + c so
+// that neighbouring threads touch neighbouring words; every column of a group belongs to one
+// thread, so no two threads add to one place). At the end the groups' sums are added in order
+// and written as the block's partial row [blockIdx.x].
 template <class T, int VECS>
-__global__ void __launch_bounds__(max_threads<T, VECS>()) norm_backward_fast_kernel(
+__global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
     const T* __restrict__ weight, const T* __restrict__ bias, bool centered, SavePolicy policy, int64_t M, int N,
@@ -261,13 +264,14 @@ __global__ void __launch_bounds__(max_threads<T, VECS>()) norm_backward_fast_ker
     extern __shared__ float shared[];
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
     const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
-    float* reduce = shared;                             // 2 per warp
-    float* acc_w = shared + 2 * (blockDim.x / 32) + group * 2 * N;  // this group's [N] sums
+    float* reduce = shared;                                           // 2 per warp
+    float* acc = shared + 2 * (blockDim.x / 32);                      // [groups][2][N]
+    float* acc_w = acc + group * 2 * N;
     float* acc_b = acc_w + N;
     for (int k = 0; k < VECS; ++k) {
         int c = k * threads_per_row + lane;
         if (c < vecs_per_row)
-            for (int e = 0; e < E; ++e) acc_w[c * E + e] = 0.0f, acc_b[c * E + e] = 0.0f;
+            for (int e = 0; e < E; ++e) acc_w[e * vecs_per_row + c] = 0.0f, acc_b[e * vecs_per_row + c] = 0.0f;
     }
     float d[VECS][E], xh[VECS][E];
     for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
@@ -290,8 +294,8 @@ __global__ void __launch_bounds__(max_threads<T, VECS>()) norm_backward_fast_ker
                     float g = d[k][e] * w[e];
                     sum_g += g;
                     sum_gx += g * xh[k][e];
-                    acc_w[c * E + e] += d[k][e] * xh[k][e];
-                    acc_b[c * E + e] += d[k][e];
+                    acc_w[e * vecs_per_row + c] += d[k][e] * xh[k][e];
+                    acc_b[e * vecs_per_row + c] += d[k][e];
                     d[k][e] = g;  // from here on d holds g = dy * weight
                 }
             }
@@ -308,14 +312,16 @@ __global__ void __launch_bounds__(max_threads<T, VECS>()) norm_backward_fast_ker
             store_pack(dx + row * N + c * E, out);
         }
     }
-    const int64_t prow = int64_t(blockIdx.x) * groups + group;
-    for (int k = 0; k < VECS; ++k) {
-        int c = k * threads_per_row + lane;
-        if (c >= vecs_per_row) continue;
-        for (int e = 0; e < E; ++e) {
-            if (partial_w) partial_w[prow * N + c * E + e] = acc_w[c * E + e];
-            if (partial_b) partial_b[prow * N + c * E + e] = acc_b[c * E + e];
+    __syncthreads();
+    for (int j = threadIdx.x; j < N; j += blockDim.x) {  // column j = vector c, element e
+        int c = j / E, e = j % E;
+        float sw = 0, sb = 0;
+        for (int g = 0; g < groups; ++g) {
+            sw += acc[g * 2 * N + e * vecs_per_row + c];
+            sb += acc[g * 2 * N + N + e * vecs_per_row + c];
         }
+        if (partial_w) partial_w[int64_t(blockIdx.x) * N + j] = sw;
+        if (partial_b) partial_b[int64_t(blockIdx.x) * N + j] = sb;
     }
 }
 
@@ -328,14 +334,15 @@ template <class T>
 FastLayout fast_layout(int64_t N, std::initializer_list<const void*> ptrs) {
     FastLayout l;
     constexpr int E = Pack<T>::E;
-    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(16) * kMaxRowThreads) return l;
+    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(kMaxRowFloats) * kMaxBlock) return l;
     for (const void* p : ptrs)
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return l;
     const int64_t vecs_per_row = N / E;
-    // the fewest threads per row whose share of the row fits the register budget of max_threads()
-    for (int t = 32; t <= kMaxRowThreads; t *= 2) {
+    // the fewest threads per row whose share of the row fits the register budget: the more rows
+    // an SM holds at once, the more loads are in flight
+    for (int t = 32; t <= kMaxBlock; t *= 2) {
         int64_t vecs = (vecs_per_row + t - 1) / t;
-        if (vecs * E <= (t <= 256 ? 32 : 16)) {
+        if (vecs * E <= kMaxRowFloats) {
             l.threads_per_row = t;
             l.vecs = static_cast<int>(vecs);
             l.block = t < 128 ? 128 : t;
@@ -375,7 +382,7 @@ void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     size_t shared = sizeof(float) * (2 * (l.block / 32) + 2 * size_t(groups) * N);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     unsigned grid = persistent_grid(kernel, l.block, shared, M, groups, device);
-    int64_t partial_rows = int64_t(grid) * groups;
+    int64_t partial_rows = grid;
     TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
     auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };

@@ -4,7 +4,7 @@
 # visible (the PyTorch cross-check uses that machine's python3 with CUDA torch), then the memory
 # comparison of the gpt2-medium-ish preset in bf16 and a bf16 run on tinyshakespeare. Logs and
 # JSON go to $OUT (or ./gpu_out); a short summary is printed last.
-#   scripts/gpu_check.sh [quick]   quick: build and tests only
+#   scripts/gpu_check.sh [tests|bench]   only the tests, or only the benchmarks (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu_out}"
@@ -22,19 +22,24 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
 if cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1; then summary+=("build: ok"); else
     grep -E "error" "$OUT/build.log" | head -20; exit 1; fi
 
+MODE="${1:-all}"
 export NORMTAPE_PYTHON=python3
-(cd build-gpu && ctest -j 8 --output-on-failure > "$OUT/ctest.log" 2>&1)
-summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)")
-grep -E "Failed|\*\*\*Exception|Not Run" "$OUT/ctest.log" | head -20
-./build-gpu/normtape_tests -ts=cuda,torch_crosscheck -s 2>&1 | grep -E "errors against PyTorch|  (layer|rms)/|skipped" \
-    > "$OUT/crosscheck.txt"
+[ "$MODE" != bench ] && (cd build-gpu && ctest -j 8 --output-on-failure > "$OUT/ctest.log" 2>&1)
+if [ "$MODE" != bench ]; then
+    summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)")
+    grep -E "Failed|\*\*\*Exception|Not Run" "$OUT/ctest.log" | head -20
+    ./build-gpu/normtape_tests -ts=cuda,torch_crosscheck -s 2>&1 | grep -E "errors against PyTorch|  (layer|rms)/|skipped" \
+        > "$OUT/crosscheck.txt"
+fi
 
-if [ "${1:-}" != "quick" ]; then
+if [ "$MODE" != tests ]; then
     ./build-gpu/bench_norms --json "$OUT/bench.json" --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
     summary+=("bench_norms: exit $?")
     PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$OUT/bench.json" --out "$OUT/compare.json" \
         > "$OUT/compare.log" 2>&1
     summary+=("bench_torch_norms: exit $?")
+fi
+if [ "$MODE" = all ]; then
     ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 4 --log-every 1 \
         --json "$OUT/medium.json" --chart "$OUT/medium.svg" > "$OUT/medium.log" 2>&1
     summary+=("medium preset: exit $?")
@@ -47,7 +52,7 @@ fi
 
 echo "==================== summary"
 printf '%s\n' "${summary[@]}"
-cat "$OUT/crosscheck.txt"
+cat "$OUT/crosscheck.txt" 2>/dev/null
 cat "$OUT/compare.log" 2>/dev/null
 for f in medium shakespeare; do
     [ -f "$OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output)\] step" "$OUT/$f.log" | tail -16; }
