@@ -12,7 +12,7 @@
 //   order, in shared memory; the groups' partial rows are then summed in order (no atomics);
 // - x_hat comes from x_hat_from_saved(), the one place where the policy matters, as on the cpu.
 // Rows longer than 16384, N not a multiple of a vector, misaligned data and f64 use the reference
-// kernels.
+// kernels. SavePolicy::Output divides by the weight with __fdividef (2 ulp).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -191,13 +191,19 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
     __syncthreads();
 }
 
-// Register budget: a thread holds at most 32 floats of a row per array, in blocks of at most 512
-// threads (128 registers a thread); fast_layout picks the threads per row accordingly.
-constexpr int kMaxBlock = 512;
-constexpr int kMaxRowFloats = 32;
+// Register budgets, which fast_layout turns into threads per row: the forward holds one array of
+// a row's floats, at most 32 a thread in blocks of at most 512 threads (128 registers a thread);
+// the backward holds two (dy * weight and x_hat), at most 16 floats each in blocks of at most
+// 1024 (64 registers a thread). Past these the compiler spills to local memory, which halved the
+// backward's bandwidth when it was tried.
+struct Budget {
+    int max_row_floats, max_block;
+};
+constexpr Budget kForwardBudget{32, 512};
+constexpr Budget kBackwardBudget{16, 1024};
 
 template <class T, int VECS>
-__global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
+__global__ void __launch_bounds__(kForwardBudget.max_block) norm_forward_fast_kernel(
     T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
     constexpr int E = Pack<T>::E;
@@ -255,7 +261,7 @@ __global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
 // thread, so no two threads add to one place). At the end the groups' sums are added in order
 // and written as the block's partial row [blockIdx.x].
 template <class T, int VECS>
-__global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
+__global__ void __launch_bounds__(kBackwardBudget.max_block) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
     const T* __restrict__ weight, const T* __restrict__ bias, bool centered, SavePolicy policy, int64_t M, int N,
@@ -290,7 +296,8 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
                 load_affine(bias, c, 0.0f, b);
                 for (int e = 0; e < E; ++e) {
                     // x_hat_from_saved (ops/norm_policy.h) with this vector's weight and bias
-                    xh[k][e] = policy == SavePolicy::Input ? (xh[k][e] - m) * r : (xh[k][e] - b[e]) / w[e];
+                    // (the fast division: 2 ulp, against a 1 ulp division that costs ~10 instructions)
+                    xh[k][e] = policy == SavePolicy::Input ? (xh[k][e] - m) * r : __fdividef(xh[k][e] - b[e], w[e]);
                     float g = d[k][e] * w[e];
                     sum_g += g;
                     sum_gx += g * xh[k][e];
@@ -331,18 +338,18 @@ struct FastLayout {
 };
 
 template <class T>
-FastLayout fast_layout(int64_t N, std::initializer_list<const void*> ptrs) {
+FastLayout fast_layout(Budget budget, int64_t N, std::initializer_list<const void*> ptrs) {
     FastLayout l;
     constexpr int E = Pack<T>::E;
-    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(kMaxRowFloats) * kMaxBlock) return l;
+    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(budget.max_row_floats) * budget.max_block) return l;
     for (const void* p : ptrs)
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return l;
     const int64_t vecs_per_row = N / E;
     // the fewest threads per row whose share of the row fits the register budget: the more rows
     // an SM holds at once, the more loads are in flight
-    for (int t = 32; t <= kMaxBlock; t *= 2) {
+    for (int t = 32; t <= budget.max_block; t *= 2) {
         int64_t vecs = (vecs_per_row + t - 1) / t;
-        if (vecs * E <= kMaxRowFloats) {
+        if (vecs * E <= budget.max_row_floats) {
             l.threads_per_row = t;
             l.vecs = static_cast<int>(vecs);
             l.block = t < 128 ? 128 : t;
@@ -447,7 +454,7 @@ template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        FastLayout l = fast_layout<T>(N, {y, x, weight, bias});
+        FastLayout l = fast_layout<T>(kForwardBudget, N, {y, x, weight, bias});
         switch (l.vecs) {
 #define NT_CASE(V) \
     case V: return norm_forward_fast<T, V>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
@@ -474,7 +481,7 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        FastLayout l = fast_layout<T>(N, {dx, dweight, dbias, dy, saved, weight, bias});
+        FastLayout l = fast_layout<T>(kBackwardBudget, N, {dx, dweight, dbias, dy, saved, weight, bias});
         switch (l.vecs) {
 #define NT_CASE(V)                                                                                               \
     case V:                                                                                                      \
