@@ -191,15 +191,15 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
     __syncthreads();
 }
 
-// Register budgets, which fast_layout turns into threads per row: the forward holds one array of
-// a row's floats, at most 32 a thread in blocks of at most 512 threads (128 registers a thread);
-// the backward holds two (dy * weight and x_hat), at most 16 floats each in blocks of at most
-// 1024 (64 registers a thread). Past these the compiler spills to local memory, which halved the
-// backward's bandwidth when it was tried.
+// Register budgets, which fast_layout turns into threads per row: a thread holds at most 16
+// floats of a row per array (the forward one array, the backward two: dy * weight and x_hat), in
+// blocks of at most 1024 threads (64 registers a thread, every thread of an SM resident). Larger
+// shares were measured slower: at 32 floats the forward needs ~120 registers (a quarter of the
+// threads resident) and the backward spills to local memory.
 struct Budget {
     int max_row_floats, max_block;
 };
-constexpr Budget kForwardBudget{32, 512};
+constexpr Budget kForwardBudget{16, 1024};
 constexpr Budget kBackwardBudget{16, 1024};
 
 template <class T, int VECS>
