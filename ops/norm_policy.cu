@@ -7,7 +7,8 @@
 // - a row is held in registers, read once with 16-byte loads: a group of threads_per_row threads
 //   (a power of two from 32 to 1024) owns a row, each thread VECS vectors of 16 bytes;
 // - blocks are persistent (as many as fit on the GPU) and walk the rows;
-// - statistics in f32, two passes over the registers (mean, then squared deviations);
+// - statistics in f32, one reduction per row of the sums of x - x[row, 0] and its square (the
+//   shifted-data variance; see the kernel);
 // - dweight and dbias: each thread sums its own columns over the rows its group visits, in
 //   order, in shared memory; the groups' partial rows are then summed in order (no atomics);
 // - x_hat comes from x_hat_from_saved(), the one place where the policy matters, as on the cpu.
@@ -215,27 +216,26 @@ __global__ void __launch_bounds__(kForwardBudget.max_block) norm_forward_fast_ke
         const int64_t row = base + threadIdx.x / threads_per_row;
         const bool active = row < M;
         const T* xr = x + row * N;
-        float s = 0, unused = 0;
+        // One reduction per row: sums of d = x - K and d^2 with K = x[row, 0] (LayerNorm; K = 0
+        // for RMSNorm), var = mean(d^2) - mean(d)^2. The shift keeps the subtraction from
+        // cancelling: mean(d) is a few standard deviations at most, unless x[row, 0] is an outlier.
+        const float K = mean && active ? float(xr[0]) : 0.0f;
+        float s = 0, sq = 0;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
             if (active && c < vecs_per_row) load_pack(xr + c * E, v[k]);
-            else for (int e = 0; e < E; ++e) v[k][e] = 0.0f;
-            for (int e = 0; e < E; ++e) s += v[k][e];
+            else for (int e = 0; e < E; ++e) v[k][e] = K;
+            for (int e = 0; e < E; ++e) {
+                float d = v[k][e] - K;
+                s += d;
+                sq += d * d;
+            }
         }
-        float m = 0;
-        if (mean) {
-            group_sum2(s, unused, shared, threads_per_row);
-            m = s / N;
-        }
-        float sq = 0;
-#pragma unroll
-        for (int k = 0; k < VECS; ++k) {
-            if (k * threads_per_row + lane >= vecs_per_row) continue;
-            for (int e = 0; e < E; ++e) sq += (v[k][e] - m) * (v[k][e] - m);
-        }
-        group_sum2(sq, unused, shared, threads_per_row);
-        const float r = rsqrtf(sq / N + eps);
+        group_sum2(s, sq, shared, threads_per_row);
+        const float shift_mean = mean ? s / N : 0.0f;
+        const float m = K + shift_mean;
+        const float r = rsqrtf(fmaxf(sq / N - shift_mean * shift_mean, 0.0f) + eps);
         if (!active) continue;
         if (lane == 0) {
             if (mean) mean[row] = m;
