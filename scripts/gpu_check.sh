@@ -33,7 +33,7 @@ if [ "$MODE" != bench ]; then
 fi
 
 if [ "$MODE" != tests ]; then
-    ./build-gpu/bench_norms --json "$OUT/bench.json" --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
+    ./build-gpu/bench_norms --reference --json "$OUT/bench.json" --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1
     summary+=("bench_norms: exit $?")
     PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$OUT/bench.json" --out "$OUT/compare.json" \
         > "$OUT/compare.log" 2>&1
