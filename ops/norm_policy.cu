@@ -332,6 +332,25 @@ __global__ void __launch_bounds__(kBackwardBudget.max_block) norm_backward_fast_
     }
 }
 
+// out[j] = sum over r < rows of partial[r, j]: a block of 32 x 32 threads takes 32 columns; thread
+// (x, y) adds rows y, y + 32, ... of column x, then the 32 sums of a column are added in order.
+// Deterministic, and each row of 32 columns read by a warp at once.
+template <class T>
+__global__ void sum_partial_rows_kernel(T* __restrict__ out, const float* __restrict__ partial, int64_t rows, int64_t N) {
+    __shared__ float sums[32][33];
+    int64_t j = blockIdx.x * int64_t(32) + threadIdx.x;
+    float s = 0;
+    if (j < N)
+        for (int64_t r = threadIdx.y; r < rows; r += 32) s += partial[r * N + j];
+    sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < N) {
+        float total = 0;
+        for (int y = 0; y < 32; ++y) total += sums[y][threadIdx.x];
+        out[j] = static_cast<T>(total);
+    }
+}
+
 // How a row is spread over threads, or vecs == 0 when the fast kernels do not apply.
 struct FastLayout {
     int vecs = 0, threads_per_row = 0, block = 0;  // vecs: 16-byte vectors per thread and row
@@ -397,13 +416,13 @@ void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     kernel<<<grid, l.block, shared, stream>>>(dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered,
                                               policy, M, static_cast<int>(N), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
-    unsigned blocks = static_cast<unsigned>((N + kColumnThreads - 1) / kColumnThreads);
+    unsigned blocks = static_cast<unsigned>((N + 31) / 32);
     if (dweight) {
-        sum_chunks_kernel<T><<<blocks, kColumnThreads, 0, stream>>>(dweight, ptr(pw), partial_rows, N);
+        sum_partial_rows_kernel<T><<<blocks, dim3(32, 32), 0, stream>>>(dweight, ptr(pw), partial_rows, N);
         CUDA_LAUNCH_CHECK();
     }
     if (dbias) {
-        sum_chunks_kernel<T><<<blocks, kColumnThreads, 0, stream>>>(dbias, ptr(pb), partial_rows, N);
+        sum_partial_rows_kernel<T><<<blocks, dim3(32, 32), 0, stream>>>(dbias, ptr(pb), partial_rows, N);
         CUDA_LAUNCH_CHECK();
     }
 }
