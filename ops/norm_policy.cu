@@ -161,6 +161,19 @@ __device__ inline void store_pack(bf16* p, const float (&v)[8]) {
     }
     *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
+// The same from a vector already in registers (the forward keeps its row as raw 16-byte vectors:
+// 4 registers whatever the dtype, half of what unpacked bf16 would take).
+__device__ inline void unpack(const uint4& q, float (&v)[4]) {
+    v[0] = __uint_as_float(q.x), v[1] = __uint_as_float(q.y), v[2] = __uint_as_float(q.z), v[3] = __uint_as_float(q.w);
+}
+__device__ inline void unpack(const uint4& q, float (&v)[8]) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+
 // weight or bias of one vector of columns; 1 or 0 where absent.
 template <class T>
 __device__ inline void load_affine(const T* p, int c, float fill, float (&v)[Pack<T>::E]) {
@@ -200,7 +213,7 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 struct Budget {
     int max_row_floats, max_block;
 };
-constexpr Budget kForwardBudget{16, 1024};
+constexpr Budget kForwardBudget{32, 1024};  // the forward keeps raw vectors: 32 bf16 in 16 registers
 constexpr Budget kBackwardBudget{16, 1024};
 
 template <class T, int VECS>
@@ -211,7 +224,7 @@ __global__ void __launch_bounds__(kForwardBudget.max_block) norm_forward_fast_ke
     extern __shared__ float shared[];
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
     const int vecs_per_row = N / E;
-    float v[VECS][E];
+    uint4 raw[VECS];  // the row's vectors of this thread, as loaded
     for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
         const int64_t row = base + threadIdx.x / threads_per_row;
         const bool active = row < M;
@@ -220,14 +233,19 @@ __global__ void __launch_bounds__(kForwardBudget.max_block) norm_forward_fast_ke
         // for RMSNorm), var = mean(d^2) - mean(d)^2. The shift keeps the subtraction from
         // cancelling: mean(d) is a few standard deviations at most, unless x[row, 0] is an outlier.
         const float K = mean && active ? float(xr[0]) : 0.0f;
-        float s = 0, sq = 0;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
-            if (active && c < vecs_per_row) load_pack(xr + c * E, v[k]);
-            else for (int e = 0; e < E; ++e) v[k][e] = K;
+            raw[k] = active && c < vecs_per_row ? *reinterpret_cast<const uint4*>(xr + c * E) : make_uint4(0, 0, 0, 0);
+        }
+        float s = 0, sq = 0;
+#pragma unroll
+        for (int k = 0; k < VECS; ++k) {
+            if (k * threads_per_row + lane >= vecs_per_row) continue;
+            float v[E];
+            unpack(raw[k], v);
             for (int e = 0; e < E; ++e) {
-                float d = v[k][e] - K;
+                float d = v[e] - K;
                 s += d;
                 sq += d * d;
             }
@@ -246,10 +264,11 @@ __global__ void __launch_bounds__(kForwardBudget.max_block) norm_forward_fast_ke
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
             if (c >= vecs_per_row) continue;
-            float w[E], b[E], out[E];
+            float v[E], w[E], b[E], out[E];
+            unpack(raw[k], v);
             load_affine(weight, c, 1.0f, w);
             load_affine(bias, c, 0.0f, b);
-            for (int e = 0; e < E; ++e) out[e] = (v[k][e] - m) * r * w[e] + b[e];
+            for (int e = 0; e < E; ++e) out[e] = (v[e] - m) * r * w[e] + b[e];
             store_pack(yr + c * E, out);
         }
     }
