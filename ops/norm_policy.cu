@@ -205,19 +205,27 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
     __syncthreads();
 }
 
-// Register budgets, which fast_layout turns into threads per row: a thread holds at most 16
-// floats of a row per array (the forward one array, the backward two: dy * weight and x_hat), in
-// blocks of at most 1024 threads (64 registers a thread, every thread of an SM resident). Larger
-// shares were measured slower: at 32 floats the forward needs ~120 registers (a quarter of the
-// threads resident) and the backward spills to local memory.
+// Register budgets, which fast_layout turns into threads per row. Rows are kept as raw 16-byte
+// vectors (4 registers each, whatever the dtype) in blocks of at most 1024 threads (64 registers
+// a thread, every thread of an SM resident). The forward holds one array: 8 vectors of f32 or 4
+// of bf16 (32 floats). The backward holds two (dy and the saved tensor) and more temporaries:
+// 4 vectors of f32, 3 of bf16, the most that compile without spilling (nvcc -Xptxas -v). Fewer
+// threads per row mean more rows in flight and cheaper reductions; spills cost more than both.
 struct Budget {
-    int max_row_floats, max_block;
+    int max_vecs, max_block;
 };
-constexpr Budget kForwardBudget{32, 1024};  // the forward keeps raw vectors: 32 bf16 in 16 registers
-constexpr Budget kBackwardBudget{16, 1024};
+template <class T>
+constexpr Budget forward_budget() {
+    return {std::is_same_v<T, float> ? 8 : 4, 1024};
+}
+template <class T>
+constexpr Budget backward_budget() {
+    return {std::is_same_v<T, float> ? 4 : 3, 1024};
+}
+constexpr int kMaxBlock = 1024;
 
 template <class T, int VECS>
-__global__ void __launch_bounds__(kForwardBudget.max_block) norm_forward_fast_kernel(
+__global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
     T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
     constexpr int E = Pack<T>::E;
@@ -280,7 +288,7 @@ __global__ void __launch_bounds__(kForwardBudget.max_block) norm_forward_fast_ke
 // thread, so no two threads add to one place). At the end the groups' sums are added in order
 // and written as the block's partial row [blockIdx.x].
 template <class T, int VECS>
-__global__ void __launch_bounds__(kBackwardBudget.max_block) norm_backward_fast_kernel(
+__global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
     const T* __restrict__ weight, const T* __restrict__ bias, bool centered, SavePolicy policy, int64_t M, int N,
@@ -298,32 +306,44 @@ __global__ void __launch_bounds__(kBackwardBudget.max_block) norm_backward_fast_
         if (c < vecs_per_row)
             for (int e = 0; e < E; ++e) acc_w[e * vecs_per_row + c] = 0.0f, acc_b[e * vecs_per_row + c] = 0.0f;
     }
-    float d[VECS][E], xh[VECS][E];
+    uint4 raw_dy[VECS], raw_saved[VECS];  // this thread's vectors of the row, as loaded
     for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
         const int64_t row = base + group;
         const bool active = row < M;
         const float m = active && mean ? mean[row] : 0.0f, r = active ? rstd[row] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < VECS; ++k) {
+            int c = k * threads_per_row + lane;
+            bool in = active && c < vecs_per_row;
+            raw_dy[k] = in ? *reinterpret_cast<const uint4*>(dy + row * N + c * E) : make_uint4(0, 0, 0, 0);
+            raw_saved[k] = in ? *reinterpret_cast<const uint4*>(saved + row * N + c * E) : make_uint4(0, 0, 0, 0);
+        }
+        // Both passes compute g = dy * weight and x_hat from the raw vectors (x_hat_from_saved of
+        // ops/norm_policy.h, with the fast division under the output policy: 2 ulp against a 1 ulp
+        // division of ~10 instructions); recomputing is cheaper than holding them unpacked.
+        auto g_and_x_hat = [&](int k, int c, float (&g)[E], float (&xh)[E], float (&d)[E]) {
+            float w[E], b[E];
+            unpack(raw_dy[k], d);
+            unpack(raw_saved[k], xh);
+            load_affine(weight, c, 1.0f, w);
+            load_affine(bias, c, 0.0f, b);
+            for (int e = 0; e < E; ++e) {
+                xh[e] = policy == SavePolicy::Input ? (xh[e] - m) * r : __fdividef(xh[e] - b[e], w[e]);
+                g[e] = d[e] * w[e];
+            }
+        };
         float sum_g = 0, sum_gx = 0;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
-            if (active && c < vecs_per_row) {
-                load_pack(dy + row * N + c * E, d[k]);
-                load_pack(saved + row * N + c * E, xh[k]);
-                float w[E], b[E];
-                load_affine(weight, c, 1.0f, w);
-                load_affine(bias, c, 0.0f, b);
-                for (int e = 0; e < E; ++e) {
-                    // x_hat_from_saved (ops/norm_policy.h) with this vector's weight and bias
-                    // (the fast division: 2 ulp, against a 1 ulp division that costs ~10 instructions)
-                    xh[k][e] = policy == SavePolicy::Input ? (xh[k][e] - m) * r : __fdividef(xh[k][e] - b[e], w[e]);
-                    float g = d[k][e] * w[e];
-                    sum_g += g;
-                    sum_gx += g * xh[k][e];
-                    acc_w[e * vecs_per_row + c] += d[k][e] * xh[k][e];
-                    acc_b[e * vecs_per_row + c] += d[k][e];
-                    d[k][e] = g;  // from here on d holds g = dy * weight
-                }
+            if (!active || c >= vecs_per_row) continue;
+            float g[E], xh[E], d[E];
+            g_and_x_hat(k, c, g, xh, d);
+            for (int e = 0; e < E; ++e) {
+                sum_g += g[e];
+                sum_gx += g[e] * xh[e];
+                acc_w[e * vecs_per_row + c] += d[e] * xh[e];
+                acc_b[e * vecs_per_row + c] += d[e];
             }
         }
         group_sum2(sum_g, sum_gx, reduce, threads_per_row);
@@ -333,8 +353,9 @@ __global__ void __launch_bounds__(kBackwardBudget.max_block) norm_backward_fast_
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
             if (c >= vecs_per_row) continue;
-            float out[E];
-            for (int e = 0; e < E; ++e) out[e] = r * (d[k][e] - mean_g - xh[k][e] * mean_gx);
+            float g[E], xh[E], d[E], out[E];
+            g_and_x_hat(k, c, g, xh, d);
+            for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
             store_pack(dx + row * N + c * E, out);
         }
     }
@@ -379,7 +400,7 @@ template <class T>
 FastLayout fast_layout(Budget budget, int64_t N, std::initializer_list<const void*> ptrs) {
     FastLayout l;
     constexpr int E = Pack<T>::E;
-    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(budget.max_row_floats) * budget.max_block) return l;
+    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(budget.max_vecs) * budget.max_block * E) return l;
     for (const void* p : ptrs)
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return l;
     const int64_t vecs_per_row = N / E;
@@ -387,7 +408,7 @@ FastLayout fast_layout(Budget budget, int64_t N, std::initializer_list<const voi
     // an SM holds at once, the more loads are in flight
     for (int t = 32; t <= budget.max_block; t *= 2) {
         int64_t vecs = (vecs_per_row + t - 1) / t;
-        if (vecs * E <= budget.max_row_floats) {
+        if (vecs <= budget.max_vecs) {
             l.threads_per_row = t;
             l.vecs = static_cast<int>(vecs);
             l.block = t < 128 ? 128 : t;
@@ -492,7 +513,7 @@ template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        FastLayout l = fast_layout<T>(kForwardBudget, N, {y, x, weight, bias});
+        FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x, weight, bias});
         switch (l.vecs) {
 #define NT_CASE(V) \
     case V: return norm_forward_fast<T, V>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
@@ -519,7 +540,7 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        FastLayout l = fast_layout<T>(kBackwardBudget, N, {dx, dweight, dbias, dy, saved, weight, bias});
+        FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias});
         switch (l.vecs) {
 #define NT_CASE(V)                                                                                               \
     case V:                                                                                                      \
