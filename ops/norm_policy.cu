@@ -208,9 +208,10 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 // Register budgets, which fast_layout turns into threads per row. Rows are kept as raw 16-byte
 // vectors (4 registers each, whatever the dtype) in blocks of at most 1024 threads (64 registers
 // a thread, every thread of an SM resident). The forward holds one array: 8 vectors of f32 or 4
-// of bf16 (32 floats). The backward holds two (dy and the saved tensor) and more temporaries:
-// 4 vectors of f32, 3 of bf16, the most that compile without spilling (nvcc -Xptxas -v). Fewer
-// threads per row mean more rows in flight and cheaper reductions; spills cost more than both.
+// of bf16 (32 floats). The backward holds two (dy and the saved tensor), and for bf16 also g and
+// x_hat unpacked: 4 vectors of f32, 2 of bf16, the most that compile without spilling much
+// (nvcc -Xptxas -v). Fewer threads per row mean more rows in flight and cheaper reductions;
+// spills cost more than both.
 struct Budget {
     int max_vecs, max_block;
 };
@@ -220,7 +221,7 @@ constexpr Budget forward_budget() {
 }
 template <class T>
 constexpr Budget backward_budget() {
-    return {std::is_same_v<T, float> ? 4 : 3, 1024};
+    return {std::is_same_v<T, float> ? 4 : 2, 1024};
 }
 constexpr int kMaxBlock = 1024;
 
@@ -307,6 +308,10 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
             for (int e = 0; e < E; ++e) acc_w[e * vecs_per_row + c] = 0.0f, acc_b[e * vecs_per_row + c] = 0.0f;
     }
     uint4 raw_dy[VECS], raw_saved[VECS];  // this thread's vectors of the row, as loaded
+    // bf16 keeps g and x_hat of the first pass for the second (8 floats a vector: its arithmetic
+    // per byte is twice f32's, and recomputing made it instruction-bound); f32 recomputes them.
+    constexpr bool kKeep = std::is_same_v<T, bf16>;
+    float kept_g[kKeep ? VECS : 1][E], kept_xh[kKeep ? VECS : 1][E];
     for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
         const int64_t row = base + group;
         const bool active = row < M;
@@ -318,9 +323,9 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
             raw_dy[k] = in ? *reinterpret_cast<const uint4*>(dy + row * N + c * E) : make_uint4(0, 0, 0, 0);
             raw_saved[k] = in ? *reinterpret_cast<const uint4*>(saved + row * N + c * E) : make_uint4(0, 0, 0, 0);
         }
-        // Both passes compute g = dy * weight and x_hat from the raw vectors (x_hat_from_saved of
-        // ops/norm_policy.h, with the fast division under the output policy: 2 ulp against a 1 ulp
-        // division of ~10 instructions); recomputing is cheaper than holding them unpacked.
+        // g = dy * weight and x_hat from the raw vectors (x_hat_from_saved of ops/norm_policy.h,
+        // with the fast division under the output policy: 2 ulp against a 1 ulp division of ~10
+        // instructions).
         auto g_and_x_hat = [&](int k, int c, float (&g)[E], float (&xh)[E], float (&d)[E]) {
             float w[E], b[E];
             unpack(raw_dy[k], d);
@@ -344,6 +349,7 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
                 sum_gx += g[e] * xh[e];
                 acc_w[e * vecs_per_row + c] += d[e] * xh[e];
                 acc_b[e * vecs_per_row + c] += d[e];
+                if constexpr (kKeep) kept_g[k][e] = g[e], kept_xh[k][e] = xh[e];
             }
         }
         group_sum2(sum_g, sum_gx, reduce, threads_per_row);
@@ -354,8 +360,12 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
             int c = k * threads_per_row + lane;
             if (c >= vecs_per_row) continue;
             float g[E], xh[E], d[E], out[E];
-            g_and_x_hat(k, c, g, xh, d);
-            for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
+            if constexpr (kKeep) {
+                for (int e = 0; e < E; ++e) out[e] = r * (kept_g[k][e] - mean_g - kept_xh[k][e] * mean_gx);
+            } else {
+                g_and_x_hat(k, c, g, xh, d);
+                for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
+            }
             store_pack(dx + row * N + c * E, out);
         }
     }
