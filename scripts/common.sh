@@ -28,8 +28,10 @@ install_build_deps() {
     install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev
 }
 
-# configure_and_build [TARGET...]: every target when none is named.
+# configure_and_build [TARGET...]: every target when none is named. The CUDA backend is built when
+# nvcc is found (on the PATH, or where the CUDA toolkit installs it).
 configure_and_build() {
+    if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
     cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     local targets=()
     [ $# -gt 0 ] && targets=(--target "$@")
