@@ -16,13 +16,6 @@ namespace {
 
 constexpr int kSoftmaxThreads = 256;
 
-template <class T>
-cudaDataType_t cuda_type() {
-    if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
-    else if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
-    else return CUDA_R_16BF;
-}
-
 // Row-major C[batch] = op(A[batch]) @ op(B[batch]) (see gemm_cuda for the column-major swap).
 // A: rows x cols with leading dimension lda (row stride), batch stride sa; likewise B and C.
 template <class TA, class TC>

@@ -1,9 +1,21 @@
 // ops/cuda_common.cuh: device helpers shared by the ops' kernels. Internal, CUDA code only.
 #pragma once
 
+#include <library_types.h>
+
+#include <type_traits>
+
 #include "core/dtype.h"
 
 namespace normtape::detail {
+
+// The cuBLAS data type of f32, f64 and bf16.
+template <class T>
+cudaDataType_t cuda_type() {
+    if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+    else if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+    else return CUDA_R_16BF;
+}
 
 // The sum of `v` over the block, returned to every thread; blockDim.x a multiple of 32, at most
 // 1024. The order of additions is fixed by the block shape, so results are deterministic.

@@ -3,18 +3,12 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "ops/cuda_common.cuh"
 #include "ops/cuda_launchers.h"
 
 namespace normtape::detail {
 
 namespace {
-
-template <class T>
-cudaDataType_t cuda_type() {
-    if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
-    else if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
-    else return CUDA_R_16BF;
-}
 
 // out[r, j] += bias[j]; out [rows, N].
 template <class T>
