@@ -136,9 +136,10 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
                  shape_str(root.shape()), "; pass a gradient");
         g = ones(root.shape(), TensorOptions().dtype(root.dtype()).device(root.device()));
     }
-    NT_CHECK(g.shape() == root.shape() && g.dtype() == root.dtype(), "backward: expected a gradient of shape ",
-             shape_str(root.shape()), " ", dtype_name(root.dtype()), ", got ", shape_str(g.shape()), " ",
-             dtype_name(g.dtype()));
+    NT_CHECK(g.shape() == root.shape() && g.dtype() == root.dtype() && g.device() == root.device(),
+             "backward: expected a gradient of shape ", shape_str(root.shape()), " ", dtype_name(root.dtype()), " on ",
+             device_name(root.device()), ", got ", shape_str(g.shape()), " ", dtype_name(g.dtype()), " on ",
+             device_name(g.device()));
 
     NoGradGuard no_grad;  // backward builds no graph of its own
     if (root.is_leaf()) {

@@ -67,7 +67,10 @@ DeviceAllocator& allocator(int device) {
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// cudaFree waits for the device; the explicit wait makes that independent of the runtime's rules.
 void release_free_segments(int device, DeviceAllocator& a) {
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaDeviceSynchronize());
     for (bool small : {true, false}) {
         auto& pool = a.pool(small);
         for (auto it = pool.begin(); it != pool.end();) {
@@ -185,7 +188,6 @@ void cuda_reset_peak_memory_stats(int device) {
 void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace) { allocator(device).trace = trace; }
 
 void cuda_empty_cache(int device) {
-    CUDA_CHECK(cudaDeviceSynchronize());
     release_free_segments(device, allocator(device));
 }
 

@@ -8,8 +8,8 @@
 namespace normtape::detail {
 
 // dst[i] = convert(src[i]) in row-major order; dst contiguous, both on the same CUDA device,
-// any dtypes; src any strides (at most 8 dims). float -> i64 out of range is undefined here:
-// callers check on the host.
+// any dtypes; src any strides (at most 8 dims). Floats out of the range of i64 saturate here
+// (the cpu path throws).
 void copy_cuda(const Tensor& dst, const Tensor& src);
 // Every element of the contiguous CUDA tensor dst = value.
 void fill_cuda(const Tensor& dst, double value);

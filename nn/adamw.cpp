@@ -59,6 +59,11 @@ void AdamW::step() {
             Tensor g = p.grad();
             if (!g.defined()) continue;
             ParamState& st = state_[gi][i];
+            NT_CHECK(st.m.device() == p.device() && st.m.dtype() == stat_dtype(p.dtype()) &&
+                         (p.dtype() == DType::BF16) == st.master.defined(),
+                     "AdamW: a parameter moved to ", device_name(p.device()), " ", dtype_name(p.dtype()),
+                     " after the optimizer was built (its state is ", device_name(st.m.device()), " ",
+                     dtype_name(st.m.dtype()), "); build the optimizer after Module::to");
             dispatch_floating(p.dtype(), "AdamW", [&](auto tag) {
                 using T = decltype(tag);
                 using A = acc_t<T>;

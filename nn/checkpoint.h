@@ -30,7 +30,8 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
 void save_checkpoint(const std::string& path, const Module& module, const std::map<std::string, std::string>& metadata = {});
 
 // Copies each parameter of `module` from the file's tensor of the same name, in place, onto the
-// parameter's device (the storage version is bumped). Throws Error naming the file and the parameter when one is
+// parameter's device (the storage version is bumped). Build optimizers after loading: AdamW's
+// f32 master copies of bf16 parameters are taken when it is constructed. Throws Error naming the file and the parameter when one is
 // missing or has another shape or dtype; nothing is modified then.
 void load_checkpoint(const std::string& path, Module& module);
 

@@ -1,6 +1,6 @@
 // ops/norm_policy.cpp: argument checks, the CPU reference kernels and the backward node shared
 // by layer_norm and rms_norm. Plain loops, written to be read: this is the reference that the
-// CUDA kernels will be tested against.
+// CUDA kernels are tested against.
 #include "ops/norm_policy.h"
 
 #include <cmath>

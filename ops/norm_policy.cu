@@ -12,8 +12,12 @@
 // - dweight and dbias: each thread sums its own columns over the rows its group visits, in
 //   order, in shared memory; the groups' partial rows are then summed in order (no atomics);
 // - x_hat comes from x_hat_from_saved(), the one place where the policy matters, as on the cpu.
-// Rows longer than 16384, N not a multiple of a vector, misaligned data and f64 use the reference
-// kernels. SavePolicy::Output divides by the weight with __fdividef (2 ulp).
+// The reference kernels take f64, N not a multiple of a vector, misaligned data, and rows longer
+// than the fast kernels hold (forward 32768; backward 16384, or what the GPU's shared memory
+// allows). SavePolicy::Output divides by the weight with __fdividef (2 ulp).
+// Determinism: the fast backward's dweight and dbias are summed per persistent block, and the
+// number of blocks depends on the GPU (SM count, occupancy): the same bits run to run on one GPU
+// model, not across models.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -106,16 +110,18 @@ __global__ void norm_param_partials_kernel(acc_t<T>* __restrict__ partial_w, acc
     using A = acc_t<T>;
     int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (j >= N) return;
-    int64_t c = blockIdx.y, begin = c * kRowsPerChunk, end = min(M, begin + kRowsPerChunk);
-    A sw = 0, sb = 0;
-    for (int64_t i = begin; i < end; ++i) {
-        A d = A(dy[i * N + j]);
-        if (partial_w) sw += d * x_hat_from_saved<T, A>(policy, saved[i * N + j], mean ? mean[i] : A(0), rstd[i], weight,
-                                                         bias, j);
-        sb += d;
+    for (int64_t c = blockIdx.y; c * kRowsPerChunk < M; c += gridDim.y) {  // gridDim.y is capped at 65535
+        int64_t begin = c * kRowsPerChunk, end = min(M, begin + kRowsPerChunk);
+        A sw = 0, sb = 0;
+        for (int64_t i = begin; i < end; ++i) {
+            A d = A(dy[i * N + j]);
+            if (partial_w) sw += d * x_hat_from_saved<T, A>(policy, saved[i * N + j], mean ? mean[i] : A(0), rstd[i],
+                                                             weight, bias, j);
+            sb += d;
+        }
+        if (partial_w) partial_w[c * N + j] = sw;
+        if (partial_b) partial_b[c * N + j] = sb;
     }
-    if (partial_w) partial_w[c * N + j] = sw;
-    if (partial_b) partial_b[c * N + j] = sb;
 }
 
 // Pass 2: out[j] = sum over chunks c, in order, of partial[c, j].
@@ -441,10 +447,11 @@ unsigned persistent_grid(Kernel kernel, int block, size_t shared_bytes, int64_t 
 template <class T, int VECS>
 void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
                        int64_t M, int64_t N, double eps, int device) {
+    cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     auto kernel = norm_forward_fast_kernel<T, VECS>;
     size_t shared = 2 * sizeof(float) * (l.block / 32);
     unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
-    kernel<<<grid, l.block, shared, cuda::stream(device)>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
+    kernel<<<grid, l.block, shared, stream>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
                                                            static_cast<float>(eps), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
 }
@@ -453,6 +460,7 @@ template <class T, int VECS>
 void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
                         const float* mean, const float* rstd, const T* weight, const T* bias, bool centered,
                         SavePolicy policy, int64_t M, int64_t N, int device) {
+    cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     auto kernel = norm_backward_fast_kernel<T, VECS>;
     int groups = l.block / l.threads_per_row;
     size_t shared = sizeof(float) * (2 * (l.block / 32) + 2 * size_t(groups) * N);
@@ -462,7 +470,6 @@ void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
     auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };
-    cudaStream_t stream = cuda::stream(device);
     kernel<<<grid, l.block, shared, stream>>>(dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered,
                                               policy, M, static_cast<int>(N), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
@@ -502,7 +509,8 @@ void norm_backward_reference_cuda(T* dx, T* dweight, T* dbias, const T* dy, cons
     TensorOptions opts = TensorOptions().dtype(stat_dtype(dtype_of<T>())).device(Device::cuda(device));
     Tensor pw = dweight ? empty({chunks, N}, opts) : Tensor(), pb = dbias ? empty({chunks, N}, opts) : Tensor();
     auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<acc_t<T>*>(t.storage()->data()) : nullptr; };
-    dim3 grid(static_cast<unsigned>((N + kColumnThreads - 1) / kColumnThreads), static_cast<unsigned>(chunks));
+    dim3 grid(static_cast<unsigned>((N + kColumnThreads - 1) / kColumnThreads),
+              static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
     norm_param_partials_kernel<T><<<grid, kColumnThreads, 0, stream>>>(ptr(pw), ptr(pb), dy, saved, mean, rstd, weight,
                                                                        bias, policy, M, N);
     CUDA_LAUNCH_CHECK();
@@ -551,6 +559,13 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
         FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias});
+        // dweight and dbias accumulate in shared memory: [groups][2][N] floats must fit (up to
+        // 128 KiB at N = 16384; GPUs before Hopper allow less and take the reference).
+        int optin = 0;
+        cuda::stream(device);
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        if (l.vecs && sizeof(float) * (2 * (l.block / 32) + 2 * size_t(l.block / l.threads_per_row) * N) > size_t(optin))
+            l.vecs = 0;
         switch (l.vecs) {
 #define NT_CASE(V)                                                                                               \
     case V:                                                                                                      \

@@ -15,6 +15,7 @@ if [ -d "$DEPS/data" ] && [ ! -f ../shared/data/tinyshakespeare.txt ]; then
     mkdir -p ../shared/data && cp "$DEPS"/data/* ../shared/data/ 2>/dev/null
 fi
 summary=()
+failed=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$DEPS" \
@@ -27,6 +28,7 @@ export NORMTAPE_PYTHON=python3
 [ "$MODE" != bench ] && (cd build-gpu && ctest -j 8 --output-on-failure > "$OUT/ctest.log" 2>&1)
 if [ "$MODE" != bench ]; then
     summary+=("tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)")
+    grep -q "100% tests passed" "$OUT/ctest.log" || failed=1
     grep -E "Failed|\*\*\*Exception|Not Run" "$OUT/ctest.log" | head -20
     ./build-gpu/normtape_tests -ts=cuda,torch_crosscheck -s 2>&1 | grep -E "errors against PyTorch|  (layer|rms)/|skipped" \
         > "$OUT/crosscheck.txt"
@@ -57,3 +59,4 @@ cat "$OUT/compare.log" 2>/dev/null
 for f in medium shakespeare; do
     [ -f "$OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output)\] step" "$OUT/$f.log" | tail -16; }
 done
+exit $failed
