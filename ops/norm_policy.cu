@@ -4,13 +4,15 @@
 // per row, statistics with fixed-order block reductions, weight and bias gradients in two
 // passes. The fast one (norm_*_cuda, f32 and bf16) is what the ops run; it is tested against the
 // reference and the cpu (tests/test_cuda.cpp) and timed by examples/bench_norms.cpp:
-// - a row is held in registers, read once with 16-byte loads: a group of threads_per_row threads
-//   (a power of two from 32 to 1024) owns a row, each thread VECS vectors of 16 bytes;
+// - a row is read once with 16-byte loads and held in registers as raw vectors: a group of
+//   threads_per_row threads (a power of two from 32 to 1024) owns a row, each thread VECS
+//   vectors, within a register budget (forward_budget, backward_budget);
 // - blocks are persistent (as many as fit on the GPU) and walk the rows;
 // - statistics in f32, one reduction per row of the sums of x - x[row, 0] and its square (the
 //   shifted-data variance; see the kernel);
 // - dweight and dbias: each thread sums its own columns over the rows its group visits, in
-//   order, in shared memory; the groups' partial rows are then summed in order (no atomics);
+//   order, in shared memory; a block adds its groups' sums into one partial row, and the blocks'
+//   partial rows are added in order by a second kernel (no atomics);
 // - x_hat comes from x_hat_from_saved(), the one place where the policy matters, as on the cpu.
 // The reference kernels take f64, N not a multiple of a vector, misaligned data, and rows longer
 // than the fast kernels hold (forward 32768; backward 16384, or what the GPU's shared memory
