@@ -4,15 +4,20 @@
 // For N in {768, 1024, 2048, 3000, 4096, 8192, 16384} and M = 2^28 / N rows, dtypes bf16 and f32,
 // LayerNorm and RMSNorm: the forward, and the backward (dx, dweight and dbias, complete) under
 // SavePolicy::Input and SavePolicy::Output. Each case is timed with CUDA events: 3 warm-up runs,
-// then the median of 20. The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
+// then 20 runs queued back to back, each between its own pair of events, and their median (the
+// host queues ahead of the GPU, so its launch overhead is not counted). The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
 // so nothing is served from it between runs. Effective bandwidth = bytes that must move / time:
 // forward x in and y out; backward x (or y) and dy in, dx out (weights and statistics, M*8
 // bytes at most, are not counted); copy = bytes read + bytes written.
 //
-//   bench_norms [--quick] [--csv FILE] [--json FILE] [--reference]
+//   bench_norms [--quick] [--reference] [--n N...] [--dtype bf16|f32...] [--csv FILE] [--json FILE]
 //   --quick: M = 2^20 / N (a smoke test; CI compiles this program, it has no GPU to run it)
 //   --reference: also time the plain reference kernels
+//   --n, --dtype: only these hidden sizes or dtypes (e.g. to profile one case)
 #include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -37,25 +42,27 @@ struct Row {
     double ms, gbps, pct_copy;
 };
 
-// Median time in ms of `fn` on the device's stream.
+// Median time in ms of `fn` on the device's stream: `repeats` runs queued back to back, each
+// between its own pair of events, after `warmup` runs.
 double time_ms(const std::function<void()>& fn, int warmup = 3, int repeats = 20) {
     cudaStream_t stream = cuda::stream(0);
     for (int i = 0; i < warmup; ++i) fn();
-    std::vector<double> times;
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<cudaEvent_t> events(2 * repeats);
+    for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventCreate(&e));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
     for (int i = 0; i < repeats; ++i) {
-        CUDA_CHECK(cudaEventRecord(start, stream));
+        CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
         fn();
-        CUDA_CHECK(cudaEventRecord(stop, stream));
-        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<double> times;
+    for (int i = 0; i < repeats; ++i) {
         float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
         times.push_back(ms);
     }
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
+    for (cudaEvent_t e : events) CUDA_CHECK(cudaEventDestroy(e));
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
 }
@@ -66,9 +73,10 @@ T* ptr(const Tensor& t) {
 }
 
 template <class T>
-void bench_dtype(const char* dtype_name_, int64_t total, bool reference, std::vector<Row>& rows) {
+void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64_t>& sizes, bool reference,
+                 std::vector<Row>& rows) {
     const DType dt = dtype_of<T>();
-    for (int64_t N : {768, 1024, 2048, 3000, 4096, 8192, 16384}) {
+    for (int64_t N : sizes) {
         const int64_t M = total / N;
         TensorOptions o = TensorOptions().dtype(dt).device(Device::CUDA);
         TensorOptions so = TensorOptions().dtype(DType::F32).device(Device::CUDA);
@@ -114,19 +122,21 @@ void bench_dtype(const char* dtype_name_, int64_t total, bool reference, std::ve
 }  // namespace
 
 int main(int argc, char** argv) {
+    CLI::App app{"bench_norms: the norm kernels' effective bandwidth against a device-to-device copy"};
     bool quick = false, reference = false;
+    std::vector<int64_t> sizes = {768, 1024, 2048, 3000, 4096, 8192, 16384};
+    std::vector<std::string> dtypes = {"bf16", "f32"};
     std::string csv, json;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "--quick") quick = true;
-        else if (a == "--reference") reference = true;
-        else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
-        else if (a == "--json" && i + 1 < argc) json = argv[++i];
-        else {
-            std::fprintf(stderr, "bench_norms: unknown argument %s (see the comment atop examples/bench_norms.cpp)\n",
-                         a.c_str());
-            return 2;
-        }
+    app.add_flag("--quick", quick, "M = 2^20 / N: a smoke test");
+    app.add_flag("--reference", reference, "also time the plain reference kernels");
+    app.add_option("--n", sizes, "hidden sizes N")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+    app.add_option("--dtype", dtypes, "dtypes")->check(CLI::IsMember({"bf16", "f32"}));
+    app.add_option("--csv", csv, "write the rows as CSV here");
+    app.add_option("--json", json, "write the rows as JSON here");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;
     }
     if (!cuda_is_available()) {
         std::fprintf(stderr, "bench_norms: no CUDA GPU is visible\n");
@@ -135,8 +145,10 @@ int main(int argc, char** argv) {
     try {
         const int64_t total = int64_t(1) << (quick ? 20 : 28);
         std::vector<Row> rows;
-        bench_dtype<bf16>("bf16", total, reference, rows);
-        bench_dtype<float>("f32", total, reference, rows);
+        for (const std::string& d : dtypes) {
+            if (d == "bf16") bench_dtype<bf16>("bf16", total, sizes, reference, rows);
+            else bench_dtype<float>("f32", total, sizes, reference, rows);
+        }
         cudaDeviceProp prop{};
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("%s, M*N = 2^%d elements, median of 20 CUDA-event timings after 3 warm-ups\n", prop.name,
@@ -155,16 +167,11 @@ int main(int argc, char** argv) {
                   << r.ms << "," << r.gbps << "," << r.pct_copy << "\n";
         }
         if (!json.empty()) {
-            std::ofstream f(json);
-            f << "[\n";
-            for (size_t i = 0; i < rows.size(); ++i) {
-                const Row& r = rows[i];
-                f << "  {\"dtype\": \"" << r.dtype << "\", \"norm\": \"" << r.norm << "\", \"pass\": \"" << r.pass
-                  << "\", \"policy\": \"" << r.policy << "\", \"N\": " << r.N << ", \"M\": " << r.M
-                  << ", \"ms\": " << r.ms << ", \"gbps\": " << r.gbps << ", \"pct_copy\": " << r.pct_copy << "}"
-                  << (i + 1 < rows.size() ? ",\n" : "\n");
-            }
-            f << "]\n";
+            nlohmann::json out = nlohmann::json::array();
+            for (const Row& r : rows)
+                out.push_back({{"dtype", r.dtype}, {"norm", r.norm}, {"pass", r.pass}, {"policy", r.policy},
+                               {"N", r.N}, {"M", r.M}, {"ms", r.ms}, {"gbps", r.gbps}, {"pct_copy", r.pct_copy}});
+            std::ofstream(json) << out.dump(1) << "\n";
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_norms: error: %s\n", e.what());

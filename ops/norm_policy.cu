@@ -24,7 +24,10 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
@@ -215,23 +218,34 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 
 // Register budgets, which fast_layout turns into threads per row. Rows are kept as raw 16-byte
 // vectors (4 registers each, whatever the dtype) in blocks of at most 1024 threads (64 registers
-// a thread, every thread of an SM resident). The forward holds one array: 8 vectors of f32 or 4
-// of bf16 (32 floats). The backward holds two (dy and the saved tensor), and for bf16 also g and
-// x_hat unpacked: 4 vectors of f32, 2 of bf16, the most that compile without spilling much
-// (nvcc -Xptxas -v). Fewer threads per row mean more rows in flight and cheaper reductions;
-// spills cost more than both.
+// a thread, every thread of an SM resident). The forward holds one array: up to 8 vectors of f32
+// or 4 of bf16 (32 floats). The backward holds two (dy and the saved tensor) and its threads'
+// dweight and dbias sums: in registers up to 8 floats a thread (2 vectors of f32, the fastest
+// while a row takes at most 256 threads), else in shared memory (bf16 takes 2 or 3 vectors a
+// thread: the more bytes a thread has in flight, the better, up to what compiles without
+// spilling, nvcc -Xptxas -v). The longest rows take 4. Chosen by bench_norms on an H200.
+constexpr int kMaxBlock = 1024;
 struct Budget {
-    int max_vecs, max_block;
+    struct Candidate {
+        int vecs, max_threads;  // vectors per thread, and the most threads per row it is used with
+    } candidates[3];            // in order of preference; vecs == 0 ends the list
 };
 template <class T>
 constexpr Budget forward_budget() {
-    return {std::is_same_v<T, float> ? 8 : 4, 1024};
+    return {{{std::is_same_v<T, float> ? 8 : 4, kMaxBlock}, {0, 0}, {0, 0}}};
 }
 template <class T>
 constexpr Budget backward_budget() {
-    return {std::is_same_v<T, float> ? 4 : 2, 1024};
+    if constexpr (std::is_same_v<T, float>) return {{{2, 256}, {4, kMaxBlock}, {0, 0}}};
+    else return {{{3, kMaxBlock}, {2, kMaxBlock}, {4, kMaxBlock}}};
 }
-constexpr int kMaxBlock = 1024;
+constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
+
+// The backward keeps each thread's dweight/dbias sums in registers when they are at most 8 floats.
+template <class T, int VECS>
+constexpr bool register_sums() {
+    return VECS * Pack<T>::E <= 8;
+}
 
 template <class T, int VECS>
 __global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
@@ -291,35 +305,56 @@ __global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
     }
 }
 
-// dx per row; dweight and dbias partial sums of this block's groups in shared memory
-// (acc_w, acc_b: [groups][E][vecs_per_row] each, element e of vector c at e * vecs_per_row + c so
-// that neighbouring threads touch neighbouring words; every column of a group belongs to one
-// thread, so no two threads add to one place). At the end the groups' sums are added in order
-// and written as the block's partial row [blockIdx.x].
-template <class T, int VECS>
+// Where the dweight or dbias sum of element e of vector c lives in shared memory: the vectors'
+// first four columns, then their next four (bf16), as float4s, so that the threads of a warp
+// read and write neighbouring 16-byte words.
+template <int E>
+__device__ inline float4& sum_slot(float* sums, int vecs_per_row, int c, int quad) {
+    return reinterpret_cast<float4*>(sums)[quad * vecs_per_row + c];
+}
+template <int E>
+__device__ inline float sum_at(const float* sums, int vecs_per_row, int j) {
+    int c = j / E, e = j % E;
+    return sums[((e / 4) * vecs_per_row + c) * 4 + e % 4];
+}
+__device__ inline void add4(float4& s, const float* v) { s.x += v[0], s.y += v[1], s.z += v[2], s.w += v[3]; }
+
+// dx per row, and this block's partial row [blockIdx.x] of dweight and dbias. A thread owns the
+// same columns in every row its group visits, so it sums dy * x_hat and dy of its columns over
+// those rows, in row order: in registers (register_sums) or in shared memory ([groups][2][N]
+// floats, laid out by sum_slot). At the end the groups' sums are added in group order. OUTPUT:
+// SavePolicy::Output, where x_hat = (y - bias) / weight: the first pass and the dweight sums work
+// with y - bias and divide once per column, the second pass multiplies by 1 / weight computed
+// once per column where the sums are in registers, and divides with __fdividef (2 ulp) elsewhere.
+template <class T, int VECS, bool OUTPUT>
 __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, SavePolicy policy, int64_t M, int N,
-    int threads_per_row) {
-    constexpr int E = Pack<T>::E;
-    extern __shared__ float shared[];
+    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, int64_t M, int N, int threads_per_row) {
+    constexpr int E = Pack<T>::E, Q = E / 4;
+    constexpr bool kRegisterSums = register_sums<T, VECS>();
+    extern __shared__ float4 shared4[];
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
     const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
-    float* reduce = shared;                                           // 2 per warp
-    float* acc = shared + 2 * (blockDim.x / 32);                      // [groups][2][N]
-    float* acc_w = acc + group * 2 * N;
-    float* acc_b = acc_w + N;
+    float* sums = reinterpret_cast<float*>(shared4);                      // [groups][2][N], or [2][N]
+    float* reduce = sums + (kRegisterSums ? 1 : groups) * 2 * N;         // 2 per warp
+    float* sums_w = sums + (kRegisterSums ? 0 : group * 2 * N);
+    float* sums_b = sums_w + N;
+    float reg_w[kRegisterSums ? VECS : 1][E] = {}, reg_b[kRegisterSums ? VECS : 1][E] = {};
+    float inv_w[kRegisterSums && OUTPUT ? VECS : 1][E];
     for (int k = 0; k < VECS; ++k) {
         int c = k * threads_per_row + lane;
-        if (c < vecs_per_row)
-            for (int e = 0; e < E; ++e) acc_w[e * vecs_per_row + c] = 0.0f, acc_b[e * vecs_per_row + c] = 0.0f;
+        if (c >= vecs_per_row) continue;
+        if constexpr (!kRegisterSums) {
+            for (int q = 0; q < Q; ++q)
+                sum_slot<E>(sums_w, vecs_per_row, c, q) = sum_slot<E>(sums_b, vecs_per_row, c, q) = float4{0, 0, 0, 0};
+        } else if constexpr (OUTPUT) {
+            float w[E];
+            load_affine(weight, c, 1.0f, w);
+            for (int e = 0; e < E; ++e) inv_w[k][e] = 1.0f / w[e];
+        }
     }
     uint4 raw_dy[VECS], raw_saved[VECS];  // this thread's vectors of the row, as loaded
-    // bf16 keeps g and x_hat of the first pass for the second (8 floats a vector: its arithmetic
-    // per byte is twice f32's, and recomputing made it instruction-bound); f32 recomputes them.
-    constexpr bool kKeep = std::is_same_v<T, bf16>;
-    float kept_g[kKeep ? VECS : 1][E], kept_xh[kKeep ? VECS : 1][E];
     for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
         const int64_t row = base + group;
         const bool active = row < M;
@@ -331,33 +366,42 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
             raw_dy[k] = in ? *reinterpret_cast<const uint4*>(dy + row * N + c * E) : make_uint4(0, 0, 0, 0);
             raw_saved[k] = in ? *reinterpret_cast<const uint4*>(saved + row * N + c * E) : make_uint4(0, 0, 0, 0);
         }
-        // g = dy * weight and x_hat from the raw vectors (x_hat_from_saved of ops/norm_policy.h,
-        // with the fast division under the output policy: 2 ulp against a 1 ulp division of ~10
-        // instructions).
-        auto g_and_x_hat = [&](int k, int c, float (&g)[E], float (&xh)[E], float (&d)[E]) {
-            float w[E], b[E];
+        // From the raw vectors: d = dy, g = dy * weight, and s = x_hat (Input) or y - bias =
+        // x_hat * weight (Output: x_hat_from_saved of ops/norm_policy.h without its division).
+        auto terms = [&](int k, int c, float (&d)[E], float (&g)[E], float (&s)[E], float (&w)[E]) {
             unpack(raw_dy[k], d);
-            unpack(raw_saved[k], xh);
+            unpack(raw_saved[k], s);
             load_affine(weight, c, 1.0f, w);
-            load_affine(bias, c, 0.0f, b);
-            for (int e = 0; e < E; ++e) {
-                xh[e] = policy == SavePolicy::Input ? (xh[e] - m) * r : __fdividef(xh[e] - b[e], w[e]);
-                g[e] = d[e] * w[e];
+            if constexpr (OUTPUT) {
+                float b[E];
+                load_affine(bias, c, 0.0f, b);
+                for (int e = 0; e < E; ++e) s[e] -= b[e];
+            } else {
+                for (int e = 0; e < E; ++e) s[e] = (s[e] - m) * r;
             }
+            for (int e = 0; e < E; ++e) g[e] = d[e] * w[e];
         };
+        // Pass 1 needs no division: g * x_hat = dy * s under Output, and the dweight sums add
+        // dy * s, divided by the weight once per column at the end.
         float sum_g = 0, sum_gx = 0;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
             if (!active || c >= vecs_per_row) continue;
-            float g[E], xh[E], d[E];
-            g_and_x_hat(k, c, g, xh, d);
+            float d[E], g[E], sv[E], w[E], ds[E];
+            terms(k, c, d, g, sv, w);
             for (int e = 0; e < E; ++e) {
+                ds[e] = d[e] * sv[e];
                 sum_g += g[e];
-                sum_gx += g[e] * xh[e];
-                acc_w[e * vecs_per_row + c] += d[e] * xh[e];
-                acc_b[e * vecs_per_row + c] += d[e];
-                if constexpr (kKeep) kept_g[k][e] = g[e], kept_xh[k][e] = xh[e];
+                sum_gx += OUTPUT ? ds[e] : g[e] * sv[e];
+            }
+            if constexpr (kRegisterSums) {
+                for (int e = 0; e < E; ++e) reg_w[k][e] += ds[e], reg_b[k][e] += d[e];
+            } else {
+                for (int q = 0; q < Q; ++q) {
+                    add4(sum_slot<E>(sums_w, vecs_per_row, c, q), ds + 4 * q);
+                    add4(sum_slot<E>(sums_b, vecs_per_row, c, q), d + 4 * q);
+                }
             }
         }
         group_sum2(sum_g, sum_gx, reduce, threads_per_row);
@@ -367,24 +411,41 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
             if (c >= vecs_per_row) continue;
-            float g[E], xh[E], d[E], out[E];
-            if constexpr (kKeep) {
-                for (int e = 0; e < E; ++e) out[e] = r * (kept_g[k][e] - mean_g - kept_xh[k][e] * mean_gx);
-            } else {
-                g_and_x_hat(k, c, g, xh, d);
-                for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
+            float d[E], g[E], xh[E], w[E], out[E];
+            terms(k, c, d, g, xh, w);  // again: cheaper than holding them through the reduction
+            if constexpr (OUTPUT) {
+                for (int e = 0; e < E; ++e) xh[e] = kRegisterSums ? xh[e] * inv_w[k][e] : __fdividef(xh[e], w[e]);
             }
+            for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
             store_pack(dx + row * N + c * E, out);
         }
     }
-    __syncthreads();
-    for (int j = threadIdx.x; j < N; j += blockDim.x) {  // column j = vector c, element e
-        int c = j / E, e = j % E;
-        float sw = 0, sb = 0;
+    if constexpr (kRegisterSums) {  // the groups' sums into sums_w and sums_b, in group order
         for (int g = 0; g < groups; ++g) {
-            sw += acc[g * 2 * N + e * vecs_per_row + c];
-            sb += acc[g * 2 * N + N + e * vecs_per_row + c];
+            if (group == g)
+                for (int k = 0; k < VECS; ++k) {
+                    int c = k * threads_per_row + lane;
+                    if (c >= vecs_per_row) continue;
+                    for (int q = 0; q < Q; ++q) {
+                        float4& w = sum_slot<E>(sums_w, vecs_per_row, c, q);
+                        float4& b = sum_slot<E>(sums_b, vecs_per_row, c, q);
+                        if (g == 0) w = b = float4{0, 0, 0, 0};
+                        add4(w, reg_w[k] + 4 * q);
+                        add4(b, reg_b[k] + 4 * q);
+                    }
+                }
+            __syncthreads();
         }
+    } else {
+        __syncthreads();
+    }
+    for (int j = threadIdx.x; j < N; j += blockDim.x) {
+        float sw = 0, sb = 0;
+        for (int g = 0; g < (kRegisterSums ? 1 : groups); ++g) {
+            sw += sum_at<E>(sums + g * 2 * N, vecs_per_row, j);
+            sb += sum_at<E>(sums + g * 2 * N + N, vecs_per_row, j);
+        }
+        if (OUTPUT && weight) sw /= float(weight[j]);
         if (partial_w) partial_w[int64_t(blockIdx.x) * N + j] = sw;
         if (partial_b) partial_b[int64_t(blockIdx.x) * N + j] = sb;
     }
@@ -414,36 +475,65 @@ struct FastLayout {
     int vecs = 0, threads_per_row = 0, block = 0;  // vecs: 16-byte vectors per thread and row
 };
 
+// Threads per row: a multiple of 32, each with at most one of the budget's candidate numbers of
+// vectors of the row, within that candidate's thread limit; of the candidates, the one that leaves the fewest vector slots idle (N =
+// 3000 is 375 vectors of bf16: 128 threads x 3), the earlier on a tie. Fewer threads per row
+// mean more rows in flight at once, and a row of one warp needs no barrier.
 template <class T>
 FastLayout fast_layout(Budget budget, int64_t N, std::initializer_list<const void*> ptrs) {
     FastLayout l;
     constexpr int E = Pack<T>::E;
-    if (std::is_same_v<T, double> || N % E != 0 || N > int64_t(budget.max_vecs) * budget.max_block * E) return l;
+    if (std::is_same_v<T, double> || N % E != 0) return l;
     for (const void* p : ptrs)
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return l;
     const int64_t vecs_per_row = N / E;
-    // the fewest threads per row whose share of the row fits the register budget: the more rows
-    // an SM holds at once, the more loads are in flight
-    for (int t = 32; t <= budget.max_block; t *= 2) {
-        int64_t vecs = (vecs_per_row + t - 1) / t;
-        if (vecs <= budget.max_vecs) {
-            l.threads_per_row = t;
-            l.vecs = static_cast<int>(vecs);
-            l.block = t < 128 ? 128 : t;
-            return l;
-        }
+    int64_t best_idle = -1;
+    for (const Budget::Candidate& candidate : budget.candidates) {
+        if (candidate.vecs == 0) break;
+        int64_t threads = (vecs_per_row + candidate.vecs - 1) / candidate.vecs;
+        threads = (threads + 31) / 32 * 32;
+        if (threads > candidate.max_threads) continue;
+        int64_t vecs = (vecs_per_row + threads - 1) / threads, idle = vecs * threads - vecs_per_row;
+        if (best_idle >= 0 && idle >= best_idle) continue;
+        best_idle = idle;
+        l.threads_per_row = static_cast<int>(threads);
+        l.vecs = static_cast<int>(vecs);
+        l.block = l.threads_per_row * std::max(1, kRowsThreads / l.threads_per_row);
     }
     return l;
 }
 
 // Persistent grid: as many blocks as can be resident at once, at most one per group of rows.
+// The occupancy query is asked once per kernel, block, shared size and device.
 template <class Kernel>
 unsigned persistent_grid(Kernel kernel, int block, size_t shared_bytes, int64_t rows, int rows_per_block, int device) {
-    int per_sm = 0, sms = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    struct Key {
+        const void* kernel;
+        int block;
+        size_t shared;
+        int device;
+        bool operator==(const Key& o) const {
+            return kernel == o.kernel && block == o.block && shared == o.shared && device == o.device;
+        }
+    };
+    static std::mutex mutex;
+    static std::vector<std::pair<Key, int>> resident;  // blocks that fit on the GPU at once
+    const Key key{reinterpret_cast<const void*>(kernel), block, shared_bytes, device};
+    int capacity = 0;
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        for (const auto& [k, n] : resident)
+            if (k == key) capacity = n;
+        if (capacity == 0) {
+            int per_sm = 0, sms = 0;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
+            CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+            capacity = std::max(per_sm, 1) * sms;
+            resident.push_back({key, capacity});
+        }
+    }
     int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
-    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(std::max(per_sm, 1)) * sms)));
+    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, capacity)));
 }
 
 template <class T, int VECS>
@@ -454,8 +544,15 @@ void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, cons
     size_t shared = 2 * sizeof(float) * (l.block / 32);
     unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
     kernel<<<grid, l.block, shared, stream>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
-                                                           static_cast<float>(eps), l.threads_per_row);
+                                              static_cast<float>(eps), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
+}
+
+// Shared memory of the backward: 2 floats per warp for the row sums, and the dweight/dbias sums.
+template <class T, int VECS>
+size_t backward_shared_bytes(const FastLayout& l, int64_t N) {
+    size_t sums = register_sums<T, VECS>() ? 1 : size_t(l.block / l.threads_per_row);
+    return sizeof(float) * (2 * size_t(l.block / 32) + sums * 2 * size_t(N));
 }
 
 template <class T, int VECS>
@@ -463,17 +560,18 @@ void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
                         const float* mean, const float* rstd, const T* weight, const T* bias, bool centered,
                         SavePolicy policy, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = norm_backward_fast_kernel<T, VECS>;
-    int groups = l.block / l.threads_per_row;
-    size_t shared = sizeof(float) * (2 * (l.block / 32) + 2 * size_t(groups) * N);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    unsigned grid = persistent_grid(kernel, l.block, shared, M, groups, device);
+    auto kernel = policy == SavePolicy::Output ? norm_backward_fast_kernel<T, VECS, true>
+                                               : norm_backward_fast_kernel<T, VECS, false>;
+    size_t shared = backward_shared_bytes<T, VECS>(l, N);
+    if (shared > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
     int64_t partial_rows = grid;
     TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
     auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };
-    kernel<<<grid, l.block, shared, stream>>>(dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered,
-                                              policy, M, static_cast<int>(N), l.threads_per_row);
+    kernel<<<grid, l.block, shared, stream>>>(dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered, M,
+                                              static_cast<int>(N), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
     unsigned blocks = static_cast<unsigned>((N + 31) / 32);
     if (dweight) {
@@ -533,23 +631,21 @@ template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device) {
     if constexpr (!std::is_same_v<T, double>) {
+        constexpr int kMaxVecs = std::is_same_v<T, float> ? 8 : 4;
         FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x, weight, bias});
+        auto run = [&](auto vecs) {
+            if constexpr (vecs() <= kMaxVecs) norm_forward_fast<T, vecs()>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+        };
         switch (l.vecs) {
-#define NT_CASE(V) \
-    case V: return norm_forward_fast<T, V>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
-            NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4)
-#undef NT_CASE
-            default:
-                if constexpr (std::is_same_v<T, float>) {  // f32 rows take up to 8 vectors a thread
-                    switch (l.vecs) {
-                        case 5: return norm_forward_fast<T, 5>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
-                        case 6: return norm_forward_fast<T, 6>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
-                        case 7: return norm_forward_fast<T, 7>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
-                        case 8: return norm_forward_fast<T, 8>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
-                        default: break;
-                    }
-                }
-                break;
+            case 1: return run(std::integral_constant<int, 1>());
+            case 2: return run(std::integral_constant<int, 2>());
+            case 3: return run(std::integral_constant<int, 3>());
+            case 4: return run(std::integral_constant<int, 4>());
+            case 5: return run(std::integral_constant<int, 5>());
+            case 6: return run(std::integral_constant<int, 6>());
+            case 7: return run(std::integral_constant<int, 7>());
+            case 8: return run(std::integral_constant<int, 8>());
+            default: break;
         }
     }
     norm_forward_reference_cuda<T>(y, mean, rstd, x, weight, bias, M, N, eps, device);
@@ -560,27 +656,31 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
+        constexpr int kMaxVecs = 4;
         FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias});
-        // dweight and dbias accumulate in shared memory: [groups][2][N] floats must fit (up to
-        // 128 KiB at N = 16384; GPUs before Hopper allow less and take the reference).
+        // The dweight/dbias sums must fit in shared memory (up to 128 KiB at N = 16384 where they
+        // are not in registers; GPUs before Hopper allow less and take the reference).
         int optin = 0;
         cuda::stream(device);
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        if (l.vecs && sizeof(float) * (2 * (l.block / 32) + 2 * size_t(l.block / l.threads_per_row) * N) > size_t(optin))
-            l.vecs = 0;
+        auto run = [&](auto vecs) {
+            if constexpr (vecs() <= kMaxVecs) {
+                if (backward_shared_bytes<T, vecs()>(l, N) > size_t(optin)) return false;
+                norm_backward_fast<T, vecs()>(l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered,
+                                              policy, M, N, device);
+                return true;
+            }
+            return false;
+        };
+        bool done = false;
         switch (l.vecs) {
-#define NT_CASE(V)                                                                                               \
-    case V:                                                                                                      \
-        return norm_backward_fast<T, V>(l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered,    \
-                                        policy, M, N, device);
-            NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4)
-            default:
-                if constexpr (std::is_same_v<T, float>) {
-                    switch (l.vecs) { NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8) default: break; }
-                }
-                break;
-#undef NT_CASE
+            case 1: done = run(std::integral_constant<int, 1>()); break;
+            case 2: done = run(std::integral_constant<int, 2>()); break;
+            case 3: done = run(std::integral_constant<int, 3>()); break;
+            case 4: done = run(std::integral_constant<int, 4>()); break;
+            default: break;
         }
+        if (done) return;
     }
     norm_backward_reference_cuda<T>(dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N,
                                     device);

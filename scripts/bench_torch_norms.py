@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's F.layer_norm and F.rms_norm on the shapes of examples/bench_norms.cpp, timed the same
-way (CUDA events, 3 warm-ups, median of 20), printed beside normtape's figures from the same run.
+way (CUDA events, 3 warm-ups, then the median of 20 runs queued back to back, each between its own
+pair of events, so that Python's launch overhead is not counted), printed beside normtape's figures from the same run.
 
   python3 scripts/bench_torch_norms.py --ours bench.json [--out compare.json] [--quick]
 
@@ -17,29 +18,27 @@ import sys
 import torch
 import torch.nn.functional as F
 
-NS = [768, 1024, 2048, 3000, 4096, 8192, 16384]
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
 
 def time_ms(fn, warmup=3, repeats=20):
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    torch.cuda.synchronize()
+    for start, stop in events:
         start.record()
         fn()
         stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(stop) for start, stop in events)
     return times[len(times) // 2]
 
 
-def torch_rows(total):
+def torch_rows(total, cases):
     rows = []
     for dname, dtype in DTYPES.items():
-        for N in NS:
+        for N in sorted(n for d, n in cases if d == dname):
             M = total // N
             x = torch.randn(M, N, device="cuda", dtype=dtype, requires_grad=True)
             dy = torch.randn(M, N, device="cuda", dtype=dtype)
@@ -76,7 +75,9 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("bench_torch_norms.py: torch sees no CUDA device")
     ours = json.load(open(args.ours))
-    theirs = {(r["dtype"], r["norm"], r["pass"], r["N"]): r for r in torch_rows(1 << (20 if args.quick else 28))}
+    cases = {(r["dtype"], r["N"]) for r in ours}
+    theirs = {(r["dtype"], r["norm"], r["pass"], r["N"]): r
+              for r in torch_rows(1 << (20 if args.quick else 28), cases)}
     copy = {(r["dtype"], r["N"]): r["gbps"] for r in ours if r["pass"] == "copy"}
     merged = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; % of the copy bandwidth of the same run")
