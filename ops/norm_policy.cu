@@ -5,18 +5,20 @@
 // passes. The fast one (norm_*_cuda, f32 and bf16) is what the ops run; it is tested against the
 // reference and the cpu (tests/test_cuda.cpp) and timed by examples/bench_norms.cpp:
 // - a row is read once with 16-byte loads and held in registers as raw vectors: a group of
-//   threads_per_row threads (a power of two from 32 to 1024) owns a row, each thread VECS
-//   vectors, within a register budget (forward_budget, backward_budget);
+//   threads_per_row threads (a multiple of 32, at most 1024) owns a row, each thread VECS
+//   vectors, within a register budget (forward_budget, backward_budget, fast_layout);
 // - blocks are persistent (as many as fit on the GPU) and walk the rows;
 // - statistics in f32, one reduction per row of the sums of x - x[row, 0] and its square (the
 //   shifted-data variance; see the kernel);
 // - dweight and dbias: each thread sums its own columns over the rows its group visits, in
-//   order, in shared memory; a block adds its groups' sums into one partial row, and the blocks'
-//   partial rows are added in order by a second kernel (no atomics);
-// - x_hat comes from x_hat_from_saved(), the one place where the policy matters, as on the cpu.
+//   order, in registers or in shared memory; a block adds its groups' sums into one partial row,
+//   and the blocks' partial rows are added in order by a second kernel (no atomics);
+// - x_hat as x_hat_from_saved() gives it, the one place where the policy matters, as on the cpu;
+//   under SavePolicy::Output the backward works with y - bias where it can and divides by the
+//   weight once per column, or per element with __fdividef (2 ulp; see the backward kernel).
 // The reference kernels take f64, N not a multiple of a vector, misaligned data, and rows longer
 // than the fast kernels hold (forward 32768; backward 16384, or what the GPU's shared memory
-// allows). SavePolicy::Output divides by the weight with __fdividef (2 ulp).
+// allows).
 // Determinism: the fast backward's dweight and dbias are summed per persistent block, and the
 // number of blocks depends on the GPU (SM count, occupancy): the same bits run to run on one GPU
 // model, not across models.
@@ -220,24 +222,22 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 // vectors (4 registers each, whatever the dtype) in blocks of at most 1024 threads (64 registers
 // a thread, every thread of an SM resident). The forward holds one array: up to 8 vectors of f32
 // or 4 of bf16 (32 floats). The backward holds two (dy and the saved tensor) and its threads'
-// dweight and dbias sums: in registers up to 8 floats a thread (2 vectors of f32, the fastest
-// while a row takes at most 256 threads), else in shared memory (bf16 takes 2 or 3 vectors a
-// thread: the more bytes a thread has in flight, the better, up to what compiles without
-// spilling, nvcc -Xptxas -v). The longest rows take 4. Chosen by bench_norms on an H200.
+// dweight and dbias sums: in registers up to 8 floats a thread (2 vectors of f32), else in
+// shared memory (bf16 takes 3 or 2 vectors a thread: the more bytes a thread has in flight, the
+// better, up to what compiles without spilling, nvcc -Xptxas -v). The longest rows take 4.
+// Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 constexpr int kMaxBlock = 1024;
 struct Budget {
-    struct Candidate {
-        int vecs, max_threads;  // vectors per thread, and the most threads per row it is used with
-    } candidates[3];            // in order of preference; vecs == 0 ends the list
+    int vecs[3];  // vectors per thread to choose from, in order of preference; 0 ends the list
 };
 template <class T>
 constexpr Budget forward_budget() {
-    return {{{std::is_same_v<T, float> ? 8 : 4, kMaxBlock}, {0, 0}, {0, 0}}};
+    return {{std::is_same_v<T, float> ? 8 : 4, 0, 0}};
 }
 template <class T>
 constexpr Budget backward_budget() {
-    if constexpr (std::is_same_v<T, float>) return {{{2, 256}, {4, kMaxBlock}, {0, 0}}};
-    else return {{{3, kMaxBlock}, {2, kMaxBlock}, {4, kMaxBlock}}};
+    if constexpr (std::is_same_v<T, float>) return {{2, 4, 0}};
+    else return {{3, 2, 4}};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
 
@@ -475,8 +475,8 @@ struct FastLayout {
     int vecs = 0, threads_per_row = 0, block = 0;  // vecs: 16-byte vectors per thread and row
 };
 
-// Threads per row: a multiple of 32, each with at most one of the budget's candidate numbers of
-// vectors of the row, within that candidate's thread limit; of the candidates, the one that leaves the fewest vector slots idle (N =
+// Threads per row: a multiple of 32, at most kMaxBlock, each with at most one of the budget's
+// numbers of vectors of the row; of the candidates, the one that leaves the fewest vector slots idle (N =
 // 3000 is 375 vectors of bf16: 128 threads x 3), the earlier on a tie. Fewer threads per row
 // mean more rows in flight at once, and a row of one warp needs no barrier.
 template <class T>
@@ -488,11 +488,11 @@ FastLayout fast_layout(Budget budget, int64_t N, std::initializer_list<const voi
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return l;
     const int64_t vecs_per_row = N / E;
     int64_t best_idle = -1;
-    for (const Budget::Candidate& candidate : budget.candidates) {
-        if (candidate.vecs == 0) break;
-        int64_t threads = (vecs_per_row + candidate.vecs - 1) / candidate.vecs;
+    for (int candidate : budget.vecs) {
+        if (candidate == 0) break;
+        int64_t threads = (vecs_per_row + candidate - 1) / candidate;
         threads = (threads + 31) / 32 * 32;
-        if (threads > candidate.max_threads) continue;
+        if (threads > kMaxBlock) continue;
         int64_t vecs = (vecs_per_row + threads - 1) / threads, idle = vecs * threads - vecs_per_row;
         if (best_idle >= 0 && idle >= best_idle) continue;
         best_idle = idle;
