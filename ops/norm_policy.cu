@@ -308,7 +308,6 @@ __global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
 // Where the dweight or dbias sum of element e of vector c lives in shared memory: the vectors'
 // first four columns, then their next four (bf16), as float4s, so that the threads of a warp
 // read and write neighbouring 16-byte words.
-template <int E>
 __device__ inline float4& sum_slot(float* sums, int vecs_per_row, int c, int quad) {
     return reinterpret_cast<float4*>(sums)[quad * vecs_per_row + c];
 }
@@ -347,7 +346,7 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
         if (c >= vecs_per_row) continue;
         if constexpr (!kRegisterSums) {
             for (int q = 0; q < Q; ++q)
-                sum_slot<E>(sums_w, vecs_per_row, c, q) = sum_slot<E>(sums_b, vecs_per_row, c, q) = float4{0, 0, 0, 0};
+                sum_slot(sums_w, vecs_per_row, c, q) = sum_slot(sums_b, vecs_per_row, c, q) = float4{0, 0, 0, 0};
         } else if constexpr (OUTPUT) {
             float w[E];
             load_affine(weight, c, 1.0f, w);
@@ -399,8 +398,8 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
                 for (int e = 0; e < E; ++e) reg_w[k][e] += ds[e], reg_b[k][e] += d[e];
             } else {
                 for (int q = 0; q < Q; ++q) {
-                    add4(sum_slot<E>(sums_w, vecs_per_row, c, q), ds + 4 * q);
-                    add4(sum_slot<E>(sums_b, vecs_per_row, c, q), d + 4 * q);
+                    add4(sum_slot(sums_w, vecs_per_row, c, q), ds + 4 * q);
+                    add4(sum_slot(sums_b, vecs_per_row, c, q), d + 4 * q);
                 }
             }
         }
@@ -427,8 +426,8 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
                     int c = k * threads_per_row + lane;
                     if (c >= vecs_per_row) continue;
                     for (int q = 0; q < Q; ++q) {
-                        float4& w = sum_slot<E>(sums_w, vecs_per_row, c, q);
-                        float4& b = sum_slot<E>(sums_b, vecs_per_row, c, q);
+                        float4& w = sum_slot(sums_w, vecs_per_row, c, q);
+                        float4& b = sum_slot(sums_b, vecs_per_row, c, q);
                         if (g == 0) w = b = float4{0, 0, 0, 0};
                         add4(w, reg_w[k] + 4 * q);
                         add4(b, reg_b[k] + 4 * q);
