@@ -140,7 +140,9 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
     // CUDA: cuBLAS takes int sizes, leading dimensions and batch counts; the softmax kernels launch
     // n_head * T blocks (grid x <= INT32_MAX).
     detail::check_fits_int32(op, qkv_in, "3C (qkv's last dimension)", qkv_in.size(2));
-    detail::check_fits_int32(op, qkv_in, "n_head * T", n_head > INT32_MAX / std::max<int64_t>(Tn, 1) ? INT64_MAX : n_head * Tn);
+    int64_t softmax_blocks = 0;
+    if (__builtin_mul_overflow(n_head, Tn, &softmax_blocks)) softmax_blocks = INT64_MAX;
+    detail::check_fits_int32(op, qkv_in, "n_head * T", softmax_blocks);
     Tensor qkv = qkv_in.contiguous();
     TensorOptions opts = TensorOptions().dtype(qkv.dtype()).device(qkv.device());
     Tensor out = empty({B, Tn, C}, opts);
