@@ -26,15 +26,15 @@ struct MemoryStats {
 };
 
 // Returns `nbytes` bytes on `device`, 64-byte (cpu) or 512-byte (CUDA) aligned; nbytes == 0
-// gives nullptr. Throws Error when the memory cannot be had (on CUDA after returning the cache to
-// the driver; the message gives the request and the counters) or when `device` has no backend in
-// this build.
+// gives nullptr. Throws OutOfMemoryError when the memory cannot be had (on CUDA after returning
+// the cache to the driver; the message gives the request and the counters), DeviceError when
+// `device` has no backend in this build or no GPU is visible (also for nbytes == 0).
 void* allocate(Device device, size_t nbytes);
 
 // Returns a block obtained from allocate(device, nbytes); `nbytes` must be the size asked for.
 void deallocate(Device device, void* ptr, size_t nbytes) noexcept;
 
-// The counters of `device`'s allocator. Throws Error for a device without a backend in this build.
+// The counters of `device`'s allocator. Throws DeviceError for a device without a backend in this build.
 MemoryStats memory_stats(Device device);
 
 // Sets the peaks to the current values. Throws as memory_stats.

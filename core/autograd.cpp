@@ -2,14 +2,20 @@
 #include "core/autograd.h"
 
 #include <algorithm>
+#include <cmath>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
+
+#include "core/dispatch.h"
 
 namespace normtape {
 
 namespace {
 
 thread_local bool grad_mode = true;
+bool anomaly_mode = false;  // Note [Anomaly detection]
+bool in_backward = false;   // run_backward is running: forward checks are left to the engine
 
 // The tape: every recorded node in recording order, held weakly so that a graph nobody
 // references any more is freed at once. Expired entries are compacted away as the tape grows.
@@ -34,7 +40,7 @@ Tape& tape() {
 
 void check_not_released(bool released, const char* node_name) {
     NT_CHECK(!released, node_name,
-             ": trying to backward through the graph a second time (its saved tensors were freed "
+             ": expected a graph not yet run, got one already run: trying to backward through the graph a second time (its saved tensors were freed "
              "after the first backward); pass retain_graph=true to the first backward if you need "
              "to run backward twice");
 }
@@ -52,8 +58,8 @@ Tensor SavedTensor::unpack(const char* node_name) const {
     check_not_released(released_, node_name);
     if (!was_saved_) return Tensor();
     NT_CHECK(data_.storage()->version() == version_, node_name,
-             ": a tensor saved for backward was modified by an in-place operation (saved at version ",
-             version_, ", now version ", data_.storage()->version(), ")");
+             ": a tensor saved for backward was modified by an in-place operation (expected version ",
+             version_, ", the one saved, got version ", data_.storage()->version(), ")");
     return data_;
 }
 
@@ -75,6 +81,11 @@ void add_to_tape(const std::shared_ptr<Node>& node) {
 }
 
 bool grad_mode_enabled() { return grad_mode; }
+
+void set_detect_anomaly(bool enabled) { anomaly_mode = enabled; }
+bool is_anomaly_enabled() { return anomaly_mode; }
+DetectAnomalyGuard::DetectAnomalyGuard(bool enabled) : previous_(anomaly_mode) { anomaly_mode = enabled; }
+DetectAnomalyGuard::~DetectAnomalyGuard() { anomaly_mode = previous_; }
 NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
 
@@ -101,6 +112,55 @@ int64_t saved_bytes() {
 
 namespace {
 
+// The NaN and Inf values of a tensor: how many, and the first in row-major order.
+struct NonFinite {
+    int64_t count = 0;
+    int64_t first_index = -1;
+    double first_value = 0.0;
+};
+
+NonFinite find_non_finite(const Tensor& t) {
+    NonFinite r;
+    if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return r;
+    Tensor host = t.device().is_cuda() ? t.to(Device::CPU) : t.detach().contiguous();  // CUDA: waits for the device
+    dispatch_floating(host.dtype(), "detect_anomaly", [&](auto tag) {
+        using T = decltype(tag);
+        const T* p = host.data_ptr<T>();
+        for (int64_t i = 0, end = host.numel(); i < end; ++i) {
+            double v = static_cast<double>(static_cast<acc_t<T>>(p[i]));
+            if (std::isfinite(v)) continue;
+            if (r.count++ == 0) {
+                r.first_index = i;
+                r.first_value = v;
+            }
+        }
+    });
+    return r;
+}
+
+// "expected finite values in <what> [2, 4] f32, found 3 non-finite (NaN or Inf), the first at flat index 1 (nan)"
+std::string describe_non_finite(const std::string& what, const Tensor& t, const NonFinite& nf) {
+    std::ostringstream ss;
+    ss << "expected finite values in " << what << " " << shape_str(t.shape()) << " " << dtype_name(t.dtype())
+       << " on " << device_name(t.device()) << ", found " << nf.count << " non-finite (NaN or Inf), the first at flat index "
+       << nf.first_index << " (" << (std::isnan(nf.first_value) ? "nan" : nf.first_value > 0 ? "inf" : "-inf") << ")";
+    return ss.str();
+}
+
+// Under anomaly detection: throws AnomalyError when the gradient a node returned for its input
+// `i` is not finite, saying whether grad_output already was.
+void check_backward_anomaly(const Node& node, size_t i, const Tensor& grad_input, const Tensor& grad_output) {
+    NonFinite nf = find_non_finite(grad_input);
+    if (nf.count == 0) return;
+    NonFinite upstream = find_non_finite(grad_output);
+    detail::throw_error<AnomalyError>(
+        node.name(), ": anomaly in backward: ",
+        describe_non_finite("the gradient for input " + std::to_string(i), grad_input, nf),
+        upstream.count == 0 ? std::string("; grad_output was finite, so ") + node.name() + " produced them"
+                            : "; grad_output already held " + std::to_string(upstream.count) +
+                                  " non-finite values, so they came from a later op");
+}
+
 // Adds `grad` into the slot: the first gradient is taken as is, later ones are summed into a
 // fresh tensor (the first may alias storage that a node still reads).
 void accumulate(Tensor& slot, const Tensor& grad) {
@@ -116,9 +176,10 @@ void accumulate(Tensor& slot, const Tensor& grad) {
 // Note [Gradient accumulation]: a leaf's grad is its own storage, never an alias of a
 // gradient that a node produced, so that += on it cannot change anything else.
 void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
-    NT_CHECK(grad.shape() == leaf.shape && grad.dtype() == leaf.dtype, "backward: gradient of shape ",
-             shape_str(grad.shape()), " ", dtype_name(grad.dtype()), " for a leaf of shape ", shape_str(leaf.shape),
-             " ", dtype_name(leaf.dtype));
+    NT_CHECK_AS(ShapeError, grad.shape() == leaf.shape, "backward: expected a gradient of the leaf's shape ",
+                shape_str(leaf.shape), ", got ", shape_str(grad.shape()));
+    NT_CHECK_AS(DTypeError, grad.dtype() == leaf.dtype, "backward: expected a gradient of the leaf's dtype ",
+                dtype_name(leaf.dtype), ", got ", dtype_name(grad.dtype()));
     if (!leaf.grad) {
         leaf.grad = grad.detach().clone().impl_ptr();
         return;
@@ -128,20 +189,47 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
 
 }  // namespace
 
+void detail::check_forward_anomaly(const char* op, const char* output_name, const Tensor& output,
+                                   std::initializer_list<NamedInput> inputs) {
+    if (!anomaly_mode || in_backward) return;
+    NonFinite nf = find_non_finite(output);
+    if (nf.count == 0) return;
+    std::string upstream;
+    for (const NamedInput& in : inputs) {
+        NonFinite n = find_non_finite(in.second);
+        if (n.count == 0) continue;
+        upstream += std::string(upstream.empty() ? "" : ", ") + in.first + " (" + std::to_string(n.count) +
+                    ", the first at flat index " + std::to_string(n.first_index) + ")";
+    }
+    detail::throw_error<AnomalyError>(op, ": anomaly in forward: ",
+                                      describe_non_finite(std::string("its output ") + output_name, output, nf),
+                                      upstream.empty() ? std::string("; its inputs were finite, so ") + op + " produced them"
+                                                       : "; non-finite values were already in its input " + upstream);
+}
+
 void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
-    NT_CHECK(root.requires_grad(), "backward: the tensor does not require grad and has no grad_fn");
+    NT_CHECK(root.requires_grad(), "backward: expected a tensor that requires grad, got one that does not require grad "
+             "and has no grad_fn");
     Tensor g = gradient;
     if (!g.defined()) {
-        NT_CHECK(root.numel() == 1, "backward: a gradient can be implied only for a one-element output, got shape ",
-                 shape_str(root.shape()), "; pass a gradient");
+        NT_CHECK_AS(ShapeError, root.numel() == 1,
+                    "backward: expected a one-element output (a gradient can be implied only for one), got shape ",
+                    shape_str(root.shape()), "; pass a gradient");
         g = ones(root.shape(), TensorOptions().dtype(root.dtype()).device(root.device()));
     }
-    NT_CHECK(g.shape() == root.shape() && g.dtype() == root.dtype() && g.device() == root.device(),
-             "backward: expected a gradient of shape ", shape_str(root.shape()), " ", dtype_name(root.dtype()), " on ",
-             device_name(root.device()), ", got ", shape_str(g.shape()), " ", dtype_name(g.dtype()), " on ",
-             device_name(g.device()));
+    NT_CHECK_AS(ShapeError, g.shape() == root.shape(), "backward: expected a gradient of shape ",
+                shape_str(root.shape()), ", got ", shape_str(g.shape()));
+    NT_CHECK_AS(DTypeError, g.dtype() == root.dtype(), "backward: expected a gradient of dtype ", dtype_name(root.dtype()),
+                ", got ", dtype_name(g.dtype()));
+    NT_CHECK_AS(DeviceError, g.device() == root.device(), "backward: expected a gradient on ",
+                device_name(root.device()), ", got ", device_name(g.device()));
 
     NoGradGuard no_grad;  // backward builds no graph of its own
+    struct InBackward {    // Note [Anomaly detection]: nodes are checked here, not their inner ops
+        bool previous = in_backward;
+        InBackward() { in_backward = true; }
+        ~InBackward() { in_backward = previous; }
+    } in_backward_scope;
     if (root.is_leaf()) {
         accumulate_into_leaf(root.impl(), g);
         return;
@@ -170,10 +258,11 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
         std::vector<Tensor> grad_inputs = node->apply(grad_output);
         if (!retain_graph) node->release_saved();
         const std::vector<Edge>& edges = node->next_edges();
-        NT_CHECK(grad_inputs.size() == edges.size(), node->name(), ": returned ", grad_inputs.size(),
-                 " gradients for ", edges.size(), " inputs");
+        NT_CHECK(grad_inputs.size() == edges.size(), node->name(), ": expected ", edges.size(),
+                 " gradients (one per input), got ", grad_inputs.size());
         for (size_t i = 0; i < edges.size(); ++i) {
             if (!edges[i].valid() || !grad_inputs[i].defined()) continue;
+            if (anomaly_mode) check_backward_anomaly(*node, i, grad_inputs[i], grad_output);
             if (edges[i].node) accumulate(pending[edges[i].node.get()], grad_inputs[i]);
             else accumulate_into_leaf(*edges[i].leaf, grad_inputs[i]);
         }

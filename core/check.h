@@ -47,6 +47,12 @@ class FormatError : public Error {
 public:
     using Error::Error;
 };
+// A NaN or Inf produced by an op's forward or a backward node while anomaly detection is on
+// (set_detect_anomaly, core/autograd.h); the message names the op or node and where the value is.
+class AnomalyError : public Error {
+public:
+    using Error::Error;
+};
 
 namespace detail {
 template <class Kind, class... Args>

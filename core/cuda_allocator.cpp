@@ -60,7 +60,8 @@ std::vector<DeviceAllocator>& allocators() {
 }
 
 DeviceAllocator& allocator(int device) {
-    NT_CHECK(device >= 0 && device < 1024, "cuda allocator: bad device index ", device);
+    NT_CHECK_AS(DeviceError, device >= 0 && device < 1024, "cuda allocator: expected a device index in [0, 1024), got ",
+                device);
     if (allocators().size() <= static_cast<size_t>(device)) allocators().resize(device + 1);
     return allocators()[device];
 }
@@ -92,7 +93,8 @@ void release_free_segments(int device, DeviceAllocator& a) {
 
 void* cuda_allocate(int device, size_t nbytes) {
     DeviceAllocator& a = allocator(device);
-    NT_CHECK(nbytes <= (size_t(1) << 50), "allocate: request of ", nbytes, " bytes on cuda:", device, " is too large");
+    NT_CHECK_AS(OutOfMemoryError, nbytes <= (size_t(1) << 50), "allocate: out of memory on cuda:", device,
+                ": requested ", nbytes, " bytes, more than any GPU holds (at most 2^50 bytes)");
     size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);
     bool small = size <= kSmallRequest;
     auto& pool = a.pool(small);
@@ -117,9 +119,10 @@ void* cuda_allocate(int device, size_t nbytes) {
             size_t free_bytes = 0, total_bytes = 0;
             cudaMemGetInfo(&free_bytes, &total_bytes);
             cudaGetLastError();
-            NT_CHECK(false, "out of memory on cuda:", device, ": tried to allocate ", nbytes, " bytes (a segment of ",
-                     segment, "); ", a.stats.allocated_bytes, " bytes allocated, ", a.stats.reserved_bytes,
-                     " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device");
+            NT_CHECK_AS(OutOfMemoryError, false, "allocate: out of memory on cuda:", device, ": tried to allocate ",
+                        nbytes, " bytes (a segment of ",
+                        segment, "); ", a.stats.allocated_bytes, " bytes allocated, ", a.stats.reserved_bytes,
+                        " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device");
         }
         CUDA_CHECK(err);
         b = new Block{static_cast<char*>(ptr), segment, small};

@@ -1,6 +1,7 @@
 // core/cuda_check.h: checks for every CUDA runtime, cuBLAS and cuRAND call and every launch.
 // Each failure throws normtape::Error naming the call, the error and file:line (the library
-// never exits). Included by CUDA code only.
+// never exits); a failed allocation (cudaErrorMemoryAllocation, CUBLAS_STATUS_ALLOC_FAILED,
+// CURAND_STATUS_ALLOCATION_FAILED) throws OutOfMemoryError. Included by CUDA code only.
 #pragma once
 
 #include <cublas_v2.h>
@@ -12,6 +13,9 @@
 #define CUDA_CHECK(call)                                                                                    \
     do {                                                                                                    \
         cudaError_t err_ = (call);                                                                          \
+        if (err_ == cudaErrorMemoryAllocation) cudaGetLastError(); /* clear it: the context stays usable */ \
+        NT_CHECK_AS(OutOfMemoryError, err_ != cudaErrorMemoryAllocation, "CUDA error: ",                   \
+                    cudaGetErrorString(err_), " in ", #call, " at ", __FILE__, ":", __LINE__);              \
         NT_CHECK(err_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(err_), " in ", #call, " at ",     \
                  __FILE__, ":", __LINE__);                                                                  \
     } while (0)
@@ -19,6 +23,8 @@
 #define CUBLAS_CHECK(call)                                                                                  \
     do {                                                                                                    \
         cublasStatus_t st_ = (call);                                                                        \
+        NT_CHECK_AS(OutOfMemoryError, st_ != CUBLAS_STATUS_ALLOC_FAILED, "cuBLAS error: ",                 \
+                    cublasGetStatusString(st_), " in ", #call, " at ", __FILE__, ":", __LINE__);            \
         NT_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cuBLAS error: ", cublasGetStatusString(st_), " in ", #call, \
                  " at ", __FILE__, ":", __LINE__);                                                          \
     } while (0)
@@ -26,6 +32,8 @@
 #define CURAND_CHECK(call)                                                                                  \
     do {                                                                                                    \
         curandStatus_t st_ = (call);                                                                        \
+        NT_CHECK_AS(OutOfMemoryError, st_ != CURAND_STATUS_ALLOCATION_FAILED, "cuRAND error ",             \
+                    static_cast<int>(st_), " (allocation failed) in ", #call, " at ", __FILE__, ":", __LINE__); \
         NT_CHECK(st_ == CURAND_STATUS_SUCCESS, "cuRAND error ", static_cast<int>(st_), " in ", #call, " at ", \
                  __FILE__, ":", __LINE__);                                                                  \
     } while (0)

@@ -26,9 +26,11 @@ std::vector<DeviceContext>& contexts() {
 uint64_t current_seed = 0;
 
 DeviceContext& context(int device) {
+    NT_CHECK_AS(DeviceError, cuda_is_available(), "cuda: expected a visible CUDA GPU for device ", device, ", got none");
     int count = 0;
     CUDA_CHECK(cudaGetDeviceCount(&count));
-    NT_CHECK(device >= 0 && device < count, "cuda: device ", device, " does not exist (", count, " visible)");
+    NT_CHECK_AS(DeviceError, device >= 0 && device < count, "cuda: expected a device index in [0, ", count,
+                ") (the visible GPUs), got ", device);
     if (contexts().size() < static_cast<size_t>(count)) contexts().resize(count);
     DeviceContext& c = contexts()[device];
     CUDA_CHECK(cudaSetDevice(device));

@@ -8,5 +8,5 @@
 #if NORMTAPE_WITH_CUDA
 #define NT_CUDA(...) __VA_ARGS__
 #else
-#define NT_CUDA(...) NT_CHECK(false, "this build of normtape has no CUDA backend")
+#define NT_CUDA(...) NT_CHECK_AS(DeviceError, false, "expected a cpu tensor: this build of normtape has no CUDA backend")
 #endif

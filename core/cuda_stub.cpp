@@ -9,11 +9,14 @@ namespace normtape {
 bool cuda_is_built() { return false; }
 bool cuda_is_available() { return false; }
 void synchronize(Device device) {
-    NT_CHECK(device.is_cpu(), "synchronize: device ", device_name(device), " needs the CUDA backend, which this build does not have");
+    NT_CHECK_AS(DeviceError, device.is_cpu(), "synchronize: expected device cpu, got ", device_name(device),
+                ", which needs the CUDA backend that this build does not have");
 }
 
 namespace detail {
-void* cuda_allocate(int, size_t) { NT_CHECK(false, "allocate: this build of normtape has no CUDA backend"); }
+void* cuda_allocate(int, size_t) {
+    NT_CHECK_AS(DeviceError, false, "allocate: expected device cpu, got cuda: this build of normtape has no CUDA backend");
+}
 void cuda_deallocate(int, void*) noexcept {}
 MemoryStats cuda_memory_stats(int) { return {}; }
 void cuda_reset_peak_memory_stats(int) {}

@@ -13,14 +13,14 @@
 
 namespace normtape {
 
-// Calls f(float{}), f(double{}) or f(bf16{}); throws Error naming `op` for i64.
+// Calls f(float{}), f(double{}) or f(bf16{}); throws DTypeError naming `op` for i64.
 template <class F>
 void dispatch_floating(DType dtype, const char* op, F&& f) {
     switch (dtype) {
         case DType::F32: f(float{}); return;
         case DType::F64: f(double{}); return;
         case DType::BF16: f(bf16{}); return;
-        default: NT_CHECK(false, op, ": expected a floating dtype (f32, f64 or bf16), got ", dtype_name(dtype));
+        default: NT_CHECK_AS(DTypeError, false, op, ": expected a floating dtype (f32, f64 or bf16), got ", dtype_name(dtype));
     }
 }
 

@@ -19,6 +19,8 @@ namespace normtape {
 
 namespace {
 
+Tensor empty_for(const char* op, const Shape& shape, TensorOptions options);  // below, beside empty()
+
 Shape contiguous_strides(const Shape& shape) {
     Shape strides(shape.size());
     int64_t s = 1;
@@ -35,14 +37,16 @@ int64_t shape_numel(const Shape& shape) {
     return n;
 }
 
-// numel of a shape about to back new or reshaped data: throws naming `op` when a size is
-// negative or the bytes would not fit in int64 (so no product below can overflow).
+// numel of a shape about to back new or reshaped data: throws ShapeError naming `op` when a
+// size is negative or numel * elem_size would not fit in int64 (so no product below can overflow).
 int64_t checked_numel(const char* op, const Shape& shape, size_t elem_size = 8) {
+    for (int64_t s : shape)
+        NT_CHECK_AS(ShapeError, s >= 0, op, ": expected sizes >= 0, got shape ", shape_str(shape));
     int64_t n = 1;
     for (int64_t s : shape) {
-        NT_CHECK(s >= 0, op, ": negative size in shape ", shape_str(shape));
-        NT_CHECK(!__builtin_mul_overflow(n, s, &n) && n <= INT64_MAX / static_cast<int64_t>(elem_size), op,
-                 ": shape ", shape_str(shape), " has more elements than fit in memory");
+        NT_CHECK_AS(ShapeError, !__builtin_mul_overflow(n, s, &n) && n <= INT64_MAX / static_cast<int64_t>(elem_size),
+                    op, ": shape ", shape_str(shape), " has more elements than fit in memory (expected numel * ",
+                    elem_size, " bytes to fit in int64, got an overflow)");
     }
     return n;
 }
@@ -66,8 +70,8 @@ void for_each_offset(const Shape& shape, const Shape& strides, int64_t offset, F
 
 // Copies src (any strides, any dtype) into the contiguous tensor dst of the same numel and device.
 void copy_elements(const Tensor& dst, const Tensor& src) {
-    NT_CHECK(dst.device() == src.device(), "copy: expected tensors on one device, got ", device_name(dst.device()),
-             " and ", device_name(src.device()), "; use to(Device)");
+    NT_CHECK_AS(DeviceError, dst.device() == src.device(), "copy: expected tensors on one device, got ",
+                device_name(dst.device()), " and ", device_name(src.device()), "; use to(Device)");
     if (dst.device().is_cuda()) {
         NT_CUDA(detail::copy_cuda(dst, src));
         return;
@@ -82,7 +86,7 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
             for_each_offset(src.shape(), src.strides(), src.impl().offset, [&](int64_t off) {
                 if constexpr (std::is_integral_v<D> && !std::is_integral_v<S>)
                     NT_CHECK(in[off] >= -0x1p63 && in[off] < 0x1p63, "to: value ", double(in[off]), " does not fit in ",
-                             dtype_name(dst.dtype()));
+                             dtype_name(dst.dtype()), " (expected a value in [-2^63, 2^63))");
                 if constexpr (std::is_integral_v<D>) out[i++] = static_cast<D>(static_cast<acc_t<S>>(in[off]));
                 else out[i++] = static_cast<D>(in[off]);
             });
@@ -97,21 +101,23 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Shape
     int infer = -1;
     for (size_t i = 0; i < out.size(); ++i) {
         if (out[i] == -1) {
-            NT_CHECK(infer < 0, op, ": only one dimension can be -1, got ", shape_str(shape));
+            NT_CHECK_AS(ShapeError, infer < 0, op, ": expected at most one dimension of -1, got shape ",
+                        shape_str(shape));
             infer = static_cast<int>(i);
         } else {
-            NT_CHECK(out[i] >= 0, op, ": invalid size in shape ", shape_str(shape));
-            NT_CHECK(!__builtin_mul_overflow(known, out[i], &known), op, ": shape ", shape_str(shape),
-                     " is invalid for input of shape ", shape_str(from));
+            NT_CHECK_AS(ShapeError, out[i] >= 0, op, ": expected sizes >= 0 or -1, got shape ", shape_str(shape));
+            NT_CHECK_AS(ShapeError, !__builtin_mul_overflow(known, out[i], &known), op, ": expected a shape of ",
+                        numel, " elements (input of shape ", shape_str(from), "), got ", shape_str(shape),
+                        ", whose element count overflows int64");
         }
     }
     if (infer >= 0) {
-        NT_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape),
-                 " is invalid for input of shape ", shape_str(from));
+        NT_CHECK_AS(ShapeError, known != 0 && numel % known == 0, op, ": expected a shape of ", numel,
+                    " elements (input of shape ", shape_str(from), "), got ", shape_str(shape));
         out[infer] = numel / known;
     }
-    NT_CHECK(shape_numel(out) == numel, op, ": shape ", shape_str(shape), " is invalid for input of shape ",
-             shape_str(from), " (", numel, " elements)");
+    NT_CHECK_AS(ShapeError, shape_numel(out) == numel, op, ": expected a shape of ", numel, " elements (input of shape ",
+                shape_str(from), "), got ", shape_str(shape));
     return out;
 }
 
@@ -159,21 +165,21 @@ std::mt19937_64& generator() {
 
 void check_inplace(const Tensor& t, const char* op) {
     NT_CHECK(!(grad_mode_enabled() && t.requires_grad()), op,
-             ": a tensor that requires grad cannot be modified in place while grad mode is on; "
-             "wrap the update in NoGradGuard");
+             ": expected a tensor that does not require grad, got one that does: it cannot be modified in place "
+             "while grad mode is on; wrap the update in NoGradGuard");
 }
 
 }  // namespace
 
 TensorImpl& Tensor::impl() const {
-    NT_CHECK(impl_ != nullptr, "Tensor: operation on an undefined tensor");
+    NT_CHECK(impl_ != nullptr, "Tensor: expected a defined tensor, got an undefined one (default-constructed)");
     return *impl_;
 }
 
 int64_t Tensor::size(int64_t d) const {
     int64_t n = dim();
-    NT_CHECK(d >= -n && d < n, "Tensor::size: dimension ", d, " out of range for a tensor of shape ",
-             shape_str(shape()));
+    NT_CHECK_AS(ShapeError, d >= -n && d < n, "Tensor::size: expected a dimension in [", -n, ", ", n, "), got ", d,
+                " for a tensor of shape ", shape_str(shape()));
     return shape()[d < 0 ? d + n : d];
 }
 
@@ -183,16 +189,17 @@ bool Tensor::is_contiguous() const { return strides() == contiguous_strides(shap
 
 template <class T>
 T* Tensor::data_ptr() const {
-    NT_CHECK(dtype() == dtype_of<T>(), "Tensor::data_ptr: the tensor is ", dtype_name(dtype()),
-             ", got a request for ", dtype_name(dtype_of<T>()));
-    NT_CHECK(device() == Device::CPU, "Tensor::data_ptr: host access needs a cpu tensor, got ",
-             device_name(device()));
+    NT_CHECK_AS(DTypeError, dtype() == dtype_of<T>(), "Tensor::data_ptr: expected the tensor's dtype ",
+                dtype_name(dtype()), ", got a request for ", dtype_name(dtype_of<T>()));
+    NT_CHECK_AS(DeviceError, device() == Device::CPU, "Tensor::data_ptr: expected a cpu tensor (host access), got ",
+                device_name(device()), "; use to(Device::CPU)");
     return static_cast<T*>(storage()->data()) + impl().offset;
 }
 
 template <class T>
 T Tensor::item() const {
-    NT_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ", shape_str(shape()));
+    NT_CHECK_AS(ShapeError, numel() == 1, "Tensor::item: expected a tensor with one element, got shape ",
+                shape_str(shape()));
     if (device().is_cuda()) return to(Device::CPU).template item<T>();
     if (dtype() != dtype_of<T>()) return to(dtype_of<T>()).template item<T>();
     return *data_ptr<T>();
@@ -217,21 +224,22 @@ NT_INSTANTIATE(bf16)
 
 Tensor Tensor::view(const Shape& new_shape) const {
     Shape s = infer_shape("view", new_shape, numel(), shape());
-    NT_CHECK(is_contiguous(), "view: expected a contiguous tensor, got shape ", shape_str(shape()),
-             " with strides ", shape_str(strides()), "; use reshape()");
+    NT_CHECK_AS(ShapeError, is_contiguous(), "view: expected a contiguous tensor, got shape ", shape_str(shape()),
+                " with strides ", shape_str(strides()), "; use reshape()");
     Tensor out = make_view(*this, s, contiguous_strides(s));
     if (should_record(*this)) record(std::make_shared<ViewBackward>(shape()), out, *this);
     return out;
 }
 
 Tensor Tensor::reshape(const Shape& new_shape) const {
+    infer_shape("reshape", new_shape, numel(), shape());  // report a bad shape as reshape's
     return is_contiguous() ? view(new_shape) : contiguous().view(new_shape);
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
     int64_t n = dim();
-    NT_CHECK(dim0 >= -n && dim0 < n && dim1 >= -n && dim1 < n, "transpose: dimensions (", dim0, ", ", dim1,
-             ") out of range for shape ", shape_str(shape()));
+    NT_CHECK_AS(ShapeError, dim0 >= -n && dim0 < n && dim1 >= -n && dim1 < n, "transpose: expected dimensions in [",
+                -n, ", ", n, ") for shape ", shape_str(shape()), ", got (", dim0, ", ", dim1, ")");
     if (dim0 < 0) dim0 += n;
     if (dim1 < 0) dim1 += n;
     Shape s = shape(), st = strides();
@@ -245,7 +253,7 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
-    Tensor out = empty(shape(), TensorOptions().dtype(dtype()).device(device()));
+    Tensor out = empty_for("clone", shape(), TensorOptions().dtype(dtype()).device(device()));
     copy_elements(out, *this);
     if (should_record(*this)) record(std::make_shared<CloneBackward>(), out, *this);
     return out;
@@ -255,7 +263,7 @@ Tensor Tensor::detach() const { return make_view(*this, shape(), strides()); }
 
 Tensor Tensor::to(Device d) const {
     Tensor src = detach().contiguous();
-    Tensor out = empty(shape(), TensorOptions().dtype(dtype()).device(d));
+    Tensor out = empty_for("to", shape(), TensorOptions().dtype(dtype()).device(d));
     if (d == device()) {
         copy_elements(out, src);
     } else {
@@ -265,16 +273,17 @@ Tensor Tensor::to(Device d) const {
 }
 
 Tensor Tensor::to(DType d) const {
-    Tensor out = empty(shape(), TensorOptions().dtype(d).device(device()));
+    Tensor out = empty_for("to", shape(), TensorOptions().dtype(d).device(device()));
     copy_elements(out, *this);
     return out;
 }
 
 Tensor& Tensor::requires_grad_(bool r) {
-    NT_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad; this one has grad_fn ",
-             grad_fn()->name());
-    NT_CHECK(!r || is_floating(dtype()), "requires_grad_: only floating tensors can require grad, got ",
-             dtype_name(dtype()));
+    NT_CHECK(is_leaf(), "requires_grad_: expected a leaf tensor (only leaves can change requires_grad), got one with "
+             "grad_fn ", grad_fn()->name());
+    NT_CHECK_AS(DTypeError, !r || is_floating(dtype()),
+                "requires_grad_: expected a floating dtype (only floating tensors can require grad), got ",
+                dtype_name(dtype()));
     impl().requires_grad = r;
     if (r && storage()) storage()->mark_parameter();
     return *this;
@@ -290,11 +299,14 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
     check_inplace(*this, "add_");
-    NT_CHECK(other.shape() == shape() && other.dtype() == dtype(), "add_: expected ", shape_str(shape()), " ",
-             dtype_name(dtype()), ", got ", shape_str(other.shape()), " ", dtype_name(other.dtype()));
-    NT_CHECK(is_contiguous(), "add_: expected a contiguous destination");
-    NT_CHECK(other.device() == device(), "add_: expected other on ", device_name(device()), ", got ",
-             device_name(other.device()));
+    NT_CHECK_AS(ShapeError, other.shape() == shape(), "add_: expected other of shape ", shape_str(shape()), ", got ",
+                shape_str(other.shape()));
+    NT_CHECK_AS(DTypeError, other.dtype() == dtype(), "add_: expected other of dtype ", dtype_name(dtype()), ", got ",
+                dtype_name(other.dtype()));
+    NT_CHECK_AS(ShapeError, is_contiguous(), "add_: expected a contiguous destination, got shape ", shape_str(shape()),
+                " with strides ", shape_str(strides()));
+    NT_CHECK_AS(DeviceError, other.device() == device(), "add_: expected other on ", device_name(device()), ", got ",
+                device_name(other.device()));
     Tensor src = other.contiguous();
     storage()->bump_version();
     if (device().is_cuda()) {
@@ -313,7 +325,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(double value) {
     check_inplace(*this, "mul_");
-    NT_CHECK(is_contiguous(), "mul_: expected a contiguous destination");
+    NT_CHECK_AS(ShapeError, is_contiguous(), "mul_: expected a contiguous destination, got shape ", shape_str(shape()),
+                " with strides ", shape_str(strides()));
     storage()->bump_version();
     if (device().is_cuda()) {
         NT_CUDA(detail::mul_scalar_cuda(*this, value));
@@ -329,9 +342,10 @@ Tensor& Tensor::mul_(double value) {
 
 Tensor& Tensor::fill_(double value) {
     check_inplace(*this, "fill_");
-    NT_CHECK(is_floating(dtype()) || (value >= -0x1p63 && value < 0x1p63), "fill_: value ", value,
-             " does not fit in ", dtype_name(dtype()));
-    NT_CHECK(is_contiguous(), "fill_: expected a contiguous destination");
+    NT_CHECK(is_floating(dtype()) || (value >= -0x1p63 && value < 0x1p63), "fill_: value ", value, " does not fit in ",
+             dtype_name(dtype()), " (expected a value in [-2^63, 2^63))");
+    NT_CHECK_AS(ShapeError, is_contiguous(), "fill_: expected a contiguous destination, got shape ", shape_str(shape()),
+                " with strides ", shape_str(strides()));
     storage()->bump_version();
     if (device().is_cuda()) {
         NT_CUDA(detail::fill_cuda(*this, value));
@@ -347,20 +361,48 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::copy_(const Tensor& src) {
     check_inplace(*this, "copy_");
-    NT_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: expected ", shape_str(shape()), " ",
-             dtype_name(dtype()), ", got ", shape_str(src.shape()), " ", dtype_name(src.dtype()));
-    NT_CHECK(is_contiguous(), "copy_: expected a contiguous destination");
+    NT_CHECK_AS(ShapeError, src.shape() == shape(), "copy_: expected src of shape ", shape_str(shape()), ", got ",
+                shape_str(src.shape()));
+    NT_CHECK_AS(DTypeError, src.dtype() == dtype(), "copy_: expected src of dtype ", dtype_name(dtype()), ", got ",
+                dtype_name(src.dtype()));
+    NT_CHECK_AS(ShapeError, is_contiguous(), "copy_: expected a contiguous destination, got shape ", shape_str(shape()),
+                " with strides ", shape_str(strides()));
+    NT_CHECK_AS(DeviceError, src.device() == device(), "copy_: expected src on ", device_name(device()), ", got ",
+                device_name(src.device()), "; use to(Device)");
     copy_elements(*this, src.storage() == storage() ? src.clone() : src);  // overlapping: copy through a temporary
     storage()->bump_version();
     return *this;
 }
 
-Tensor empty(const Shape& shape, TensorOptions options) {
-    int64_t n = checked_numel("empty", shape, element_size(options.dtype_));
-    NT_CHECK(!options.requires_grad_ || is_floating(options.dtype_),
-             "empty: only floating tensors can require grad, got ", dtype_name(options.dtype_));
+namespace {
+
+// Throws DeviceError naming `op` when `device` is a GPU that this build or this machine lacks.
+void check_device(const char* op, Device device) {
+    NT_CHECK_AS(DeviceError, device.is_cpu() || cuda_is_built(), op, ": expected device cpu, got ",
+                device_name(device), ", which needs the CUDA backend that this build of normtape does not have");
+    NT_CHECK_AS(DeviceError, device.is_cpu() || cuda_is_available(), op, ": expected a visible CUDA GPU for ",
+                device_name(device), ", got none");
+}
+
+// empty() on behalf of the factory `op`, whose name the messages carry. Throws ShapeError on a
+// negative size or a byte count that overflows int64, DTypeError on requires_grad for i64,
+// DeviceError for a CUDA device this build or machine does not have, OutOfMemoryError when the
+// allocator cannot give the bytes (the message gives the shape, dtype and bytes).
+Tensor empty_for(const char* op, const Shape& shape, TensorOptions options) {
+    int64_t n = checked_numel(op, shape, element_size(options.dtype_));
+    NT_CHECK_AS(DTypeError, !options.requires_grad_ || is_floating(options.dtype_), op,
+                ": expected a floating dtype with requires_grad (only floating tensors can require grad), got ",
+                dtype_name(options.dtype_));
+    check_device(op, options.device_);
+    size_t nbytes = static_cast<size_t>(n) * element_size(options.dtype_);
     auto impl = std::make_shared<TensorImpl>();
-    impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype_), options.device_);
+    try {
+        impl->storage = std::make_shared<Storage>(nbytes, options.device_);
+    } catch (const OutOfMemoryError& e) {
+        detail::throw_error<OutOfMemoryError>(op, ": cannot allocate a tensor of shape ", shape_str(shape), " ",
+                                              dtype_name(options.dtype_), " (", nbytes, " bytes) on ",
+                                              device_name(options.device_), ": ", e.what());
+    }
     impl->shape = shape;
     impl->strides = contiguous_strides(shape);
     impl->dtype = options.dtype_;
@@ -370,18 +412,26 @@ Tensor empty(const Shape& shape, TensorOptions options) {
     return Tensor(impl);
 }
 
-Tensor full(const Shape& shape, double value, TensorOptions options) {
-    Tensor t = empty(shape, options.requires_grad(false));
+Tensor full_for(const char* op, const Shape& shape, double value, TensorOptions options) {
+    NT_CHECK_AS(DTypeError, !options.requires_grad_ || is_floating(options.dtype_), op,
+                ": expected a floating dtype with requires_grad (only floating tensors can require grad), got ",
+                dtype_name(options.dtype_));
+    Tensor t = empty_for(op, shape, options.requires_grad(false));
     t.fill_(value);
     return t.requires_grad_(options.requires_grad_);
 }
 
-Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
-Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+}  // namespace
+
+Tensor empty(const Shape& shape, TensorOptions options) { return empty_for("empty", shape, options); }
+Tensor full(const Shape& shape, double value, TensorOptions options) { return full_for("full", shape, value, options); }
+Tensor zeros(const Shape& shape, TensorOptions options) { return full_for("zeros", shape, 0.0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full_for("ones", shape, 1.0, options); }
 
 Tensor randn(const Shape& shape, TensorOptions options) {
-    NT_CHECK(is_floating(options.dtype_), "randn: expected a floating dtype, got ", dtype_name(options.dtype_));
-    Tensor t = empty(shape, options);
+    NT_CHECK_AS(DTypeError, is_floating(options.dtype_), "randn: expected a floating dtype, got ",
+                dtype_name(options.dtype_));
+    Tensor t = empty_for("randn", shape, options);
     if (t.device().is_cuda()) {
         NT_CUDA(detail::randn_cuda(t));
         return t;
@@ -395,9 +445,12 @@ Tensor randn(const Shape& shape, TensorOptions options) {
 }
 
 Tensor arange(int64_t end, TensorOptions options) {
-    NT_CHECK(end >= 0, "arange: expected end >= 0, got ", end);
-    if (options.device_.is_cuda()) return arange(end, options.device(Device::CPU)).to(options.device_);
-    Tensor t = empty({end}, options);
+    NT_CHECK_AS(ShapeError, end >= 0, "arange: expected end >= 0, got ", end);
+    if (options.device_.is_cuda()) {
+        check_device("arange", options.device_);
+        return arange(end, options.device(Device::CPU)).to(options.device_);
+    }
+    Tensor t = empty_for("arange", {end}, options);
     dispatch_all(t.dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data_ptr<T>();
@@ -410,9 +463,10 @@ template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions options) {
     Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
     int64_t n = checked_numel("from_vector", s);
-    NT_CHECK(n == static_cast<int64_t>(values.size()), "from_vector: shape ", shape_str(s), " holds ", n,
-             " elements, got ", values.size(), " values");
-    Tensor t = empty(s, options.dtype(dtype_of<T>()).device(Device::CPU));
+    NT_CHECK_AS(ShapeError, n == static_cast<int64_t>(values.size()), "from_vector: expected ", n,
+                " values for shape ", shape_str(s), ", got ", values.size());
+    check_device("from_vector", options.device_);
+    Tensor t = empty_for("from_vector", s, options.dtype(dtype_of<T>()).device(Device::CPU));
     std::copy(values.begin(), values.end(), t.data_ptr<T>());
     return options.device_.is_cuda() ? t.to(options.device_).requires_grad_(options.requires_grad_) : t;
 }

@@ -58,7 +58,7 @@ public:
     bool defined() const { return impl_ != nullptr; }
     const Shape& shape() const { return impl().shape; }
     const Shape& strides() const { return impl().strides; }
-    // Size of dimension `dim`; negative counts from the end. Throws on a dim out of range.
+    // Size of dimension `dim`; negative counts from the end. Throws ShapeError on a dim out of range.
     int64_t size(int64_t dim) const;
     int64_t dim() const { return static_cast<int64_t>(shape().size()); }
     int64_t numel() const;
@@ -69,24 +69,27 @@ public:
     int64_t nbytes() const { return numel() * static_cast<int64_t>(element_size(dtype())); }
     const std::shared_ptr<Storage>& storage() const { return impl().storage; }
 
-    // Pointer to the first element. Throws if T does not match dtype() or the tensor is not on the
-    // cpu (use to(Device::CPU) first).
+    // Pointer to the first element. Throws DTypeError if T does not match dtype(), DeviceError if
+    // the tensor is not on the cpu (use to(Device::CPU) first).
     template <class T>
     T* data_ptr() const;
     // The value of a one-element tensor, converted to T (as libtorch's item<T>) and copied from the
-    // GPU when needed. Throws if numel() != 1, or converting a float that does not fit to i64.
+    // GPU when needed. Throws ShapeError if numel() != 1, Error converting a float that does not
+    // fit to i64.
     template <class T>
     T item() const;
-    // The elements in row-major order (works on non-contiguous tensors). Throws on a dtype mismatch.
+    // The elements in row-major order (works on non-contiguous tensors). Throws DTypeError on a
+    // dtype mismatch.
     template <class T>
     std::vector<T> to_vector() const;
 
-    // Same storage, new shape; one dim may be -1. Throws unless numel matches and the tensor is
-    // contiguous. Differentiable.
+    // Same storage, new shape; one dim may be -1. Throws ShapeError unless numel matches and the
+    // tensor is contiguous. Differentiable.
     Tensor view(const Shape& shape) const;
     // view() when contiguous, else a contiguous copy reshaped. Differentiable.
     Tensor reshape(const Shape& shape) const;
     // Same storage with dims dim0 and dim1 swapped (a non-contiguous view). Differentiable.
+    // Throws ShapeError on a dim out of range.
     Tensor transpose(int64_t dim0, int64_t dim1) const;
     // This tensor if contiguous, else a contiguous copy. Differentiable.
     Tensor contiguous() const;
@@ -94,16 +97,18 @@ public:
     Tensor clone() const;
     // Same storage, no grad_fn, requires_grad false: cuts the graph.
     Tensor detach() const;
-    // A contiguous copy converted to `dtype` (any of f32, f64, bf16, i64; floats to i64 throw when
-    // out of range on the cpu). Not differentiable.
+    // A contiguous copy converted to `dtype` (any of f32, f64, bf16, i64; floats to i64 throw Error
+    // when out of range on the cpu). Not differentiable.
     Tensor to(DType dtype) const;
     // A contiguous copy on `device` (cpu <-> cuda, or between GPUs), same dtype; returns when the
-    // copy is done. Not differentiable. Throws Error when the device has no backend in this build.
+    // copy is done. Not differentiable. Throws DeviceError when the device has no backend in this
+    // build or no GPU is visible, OutOfMemoryError when the copy cannot be allocated.
     Tensor to(Device device) const;
 
     // Autograd. See core/autograd.h and Note [Gradient accumulation] there.
     bool requires_grad() const { return impl().requires_grad; }
-    // Marks a leaf as requiring a gradient. Throws on a non-leaf or a non-floating dtype.
+    // Marks a leaf as requiring a gradient. Throws Error on a non-leaf, DTypeError on a
+    // non-floating dtype.
     Tensor& requires_grad_(bool requires_grad = true);
     bool is_leaf() const { return impl().grad_fn == nullptr; }
     const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
@@ -114,13 +119,16 @@ public:
     void zero_grad();
     // Runs reverse-mode autodiff from this tensor. `gradient` has this tensor's shape; it may be
     // omitted for a one-element tensor (then 1). Leaf gradients accumulate (+=). Unless
-    // `retain_graph`, the saved tensors of every node run are released. Throws if this tensor
-    // does not require grad, on a shape mismatch, or on a second backward through released nodes.
+    // `retain_graph`, the saved tensors of every node run are released. Throws Error if this tensor
+    // does not require grad or on a second backward through released nodes; ShapeError, DTypeError
+    // or DeviceError when `gradient` does not match this tensor (or is omitted for numel() != 1);
+    // AnomalyError under anomaly detection (core/autograd.h).
     void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
 
-    // In-place, never recorded by autograd; each bumps the storage version. Throw if this tensor
-    // requires grad while grad mode is on (as PyTorch does for leaves), if it is not contiguous,
-    // on a shape/dtype mismatch, and (add_, mul_) on an i64 tensor.
+    // In-place, never recorded by autograd; each bumps the storage version. Throw Error if this
+    // tensor requires grad while grad mode is on (as PyTorch does for leaves); ShapeError if it is
+    // not contiguous or on a shape mismatch; DTypeError on a dtype mismatch and (add_, mul_) on an
+    // i64 tensor; DeviceError when other/src is on another device.
     Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other
     Tensor& mul_(double value);                             // this *= value
     Tensor& fill_(double value);
@@ -135,7 +143,10 @@ private:
 };
 
 // Factories. `shape` entries must be >= 0; a tensor of zero elements is allowed here (ops reject
-// it). All throw Error on a negative size or an unsupported dtype/device.
+// it). Each throws, naming itself: ShapeError on a negative size or when numel * element_size
+// overflows int64; DTypeError on requires_grad with i64 (randn: any non-floating dtype);
+// DeviceError for a CUDA device when this build has no CUDA backend or no GPU is visible;
+// OutOfMemoryError when the allocator cannot give the bytes (the message gives shape and bytes).
 Tensor empty(const Shape& shape, TensorOptions options = {});
 Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
@@ -145,7 +156,7 @@ Tensor randn(const Shape& shape, TensorOptions options = {});
 // 0, 1, ..., end - 1 as a 1-D tensor of end elements; i64 unless options say otherwise.
 Tensor arange(int64_t end, TensorOptions options = TensorOptions().dtype(DType::I64));
 // A tensor holding `values` in row-major order; `shape` defaults to {values.size()}. The dtype
-// is T's (options' dtype is ignored). Throws if the counts differ.
+// is T's (options' dtype is ignored). Throws ShapeError if the counts differ.
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, TensorOptions options = {});
 

@@ -6,8 +6,9 @@
 // Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
 // L layers (--layers), V vocabulary (256 bytes; --vocab with --data random).
 //
-// Exit codes: 0 done; 1 a runtime error, or measured saving != predicted saving; 2 bad flags,
-// bad values or unreadable data (one line on stderr).
+// Exit codes: 0 done; 1 a runtime error (with --detect-anomaly: the first op or backward node
+// that produced a NaN or Inf, and the step), or measured saving != predicted saving; 2 bad
+// flags, bad values or unreadable data (one line on stderr).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +39,7 @@ struct Args {
     uint64_t seed = 1337;
     int64_t log_every = 50;
     std::string json, save, chart = "train_gpt.svg";
+    bool detect_anomaly = false;
 };
 
 // Thrown for a bad flag value found after parsing; main prints it and exits 2.
@@ -207,7 +209,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
         int64_t allocs_at_start = memory_stats(dev).num_allocs;
         double ms = 0;
         Tensor loss;
-        {
+        try {
             MemoryTraceScope trace(dev, step == trace_step ? &r.memory_trace : nullptr);
             auto t0 = clock::now();
             loss = model.loss(idx, targets);
@@ -220,6 +222,9 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
             optimizer.zero_grad();
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+        } catch (const AnomalyError& e) {  // say when, beside what and where
+            throw AnomalyError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + " of the " +
+                               policy_name(policy) + " run)");
         }
         if (step == trace_step)
             for (MemoryEvent& e : r.memory_trace) e.num_allocs -= allocs_at_start;
@@ -296,7 +301,7 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
     }
     mem.markers.push_back({static_cast<double>(runs[0].forward_allocs), "forward | backward"});
     std::ofstream f(a.chart);
-    if (!f) throw Error("train_gpt: cannot write chart " + a.chart);
+    if (!f) throw IOError("--chart: cannot open " + a.chart + " for writing");
     f << render_svg({loss, mem});
     std::printf("chart: %s\n", a.chart.c_str());
 }
@@ -318,7 +323,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
                              {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
                              {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
     std::ofstream f(a.json);
-    if (!f) throw Error("train_gpt: cannot write " + a.json);
+    if (!f) throw IOError("--json: cannot open " + a.json + " for writing");
     f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
@@ -377,7 +382,7 @@ int main(int argc, char** argv) {
     app.add_option("--embd", a.embd, "embedding width (C), divisible by --heads")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
     app.add_option("--norm", a.norm, "layer or rms")->check(CLI::IsMember({"layer", "rms"}));
     app.add_option("--policy", a.policy, "input, output or both")->check(CLI::IsMember({"input", "output", "both"}));
-    app.add_option("--lr", a.lr, "peak learning rate")->check(CLI::Range(1e-12, 10.0));
+    app.add_option("--lr", a.lr, "peak learning rate")->check(CLI::Range(1e-12, 1e6));
     app.add_option("--seed", a.seed, "seed for initialization and batches");
     app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible)")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)")->check(CLI::IsMember({"f32", "bf16"}));
@@ -388,6 +393,9 @@ int main(int argc, char** argv) {
     app.add_option("--json", a.json, "write the results as JSON to this file");
     app.add_option("--save", a.save, "write the trained model (safetensors) to this file (with --policy both: the output run's)");
     app.add_option("--chart", a.chart, "SVG chart of loss and memory (with --policy both)");
+    app.add_flag("--detect-anomaly", a.detect_anomaly,
+                 "stop at the first NaN or Inf that an op or a backward node produces, naming it (slow: checks every "
+                 "output; on cuda copies each to the host)");
     try {
         app.parse(argc, argv);
         if (a.preset == "gpt2-medium-ish") {  // explicit flags win over the preset
@@ -411,6 +419,7 @@ int main(int argc, char** argv) {
             throw UsageError("--vocab " + std::to_string(a.vocab) + " needs --data random (text is read as 256 byte values)");
         if (a.embd % a.heads != 0)
             throw UsageError("--embd " + std::to_string(a.embd) + " is not divisible by --heads " + std::to_string(a.heads));
+        set_detect_anomaly(a.detect_anomaly);
         return run(a);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);

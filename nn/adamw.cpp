@@ -35,7 +35,11 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std
         state_.emplace_back();
         for (const Tensor& p : g.params) {
             NT_CHECK(p.defined() && p.requires_grad() && p.is_leaf() && p.is_contiguous(),
-                     "AdamW: expected contiguous leaf parameters that require grad");
+                     "AdamW: expected contiguous leaf parameters that require grad, got ",
+                     !p.defined()          ? "an undefined tensor"
+                     : !p.requires_grad()  ? "one that does not require grad"
+                     : !p.is_leaf()        ? "a non-leaf"
+                                           : "a non-contiguous one");
             TensorOptions opts = TensorOptions().dtype(stat_dtype(p.dtype())).device(p.device());
             ParamState st{zeros(p.shape(), opts), zeros(p.shape(), opts), Tensor()};
             if (p.dtype() == DType::BF16) st.master = p.detach().to(DType::F32);
@@ -59,11 +63,14 @@ void AdamW::step() {
             Tensor g = p.grad();
             if (!g.defined()) continue;
             ParamState& st = state_[gi][i];
-            NT_CHECK(st.m.device() == p.device() && st.m.dtype() == stat_dtype(p.dtype()) &&
-                         (p.dtype() == DType::BF16) == st.master.defined(),
-                     "AdamW: a parameter moved to ", device_name(p.device()), " ", dtype_name(p.dtype()),
-                     " after the optimizer was built (its state is ", device_name(st.m.device()), " ",
-                     dtype_name(st.m.dtype()), "); build the optimizer after Module::to");
+            NT_CHECK_AS(DeviceError, st.m.device() == p.device(), "AdamW: expected the parameter on ",
+                        device_name(st.m.device()), " (where its state is), got ", device_name(p.device()),
+                        ": it moved after the optimizer was built; build the optimizer after Module::to");
+            NT_CHECK_AS(DTypeError,
+                        st.m.dtype() == stat_dtype(p.dtype()) && (p.dtype() == DType::BF16) == st.master.defined(),
+                        "AdamW: expected a parameter of the dtype it had when the optimizer was built (state ",
+                        dtype_name(st.m.dtype()), "), got ", dtype_name(p.dtype()),
+                        "; build the optimizer after Module::to");
             dispatch_floating(p.dtype(), "AdamW", [&](auto tag) {
                 using T = decltype(tag);
                 using A = acc_t<T>;

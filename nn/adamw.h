@@ -33,9 +33,12 @@ struct ParamGroup {
 // The formula lives once, in nn/adamw_update.h, for the cpu loop and the CUDA kernel.
 class AdamW {
 public:
+    // Throw Error for lr < 0, eps <= 0 or betas outside [0, 1), or a parameter that is undefined,
+    // not a leaf, not contiguous or does not require grad.
     AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
     AdamW(const std::vector<Tensor>& params, AdamWOptions options);
 
+    // Throws DeviceError / DTypeError when a parameter changed device / dtype since construction.
     void step();
     // Drops every parameter's gradient.
     void zero_grad();

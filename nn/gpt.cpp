@@ -11,12 +11,14 @@
 namespace normtape {
 
 void check_config(const GPTConfig& c) {
-    NT_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
-             "GPTConfig: expected positive sizes, got vocab_size ", c.vocab_size, ", block_size ", c.block_size,
-             ", n_layer ", c.n_layer, ", n_head ", c.n_head, ", n_embd ", c.n_embd);
-    NT_CHECK(c.n_embd % c.n_head == 0, "GPTConfig: expected n_embd divisible by n_head, got n_embd ", c.n_embd,
-             " and n_head ", c.n_head);
-    NT_CHECK(is_floating(c.dtype), "GPTConfig: expected a floating dtype, got ", dtype_name(c.dtype));
+    NT_CHECK_AS(ShapeError, c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
+                "GPTConfig: expected positive sizes, got vocab_size ", c.vocab_size, ", block_size ", c.block_size,
+                ", n_layer ", c.n_layer, ", n_head ", c.n_head, ", n_embd ", c.n_embd);
+    NT_CHECK_AS(ShapeError, c.n_embd % c.n_head == 0, "GPTConfig: expected n_embd divisible by n_head, got n_embd ",
+                c.n_embd, " and n_head ", c.n_head);
+    NT_CHECK_AS(DTypeError, is_floating(c.dtype), "GPTConfig: expected a floating dtype, got ", dtype_name(c.dtype));
+    NT_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "GPTConfig: expected norm_eps > 0 and finite, got ",
+             c.norm_eps);
 }
 
 namespace {
@@ -72,11 +74,14 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
 }
 
 Tensor GPT::forward(const Tensor& idx) const {
-    NT_CHECK(idx.defined() && idx.dtype() == DType::I64 && idx.dim() == 2, "GPT: expected idx of shape [B, T] i64, got ",
-             idx.defined() ? shape_str(idx.shape()) + " " + dtype_name(idx.dtype()) : std::string("an undefined tensor"));
+    NT_CHECK(idx.defined(), "GPT: expected idx of shape [B, T] i64, got an undefined tensor");
+    NT_CHECK_AS(DTypeError, idx.dtype() == DType::I64, "GPT: expected idx of shape [B, T] i64, got ",
+                shape_str(idx.shape()), " ", dtype_name(idx.dtype()));
+    NT_CHECK_AS(ShapeError, idx.dim() == 2, "GPT: expected idx of shape [B, T] i64, got ", shape_str(idx.shape()), " ",
+                dtype_name(idx.dtype()));
     int64_t T = idx.size(1);
-    NT_CHECK(T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
-             config_.block_size, "], got ", T);
+    NT_CHECK_AS(ShapeError, T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
+                config_.block_size, "], got ", T);
     Tensor x = add(wte->forward(idx), wpe->forward(arange(T, TensorOptions().dtype(DType::I64).device(idx.device()))));
     // Moving the residual into each block leaves the block the only handle, so the block's input
     // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).

@@ -33,7 +33,8 @@ struct GPTConfig {
     double norm_eps = 1e-5;
 };
 
-// Throws Error naming GPTConfig when a size is not positive or n_embd % n_head != 0.
+// Throws, naming GPTConfig: ShapeError when a size is not positive or n_embd % n_head != 0,
+// DTypeError for a non-floating dtype, Error for norm_eps <= 0 or not finite.
 void check_config(const GPTConfig& config);
 
 // c_attn: Linear(C, 3C) -> causal_self_attention -> c_proj: Linear(C, C).
@@ -74,7 +75,9 @@ public:
     explicit GPT(const GPTConfig& config);
 
     // idx: [B, T] i64 token ids in [0, V), T <= block_size. Returns logits [B, T, V].
-    // Throws Error naming GPT on a bad shape, dtype, T > block_size or an id out of range.
+    // Throws, naming GPT (or the op that found it): ShapeError on idx not 2-D or T outside
+    // [1, block_size]; DTypeError on idx not i64; DeviceError on idx on another device than the
+    // model; Error on an undefined idx or an id out of range; AnomalyError under anomaly detection.
     Tensor forward(const Tensor& idx) const;
     // Mean cross-entropy of forward(idx) against targets [B, T] i64 (a 0-dim tensor, nats);
     // backward() from it accumulates (+=) into every parameter's grad. Throws as forward() and

@@ -8,7 +8,8 @@
 namespace normtape {
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
-    NT_CHECK(t.is_leaf(), "register_parameter: parameter ", name, " must be a leaf tensor");
+    NT_CHECK(t.is_leaf(), "register_parameter: expected parameter ", name, " to be a leaf tensor, got one with grad_fn ",
+             t.grad_fn()->name());
     t.requires_grad_(true);
     params_.emplace_back(name, t);
     return t;
@@ -42,7 +43,7 @@ void Module::zero_grad() {
 }
 
 void Module::to(Device device, DType dtype) {
-    NT_CHECK(is_floating(dtype), "Module::to: expected a floating dtype, got ", dtype_name(dtype));
+    NT_CHECK_AS(DTypeError, is_floating(dtype), "Module::to: expected a floating dtype, got ", dtype_name(dtype));
     for (Tensor& p : parameters()) {
         Tensor moved = p.detach().to(dtype).to(device);
         moved.storage()->mark_parameter();
@@ -65,8 +66,10 @@ Tensor normal_init(const Shape& shape, double std, TensorOptions options) {
 }  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, TensorOptions options, double init_std) {
-    NT_CHECK(in_features > 0 && out_features > 0, "Linear: expected positive in_features and out_features, got ",
-             in_features, " and ", out_features);
+    NT_CHECK_AS(ShapeError, in_features > 0 && out_features > 0,
+                "Linear: expected positive in_features and out_features, got ", in_features, " and ", out_features);
+    NT_CHECK_AS(DTypeError, is_floating(options.dtype_), "Linear: expected a floating dtype, got ",
+                dtype_name(options.dtype_));
     weight = register_parameter("weight", normal_init({out_features, in_features}, init_std, options));
     if (has_bias) bias = register_parameter("bias", zeros({out_features}, options.requires_grad(false)));
 }
@@ -74,8 +77,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, TensorO
 Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options) {
-    NT_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: expected positive sizes, got ", num_embeddings,
-             " and ", embedding_dim);
+    NT_CHECK_AS(ShapeError, num_embeddings > 0 && embedding_dim > 0,
+                "Embedding: expected positive num_embeddings and embedding_dim, got ", num_embeddings, " and ",
+                embedding_dim);
+    NT_CHECK_AS(DTypeError, is_floating(options.dtype_), "Embedding: expected a floating dtype, got ",
+                dtype_name(options.dtype_));
     weight = register_parameter("weight", normal_init({num_embeddings, embedding_dim}, 0.02, options));
 }
 

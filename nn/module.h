@@ -31,11 +31,13 @@ public:
     void zero_grad();
     // Moves every parameter to `device` and converts it to `dtype`, in place: the parameter
     // tensors (and every handle to them) keep their identity, their data is replaced. Drops
-    // gradients. As torch.nn.Module.to(device, dtype).
+    // gradients. As torch.nn.Module.to(device, dtype). Throws DTypeError for a non-floating dtype,
+    // DeviceError for a device this build or machine lacks, OutOfMemoryError as the factories.
     void to(Device device, DType dtype);
 
 protected:
-    // Adds `t` as a parameter called `name` (it must be a leaf; requires_grad is set). Returns it.
+    // Adds `t` as a parameter called `name` (it must be a leaf, else Error; requires_grad is set;
+    // DTypeError for an i64 tensor). Returns it.
     Tensor register_parameter(const std::string& name, Tensor t);
     // Adds a submodule called `name`. Returns it.
     template <class M>
@@ -53,7 +55,9 @@ private:
 
 // Linear(in_features, out_features, bias): y = x @ weight^T + bias (ops/matmul.h linear).
 // weight: [out_features, in_features] drawn N(0, init_std^2), bias: [out_features] zeros (GPT-2's
-// initialization), of options' dtype and device (on CUDA drawn by cuRAND).
+// initialization), of options' dtype and device (on CUDA drawn by cuRAND). Throws ShapeError for
+// sizes <= 0 (or too large to count), DTypeError for a non-floating dtype, DeviceError for a device
+// this build or machine lacks, OutOfMemoryError when the weights cannot be allocated.
 class Linear : public Module {
 public:
     Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions options = {},
@@ -65,7 +69,7 @@ public:
 };
 
 // Embedding(num_embeddings, embedding_dim): a [V, C] table drawn N(0, 0.02^2) (ops/embedding.h),
-// of options' dtype and device.
+// of options' dtype and device. Throws as Linear.
 class Embedding : public Module {
 public:
     Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options = {});

@@ -7,13 +7,14 @@
 namespace normtape {
 
 namespace {
-void check_size(const char* module, int64_t n) {
-    NT_CHECK(n > 0, module, ": expected normalized_shape > 0, got ", n);
+void check_size(const char* module, int64_t n, const NormOptions& o) {
+    NT_CHECK_AS(ShapeError, n > 0, module, ": expected normalized_shape > 0, got ", n);
+    NT_CHECK_AS(DTypeError, is_floating(o.dtype), module, ": expected a floating dtype, got ", dtype_name(o.dtype));
 }
 }  // namespace
 
 LayerNorm::LayerNorm(int64_t normalized_shape, NormOptions opts) : NormModule(opts) {
-    check_size("LayerNorm", normalized_shape);
+    check_size("LayerNorm", normalized_shape, opts);
     TensorOptions t = TensorOptions().dtype(opts.dtype).device(opts.device);
     if (opts.elementwise_affine) {
         weight = register_parameter("weight", ones({normalized_shape}, t));
@@ -24,7 +25,7 @@ LayerNorm::LayerNorm(int64_t normalized_shape, NormOptions opts) : NormModule(op
 Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, options.eps, options.policy); }
 
 RMSNorm::RMSNorm(int64_t normalized_shape, NormOptions opts) : NormModule(opts) {
-    check_size("RMSNorm", normalized_shape);
+    check_size("RMSNorm", normalized_shape, opts);
     if (opts.elementwise_affine) weight = register_parameter("weight", ones({normalized_shape}, TensorOptions().dtype(opts.dtype).device(opts.device)));
 }
 

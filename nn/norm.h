@@ -51,7 +51,9 @@ public:
 enum class NormKind { Layer, RMS };
 // "layer" or "rms".
 const char* norm_kind_name(NormKind kind);
-// A LayerNorm or an RMSNorm. Throws Error if normalized_shape <= 0.
+// A LayerNorm or an RMSNorm. The constructors (and this) throw ShapeError if normalized_shape <= 0,
+// DTypeError for a non-floating options.dtype, DeviceError for a device
+// this build or machine lacks.
 std::shared_ptr<NormModule> make_norm(NormKind kind, int64_t normalized_shape, NormOptions options);
 
 }  // namespace normtape

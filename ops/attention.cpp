@@ -130,13 +130,20 @@ struct AttentionBackward : Node {
 Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
     const char* op = "causal_self_attention";
     detail::check_floating_input(op, "qkv", qkv_in);
-    NT_CHECK(qkv_in.dim() == 3, op, ": expected qkv of shape [B, T, 3C], got ", shape_str(qkv_in.shape()));
+    NT_CHECK_AS(ShapeError, qkv_in.dim() == 3, op, ": expected qkv of shape [B, T, 3C], got ", shape_str(qkv_in.shape()));
     NT_CHECK(n_head >= 1, op, ": expected n_head >= 1, got ", n_head);
     int64_t C = qkv_in.size(2) / 3;
-    NT_CHECK(qkv_in.size(2) % 3 == 0 && C % n_head == 0, op, ": expected qkv's last dimension to be 3C with C ",
-             "divisible by n_head = ", n_head, ", got shape ", shape_str(qkv_in.shape()));
+    NT_CHECK_AS(ShapeError, qkv_in.size(2) % 3 == 0 && C % n_head == 0, op,
+                ": expected qkv's last dimension to be 3C with C divisible by n_head = ", n_head, ", got shape ",
+                shape_str(qkv_in.shape()));
+    int64_t B = qkv_in.size(0), Tn = qkv_in.size(1);
+    // CUDA: cuBLAS takes int sizes, leading dimensions and batch counts; the softmax kernels launch
+    // n_head * T blocks (grid x <= INT32_MAX).
+    detail::check_fits_int32(op, qkv_in, "3C (qkv's last dimension)", qkv_in.size(2));
+    int64_t softmax_blocks = 0;
+    if (__builtin_mul_overflow(n_head, Tn, &softmax_blocks)) softmax_blocks = INT64_MAX;
+    detail::check_fits_int32(op, qkv_in, "n_head * T", softmax_blocks);
     Tensor qkv = qkv_in.contiguous();
-    int64_t B = qkv.size(0), Tn = qkv.size(1);
     TensorOptions opts = TensorOptions().dtype(qkv.dtype()).device(qkv.device());
     Tensor out = empty({B, Tn, C}, opts);
     Tensor att = empty({B, n_head, Tn, Tn}, opts);
@@ -150,6 +157,7 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
         }
     });
     if (should_record(qkv)) record(std::make_shared<AttentionBackward>(qkv, att, n_head), out, qkv);
+    detail::check_forward_anomaly(op, "out", out, {{"qkv", qkv}});
     return out;
 }
 

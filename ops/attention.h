@@ -15,8 +15,10 @@ namespace normtape {
 // Returns out: [B, T, C], heads concatenated.
 // Saves qkv and the softmax probabilities att [B, n_head, T, T] (saved, not recomputed, as
 // llm.c does: backward is then one pass). dqkv is returned fresh (=).
-// Throws Error naming causal_self_attention on an undefined, empty or non-floating qkv, a qkv
-// that is not 3-D, a last dimension that is not 3C with C divisible by n_head, or n_head < 1.
+// Throws, naming causal_self_attention: Error on an undefined qkv or n_head < 1; DTypeError on a
+// non-floating qkv; ShapeError on an empty qkv, one that is not 3-D, a last dimension that is not
+// 3C with C divisible by n_head, an att [B, n_head, T, T] too large to count in int64, or on CUDA
+// 3C or n_head * T above INT32_MAX; AnomalyError on a non-finite output under anomaly detection.
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
 
 }  // namespace normtape

@@ -1,5 +1,7 @@
 // ops/checks.h: the argument checks every op starts with, and device_ptr for the CUDA branches.
-// Each check throws Error naming the op, the argument, what was expected and what was found.
+// Each check throws naming the op, the argument, what was expected and what was found: Error for
+// an undefined tensor or an index out of range, DTypeError, ShapeError (empty tensors, sizes too
+// large for the CUDA kernels' 32-bit arithmetic) and DeviceError as their names say.
 #pragma once
 
 #include "core/tensor.h"
@@ -9,25 +11,26 @@ namespace normtape::detail {
 // t is defined, non-empty, of a floating dtype, on any device.
 inline void check_floating_input(const char* op, const char* name, const Tensor& t) {
     NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
-    NT_CHECK(is_floating(t.dtype()), op, ": expected ", name, " of a floating dtype (f32, f64 or bf16), got ",
-             dtype_name(t.dtype()));
-    NT_CHECK(t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
+    NT_CHECK_AS(DTypeError, is_floating(t.dtype()), op, ": expected ", name,
+                " of a floating dtype (f32, f64 or bf16), got ", dtype_name(t.dtype()));
+    NT_CHECK_AS(ShapeError, t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
 }
 
 // t has the dtype and device of ref (an already checked input named ref_name).
 inline void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
     NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
-    NT_CHECK(t.dtype() == ref.dtype(), op, ": expected ", name, " of dtype ", dtype_name(ref.dtype()), " (as ",
-             ref_name, "), got ", dtype_name(t.dtype()));
-    NT_CHECK(t.device() == ref.device(), op, ": expected ", name, " on ", device_name(ref.device()), " (as ",
-             ref_name, "), got ", device_name(t.device()));
+    NT_CHECK_AS(DTypeError, t.dtype() == ref.dtype(), op, ": expected ", name, " of dtype ", dtype_name(ref.dtype()),
+                " (as ", ref_name, "), got ", dtype_name(t.dtype()));
+    NT_CHECK_AS(DeviceError, t.device() == ref.device(), op, ": expected ", name, " on ", device_name(ref.device()),
+                " (as ", ref_name, "), got ", device_name(t.device()));
 }
 
 // t holds token ids or class indices: i64, non-empty, on any device.
 inline void check_index_input(const char* op, const char* name, const Tensor& t) {
     NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
-    NT_CHECK(t.dtype() == DType::I64, op, ": expected ", name, " of dtype i64, got ", dtype_name(t.dtype()));
-    NT_CHECK(t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
+    NT_CHECK_AS(DTypeError, t.dtype() == DType::I64, op, ": expected ", name, " of dtype i64, got ",
+                dtype_name(t.dtype()));
+    NT_CHECK_AS(ShapeError, t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
 }
 
 // Every element of the i64 tensor t (contiguous) lies in [0, n); the message gives the first
@@ -39,6 +42,14 @@ inline void check_indices(const char* op, const char* name, const Tensor& t, int
     for (int64_t i = 0, end = host.numel(); i < end; ++i)
         NT_CHECK(p[i] >= 0 && p[i] < n, op, ": expected ", name, " in [0, ", n, "), got ", p[i], " at flat position ", i,
                  " of ", name, " ", shape_str(t.shape()));
+}
+
+// On CUDA, throws ShapeError naming `op` unless `value` (the size called `what`) fits the
+// kernels' or cuBLAS's 32-bit int arithmetic (at most INT32_MAX: also the grid's x limit).
+inline void check_fits_int32(const char* op, const Tensor& t, const char* what, int64_t value) {
+    if (!t.device().is_cuda()) return;
+    NT_CHECK_AS(ShapeError, value <= INT32_MAX, op, ": expected ", what, " <= ", INT32_MAX,
+                " on cuda (32-bit kernel and cuBLAS sizes), got ", value, " for shape ", shape_str(t.shape()));
 }
 
 // Pointer to t's first element on whatever device t lives (Tensor::data_ptr refuses non-cpu

@@ -52,12 +52,12 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
     const char* op = "cross_entropy";
     detail::check_floating_input(op, "logits", logits_in);
     detail::check_index_input(op, "targets", targets_in);
-    NT_CHECK(logits_in.dim() >= 1, op, ": expected logits of shape [..., V], got a scalar");
+    NT_CHECK_AS(ShapeError, logits_in.dim() >= 1, op, ": expected logits of shape [..., V], got a scalar (shape [])");
     Shape rows_shape(logits_in.shape().begin(), logits_in.shape().end() - 1);
-    NT_CHECK(targets_in.shape() == rows_shape, op, ": expected targets of shape ", shape_str(rows_shape),
-             " for logits of shape ", shape_str(logits_in.shape()), ", got ", shape_str(targets_in.shape()));
-    NT_CHECK(targets_in.device() == logits_in.device(), op, ": expected targets on ", device_name(logits_in.device()),
-             " (as logits), got ", device_name(targets_in.device()));
+    NT_CHECK_AS(ShapeError, targets_in.shape() == rows_shape, op, ": expected targets of shape ", shape_str(rows_shape),
+                " for logits of shape ", shape_str(logits_in.shape()), ", got ", shape_str(targets_in.shape()));
+    NT_CHECK_AS(DeviceError, targets_in.device() == logits_in.device(), op, ": expected targets on ",
+                device_name(logits_in.device()), " (as logits), got ", device_name(targets_in.device()));
     Tensor logits = logits_in.contiguous(), targets = targets_in.contiguous();
     int64_t V = logits.size(-1), M = logits.numel() / V;
     detail::check_indices(op, "targets", targets, V);
@@ -89,6 +89,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
         *loss.data_ptr<T>() = static_cast<T>(total / static_cast<double>(M));
     });
     if (should_record(logits)) record(std::make_shared<CrossEntropyBackward>(logits, lse, targets), loss, logits, targets);
+    detail::check_forward_anomaly(op, "loss", loss, {{"logits", logits}});
     return loss;
 }
 

@@ -12,9 +12,10 @@ namespace normtape {
 // targets is copied to the host to be checked). Returns a 0-dim tensor (nats).
 // Saves logits and lse [M] (log-sum-exp per row, f32; f64 for f64 logits); backward recomputes softmax from them:
 // dlogits = (softmax(logits) - onehot(targets)) * g / M, returned fresh (=).
-// Throws Error naming cross_entropy on: a non-floating or empty logits, targets not i64, of the
-// wrong shape or on another device, a target out of [0, V) (the message gives the value and its
-// position).
+// Throws, naming cross_entropy: Error on an undefined input or a target out of [0, V) (the
+// message gives the value and its position); DTypeError on non-floating logits or targets not
+// i64; ShapeError on empty or scalar logits or targets of the wrong shape; DeviceError on targets
+// on another device; AnomalyError on a non-finite loss under anomaly detection.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 
 }  // namespace normtape

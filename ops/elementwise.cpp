@@ -117,8 +117,8 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
     detail::check_floating_input("add", "a", a_in);
     detail::check_floating_input("add", "b", b_in);
     detail::check_like("add", "b", b_in, "a", a_in);
-    NT_CHECK(is_suffix(b_in.shape(), a_in.shape()), "add: expected b of shape ", shape_str(a_in.shape()),
-             " or a suffix of it, got ", shape_str(b_in.shape()));
+    NT_CHECK_AS(ShapeError, is_suffix(b_in.shape(), a_in.shape()), "add: expected b of shape ", shape_str(a_in.shape()),
+                " or a suffix of it, got ", shape_str(b_in.shape()));
     Tensor a = a_in.contiguous(), b = b_in.contiguous();
     Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()).device(a.device()));
     dispatch_floating(a.dtype(), "add", [&](auto tag) {
@@ -134,6 +134,7 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
         for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) + acc_t<T>(pb[i % n]));
     });
     if (should_record(a, b)) record(std::make_shared<AddBackward>(b.shape()), out, a, b);
+    detail::check_forward_anomaly("add", "out", out, {{"a", a}, {"b", b}});
     return out;
 }
 
@@ -141,8 +142,8 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
     detail::check_floating_input("mul", "a", a_in);
     detail::check_floating_input("mul", "b", b_in);
     detail::check_like("mul", "b", b_in, "a", a_in);
-    NT_CHECK(a_in.shape() == b_in.shape(), "mul: expected b of shape ", shape_str(a_in.shape()), " (as a), got ",
-             shape_str(b_in.shape()));
+    NT_CHECK_AS(ShapeError, a_in.shape() == b_in.shape(), "mul: expected b of shape ", shape_str(a_in.shape()),
+                " (as a), got ", shape_str(b_in.shape()));
     Tensor a = a_in.contiguous(), b = b_in.contiguous();
     Tensor out = empty(a.shape(), TensorOptions().dtype(a.dtype()).device(a.device()));
     dispatch_floating(a.dtype(), "mul", [&](auto tag) {
@@ -160,6 +161,7 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
         auto node = std::make_shared<MulBackward>(b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor());
         record(node, out, a, b);
     }
+    detail::check_forward_anomaly("mul", "out", out, {{"a", a}, {"b", b}});
     return out;
 }
 
@@ -179,6 +181,7 @@ Tensor scale(const Tensor& a_in, double s) {
         for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(s));
     });
     if (should_record(a)) record(std::make_shared<ScaleBackward>(s), out, a);
+    detail::check_forward_anomaly("scale", "out", out, {{"a", a}});
     return out;
 }
 
@@ -202,6 +205,7 @@ Tensor gelu(const Tensor& x_in) {
         }
     });
     if (should_record(x)) record(std::make_shared<GeluBackward>(x), out, x);
+    detail::check_forward_anomaly("gelu", "out", out, {{"x", x}});
     return out;
 }
 

@@ -1,8 +1,9 @@
 // ops/elementwise.h: add, mul, scale, gelu. Inputs f32, f64 or bf16 on the cpu or a CUDA device;
-// outputs contiguous, of the inputs' dtype and device. Each throws Error naming the op on an
-// undefined, empty or non-floating input, or on mismatched shapes, dtypes or devices. Gradients
-// are written (=), add's passing the output gradient through, and the engine adds them into
-// leaves (+=).
+// outputs contiguous, of the inputs' dtype and device. Each throws, naming the op: Error on an
+// undefined input; ShapeError on an empty input or mismatched shapes; DTypeError on a
+// non-floating input or mismatched dtypes; DeviceError on mismatched devices; AnomalyError on a
+// non-finite output under anomaly detection (core/autograd.h). Gradients are written (=), add's
+// passing the output gradient through, and the engine adds them into leaves (+=).
 #pragma once
 
 #include "core/tensor.h"

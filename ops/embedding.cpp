@@ -51,9 +51,11 @@ struct EmbeddingBackward : Node {
 Tensor embedding(const Tensor& ids_in, const Tensor& weight_in) {
     detail::check_index_input("embedding", "ids", ids_in);
     detail::check_floating_input("embedding", "weight", weight_in);
-    NT_CHECK(weight_in.dim() == 2, "embedding: expected weight of shape [V, C], got ", shape_str(weight_in.shape()));
-    NT_CHECK(ids_in.device() == weight_in.device(), "embedding: expected ids on ", device_name(weight_in.device()),
-             " (as weight), got ", device_name(ids_in.device()));
+    NT_CHECK_AS(ShapeError, weight_in.dim() == 2, "embedding: expected weight of shape [V, C], got ",
+                shape_str(weight_in.shape()));
+    NT_CHECK_AS(DeviceError, ids_in.device() == weight_in.device(), "embedding: expected ids on ",
+                device_name(weight_in.device()), " (as weight), got ", device_name(ids_in.device()));
+    detail::check_fits_int32("embedding", ids_in, "the number of ids", ids_in.numel());  // CUB's sort on CUDA
     Tensor ids = ids_in.contiguous(), weight = weight_in.contiguous();
     int64_t V = weight.size(0), C = weight.size(1);
     detail::check_indices("embedding", "ids", ids, V);
@@ -74,6 +76,7 @@ Tensor embedding(const Tensor& ids_in, const Tensor& weight_in) {
         for (int64_t i = 0, end = ids.numel(); i < end; ++i) std::copy(pw + pi[i] * C, pw + (pi[i] + 1) * C, po + i * C);
     });
     if (should_record(ids, weight)) record(std::make_shared<EmbeddingBackward>(ids, V), out, ids, weight);
+    detail::check_forward_anomaly("embedding", "out", out, {{"weight", weight}});
     return out;
 }
 

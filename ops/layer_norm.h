@@ -16,8 +16,11 @@ namespace normtape {
 // SavePolicy::Output (see Note [Why saving y saves memory] and Note [Weights near zero under
 // SavePolicy::Output] in ops/norm_policy.h). Backward returns dx (=) and dweight, dbias, which the
 // engine adds into weight.grad and bias.grad (+=).
-// Throws Error naming layer_norm on: undefined or empty x, a non-floating dtype, a scalar x,
-// weight/bias not of shape [N] or of another dtype or device, eps <= 0 or not finite.
+// Throws, naming layer_norm: ShapeError for an empty or scalar x, weight/bias not of shape [N]
+// (normalized_shape), or on CUDA N or M above INT32_MAX; DTypeError for a non-floating x or
+// weight/bias of another dtype; DeviceError for weight/bias on another device; Error for an
+// undefined x or eps <= 0 or not finite; AnomalyError for a non-finite y under anomaly
+// detection (core/autograd.h).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   SavePolicy policy = SavePolicy::Input);
 

@@ -108,6 +108,13 @@ Shape with_last(const Shape& s, int64_t last) {
 
 TensorOptions like(const Tensor& t) { return TensorOptions().dtype(t.dtype()).device(t.device()); }
 
+// cuBLAS takes int sizes: on CUDA the rows, K and N of a product (forward and backward) must fit.
+void check_gemm_sizes(const char* op, const Tensor& a, int64_t N) {
+    detail::check_fits_int32(op, a, "rows (numel / K)", a.numel() / a.size(-1));
+    detail::check_fits_int32(op, a, "K (the last dimension)", a.size(-1));
+    detail::check_fits_int32(op, a, "N (output features)", N);
+}
+
 struct MatmulBackward : Node {
     SavedTensor a, b;
     MatmulBackward(const Tensor& a_, const Tensor& b_) : a(a_), b(b_) {}
@@ -159,9 +166,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     detail::check_floating_input("matmul", "a", a_in);
     detail::check_floating_input("matmul", "b", b_in);
     detail::check_like("matmul", "b", b_in, "a", a_in);
-    NT_CHECK(a_in.dim() >= 1, "matmul: expected a of shape [..., K], got a scalar");
-    NT_CHECK(b_in.dim() == 2 && b_in.size(0) == a_in.size(-1), "matmul: expected b of shape [", a_in.size(-1),
-             ", N] for a of shape ", shape_str(a_in.shape()), ", got ", shape_str(b_in.shape()));
+    NT_CHECK_AS(ShapeError, a_in.dim() >= 1, "matmul: expected a of shape [..., K], got a scalar (shape [])");
+    NT_CHECK_AS(ShapeError, b_in.dim() == 2 && b_in.size(0) == a_in.size(-1), "matmul: expected b of shape [",
+                a_in.size(-1), ", N] for a of shape ", shape_str(a_in.shape()), ", got ", shape_str(b_in.shape()));
+    check_gemm_sizes("matmul", a_in, b_in.size(1));
     Tensor a = a_in.contiguous(), b = b_in.contiguous();
     Tensor out = empty(with_last(a.shape(), b.size(1)), like(a));
     gemm(out, a, false, b, false);
@@ -169,6 +177,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
         auto node = std::make_shared<MatmulBackward>(b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor());
         record(node, out, a, b);
     }
+    detail::check_forward_anomaly("matmul", "out", out, {{"a", a}, {"b", b}});
     return out;
 }
 
@@ -176,15 +185,17 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     detail::check_floating_input("linear", "x", x_in);
     detail::check_floating_input("linear", "weight", weight_in);
     detail::check_like("linear", "weight", weight_in, "x", x_in);
-    NT_CHECK(x_in.dim() >= 1, "linear: expected x of shape [..., K], got a scalar");
-    NT_CHECK(weight_in.dim() == 2 && weight_in.size(1) == x_in.size(-1), "linear: expected weight of shape [N, ",
-             x_in.size(-1), "] for x of shape ", shape_str(x_in.shape()), ", got ", shape_str(weight_in.shape()));
+    NT_CHECK_AS(ShapeError, x_in.dim() >= 1, "linear: expected x of shape [..., K], got a scalar (shape [])");
+    NT_CHECK_AS(ShapeError, weight_in.dim() == 2 && weight_in.size(1) == x_in.size(-1),
+                "linear: expected weight of shape [N, ", x_in.size(-1), "] for x of shape ", shape_str(x_in.shape()),
+                ", got ", shape_str(weight_in.shape()));
     int64_t N = weight_in.size(0);
     if (bias_in.defined()) {
         detail::check_like("linear", "bias", bias_in, "x", x_in);
-        NT_CHECK(bias_in.dim() == 1 && bias_in.size(0) == N, "linear: expected bias of shape [", N, "], got ",
-                 shape_str(bias_in.shape()));
+        NT_CHECK_AS(ShapeError, bias_in.dim() == 1 && bias_in.size(0) == N, "linear: expected bias of shape [", N,
+                    "], got ", shape_str(bias_in.shape()));
     }
+    check_gemm_sizes("linear", x_in, N);
     Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
     Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
     Tensor out = empty(with_last(x.shape(), N), like(x));
@@ -195,6 +206,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                                                      x.requires_grad() ? weight : Tensor());
         record(node, out, x, weight, bias);
     }
+    detail::check_forward_anomaly("linear", "out", out, {{"x", x}, {"weight", weight}, {"bias", bias}});
     return out;
 }
 

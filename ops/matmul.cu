@@ -27,9 +27,10 @@ void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a,
                int64_t b_cols, bool trans_b, int device) {
     int64_t M = trans_a ? a_cols : a_rows, K = trans_a ? a_rows : a_cols;
     int64_t N = trans_b ? b_rows : b_cols;
-    NT_CHECK((trans_b ? b_cols : b_rows) == K, "matmul: inner dimensions differ (", K, " and ",
-             trans_b ? b_cols : b_rows, ")");
-    NT_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX, "matmul: a dimension exceeds cuBLAS's int range");
+    NT_CHECK_AS(ShapeError, (trans_b ? b_cols : b_rows) == K, "matmul: expected equal inner dimensions, got ", K,
+                " and ", trans_b ? b_cols : b_rows);
+    NT_CHECK_AS(ShapeError, M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX, "matmul: expected sizes <= ", INT32_MAX,
+                " (cuBLAS's int), got M ", M, ", N ", N, ", K ", K);
     if (M == 0 || N == 0) return;
     using A = acc_t<T>;
     A alpha = 1, beta = 0;

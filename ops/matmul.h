@@ -1,6 +1,10 @@
-// ops/matmul.h: matrix products on the cpu through Eigen. Inputs f32 or f64; outputs contiguous.
-// Gradients are written (=); the engine adds them into leaves (+=). Both throw Error naming the op on an undefined, empty or non-floating input, on mismatched
-// dtypes or devices, and on inner dimensions that differ (both shapes in the message).
+// ops/matmul.h: matrix products, Eigen on the cpu, cuBLAS on CUDA. Inputs f32, f64 or bf16;
+// outputs contiguous. Gradients are written (=); the engine adds them into leaves (+=). Both
+// throw, naming the op: Error on an undefined input; ShapeError on an empty or scalar input,
+// inner dimensions that differ (both shapes in the message), a bias not of shape [N], or on CUDA
+// a size above INT32_MAX (cuBLAS's int); DTypeError on a non-floating input or mismatched
+// dtypes; DeviceError on mismatched devices; AnomalyError on a non-finite output under anomaly
+// detection (core/autograd.h).
 #pragma once
 
 #include "core/tensor.h"

@@ -136,8 +136,8 @@ struct NormBackward : Node {
 void check_param(const char* op, const char* what, const Tensor& p, const Tensor& x, int64_t N) {
     if (!p.defined()) return;
     detail::check_like(op, what, p, "x", x);
-    NT_CHECK(p.dim() == 1 && p.size(0) == N, op, ": expected ", what, " of shape [", N, "] (normalized_shape of x ",
-             shape_str(x.shape()), "), got ", shape_str(p.shape()));
+    NT_CHECK_AS(ShapeError, p.dim() == 1 && p.size(0) == N, op, ": expected ", what, " of shape [", N,
+                "] (normalized_shape, the last dimension of x ", shape_str(x.shape()), "), got ", shape_str(p.shape()));
 }
 
 // Note [Weights near zero under SavePolicy::Output]. Reads a GPU weight on the host (N values).
@@ -164,9 +164,13 @@ namespace detail {
 Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x_in, const Tensor& weight_in,
                  const Tensor& bias_in, double eps, SavePolicy policy) {
     detail::check_floating_input(op, "x", x_in);
-    NT_CHECK(x_in.dim() >= 1, op, ": expected x of shape [..., N] with at least one dimension, got a scalar");
+    NT_CHECK_AS(ShapeError, x_in.dim() >= 1, op,
+                ": expected x of shape [..., N] with at least one dimension, got a scalar (shape [])");
     NT_CHECK(std::isfinite(eps) && eps > 0.0, op, ": expected eps > 0 and finite, got ", eps);
     int64_t N = x_in.size(-1), M = x_in.numel() / N;
+    // The CUDA kernels take N as int and launch up to one block per row (grid x <= INT32_MAX).
+    detail::check_fits_int32(op, x_in, "N (normalized_shape)", N);
+    detail::check_fits_int32(op, x_in, "M (rows, numel / N)", M);
     check_param(op, "weight", weight_in, x_in, N);
     check_param(op, "bias", bias_in, x_in, N);
 
@@ -202,6 +206,7 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
                                                    policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias);
         record(node, y, x, weight, bias);
     }
+    detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"weight", weight}, {"bias", bias}});
     return y;
 }
 

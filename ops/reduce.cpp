@@ -47,6 +47,7 @@ Tensor reduce(const char* op, const char* node_name, const Tensor& x_in, bool di
         *out.data_ptr<T>() = static_cast<T>(s * factor);
     });
     if (should_record(x)) record(std::make_shared<SumBackward>(x.shape(), factor, node_name), out, x);
+    detail::check_forward_anomaly(op, "out", out, {{"x", x}});
     return out;
 }
 

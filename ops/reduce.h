@@ -2,7 +2,9 @@
 // device, non-empty; output a 0-dim tensor of the input's dtype and device. Save nothing
 // (backward needs only the input's shape); the gradient is written (=) and added by the engine
 // into leaves (+=).
-// Throw Error naming the op on an undefined, empty or non-floating input.
+// Throw, naming the op: Error on an undefined input, ShapeError on an empty one, DTypeError on a
+// non-floating one, AnomalyError on a non-finite result under anomaly detection (e.g. a sum that
+// overflows; core/autograd.h).
 #pragma once
 
 #include "core/tensor.h"

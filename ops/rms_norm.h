@@ -13,8 +13,10 @@ namespace normtape {
 // Saves rstd [M], weight, and x under SavePolicy::Input or y under SavePolicy::Output (backward
 // then uses x_hat = y / weight; see the notes in ops/norm_policy.h). Backward returns dx (=) and
 // dweight, which the engine adds into weight.grad (+=).
-// Throws Error naming rms_norm on: undefined or empty x, a non-floating dtype, a scalar x,
-// weight not of shape [N] or of another dtype or device, eps <= 0 or not finite.
+// Throws, naming rms_norm: ShapeError for an empty or scalar x, weight not of shape [N]
+// (normalized_shape), or on CUDA N or M above INT32_MAX; DTypeError for a non-floating x or a
+// weight of another dtype; DeviceError for a weight on another device; Error for an undefined x
+// or eps <= 0 or not finite; AnomalyError for a non-finite y under anomaly detection.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5, SavePolicy policy = SavePolicy::Input);
 
 }  // namespace normtape

@@ -66,7 +66,8 @@ TEST_CASE("train_gpt: bad flags, values and data: one line on stderr, exit code 
                           Case{"--embd 10 --heads 3", "not divisible"}, Case{"--lr -1", "--lr"},
                           Case{"--device tpu", "--device"}, Case{"--dtype f16", "--dtype"},
                           Case{"--vocab 100", "needs --data random"}, Case{"--data /nonexistent/file.txt", "cannot read data"},
-                          Case{"--data " + short_file + " --seq 8", "needs at least 10"}}) {
+                          Case{"--data " + short_file + " --seq 8", "needs at least 10"},
+                          Case{"--detect-anomaly=maybe", "--detect-anomaly"}, Case{"--lr 1e7", "--lr"}}) {
         CAPTURE(c.args);
         Result r = run_train_gpt(c.args);
         CAPTURE(r.err);
@@ -106,6 +107,55 @@ TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted 
     }
     std::remove(json.c_str());
     std::remove(chart.c_str());
+}
+
+TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op that made a NaN or Inf, exit code 1") {
+    if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
+        MESSAGE("skipped: train_gpt was not built");
+        return;
+    }
+    const std::string tiny = "--data random --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input --log-every 1";
+    // A healthy run raises nothing.
+    Result healthy = run_train_gpt(tiny + " --steps 3 --detect-anomaly");
+    CAPTURE(healthy.err);
+    CHECK(healthy.code == 0);
+    // lr 1e4 diverges (weight decay alone multiplies each matrix by 1 - lr * 0.1 per step): without
+    // the flag the run ends "successfully" with a NaN loss...
+    const std::string diverging = tiny + " --steps 30 --lr 1e4";
+    Result silent = run_train_gpt(diverging);
+    CAPTURE(silent.err);
+    CHECK(silent.code == 0);
+    CHECK(silent.out.find("nan") != std::string::npos);
+    // ...with it, the run stops at the first non-finite value and says which op made it, and when.
+    Result r = run_train_gpt(diverging + " --detect-anomaly");
+    CAPTURE(r.err);
+    CHECK(r.code == 1);
+    CHECK(lines(r.err) == 1);
+    CHECK(r.err.find("anomaly in ") != std::string::npos);
+    CHECK(r.err.find("(at step ") != std::string::npos);
+    const std::string prefix = "train_gpt: error: ";
+    REQUIRE(r.err.rfind(prefix, 0) == 0);
+    std::string op = r.err.substr(prefix.size(), r.err.find(':', prefix.size()) - prefix.size());
+    CAPTURE(op);
+    bool known = op.size() > 8 && op.compare(op.size() - 8, 8, "Backward") == 0;
+    for (const char* name : {"add", "mul", "scale", "gelu", "sum", "mean", "matmul", "linear", "causal_self_attention",
+                             "embedding", "cross_entropy", "layer_norm", "rms_norm"})
+        known = known || op == name;
+    CHECK(known);
+    CHECK(r.out.find("nan") == std::string::npos);  // it stopped before printing a NaN loss
+}
+
+TEST_CASE("train_gpt: an output file that cannot be written: one line naming the file, exit code 1") {
+    if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
+        MESSAGE("skipped: train_gpt was not built");
+        return;
+    }
+    Result r = run_train_gpt("--data random --steps 1 --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input "
+                             "--json /nonexistent-dir/run.json");
+    CAPTURE(r.err);
+    CHECK(r.code == 1);
+    CHECK(lines(r.err) == 1);
+    CHECK(r.err.find("--json: cannot open /nonexistent-dir/run.json for writing") != std::string::npos);
 }
 
 }  // TEST_SUITE
