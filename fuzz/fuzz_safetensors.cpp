@@ -4,7 +4,7 @@
 // load_safetensors. FormatError and IOError are the expected answers to a bad file; anything else
 // is a finding: a crash, an AddressSanitizer or UndefinedBehaviorSanitizer report, a leak, an
 // exception of another kind (it escapes and aborts), or an accepted file whose tensors do not
-// account for exactly its data bytes. Run by scripts/fuzz.sh.
+// account for exactly its data bytes or whose shapes overflow. Run by scripts/fuzz.sh.
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
@@ -25,6 +25,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         uint64_t bytes = 0;
         for (const auto& [name, t] : tensors) {
             if (name.empty() || !t.defined() || !t.is_contiguous()) std::abort();
+            uint64_t numel = 1;  // the shape's element count must not have wrapped
+            for (int64_t d : t.shape())
+                if (d < 0 || __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) std::abort();
+            if (numel != static_cast<uint64_t>(t.numel())) std::abort();
             bytes += static_cast<uint64_t>(t.nbytes());
         }
         if (bytes != size - 8 - header) {

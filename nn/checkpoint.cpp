@@ -109,7 +109,7 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
     if (shape.size() > kMaxRank)
         format_error(file, "tensor ", name, ": shape has ", shape.size(), " dimensions, more than ", kMaxRank);
     uint64_t numel = 1;
-    bool overflow = false;
+    bool overflow = false, has_zero = false;  // a zero dimension makes 0 elements whatever the others are
     for (const nlohmann::json& d : shape) {
         if (!d.is_number_unsigned())
             format_error(file, "tensor ", name, ": shape ", shape.dump(), " has an entry that is not an integer >= 0");
@@ -117,11 +117,11 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
         if (v > static_cast<uint64_t>(INT64_MAX))
             format_error(file, "tensor ", name, ": shape ", shape.dump(), " has a dimension too large");
         e.shape.push_back(static_cast<int64_t>(v));
+        has_zero = has_zero || v == 0;
         overflow = overflow || __builtin_mul_overflow(numel, v, &numel);
     }
+    if (has_zero) numel = 0, overflow = false;
     uint64_t nbytes = 0;
-    // A shape with a zero dimension has zero elements whatever the others are.
-    if (numel == 0) overflow = false;
     if (overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(element_size(e.dtype)), &nbytes))
         format_error(file, "tensor ", name, ": shape ", shape.dump(), " has more elements than memory can hold");
 
@@ -447,17 +447,18 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
                 well_formed = well_formed && g.is_object() && g.contains("size") && g["size"].is_number_unsigned() &&
                               g.contains("weight_decay") && g["weight_decay"].is_number();
         NT_CHECK_AS(FormatError, well_formed, "load_checkpoint: ", path, ": malformed optimizer metadata ", it->second);
-        std::ostringstream want, got;
-        want.precision(17);
-        got.precision(17);
-        want << "betas (" << o.beta1 << ", " << o.beta2 << "), eps " << o.eps << ", groups";
-        got << "betas (" << j["beta1"].get<double>() << ", " << j["beta2"].get<double>() << "), eps "
-            << j["eps"].get<double>() << ", groups";
-        for (const ParamGroup& g : optimizer->groups()) want << " (" << g.params.size() << " params, weight decay " << g.weight_decay << ")";
+        // Shortest round-trip decimal forms: equal strings mean equal doubles.
+        auto num = [](double v) { return nlohmann::json(v).dump(); };
+        std::string want = "betas (" + num(o.beta1) + ", " + num(o.beta2) + "), eps " + num(o.eps) + ", groups";
+        std::string got = "betas (" + num(j["beta1"].get<double>()) + ", " + num(j["beta2"].get<double>()) + "), eps " +
+                          num(j["eps"].get<double>()) + ", groups";
+        for (const ParamGroup& g : optimizer->groups())
+            want += " (" + std::to_string(g.params.size()) + " params, weight decay " + num(g.weight_decay) + ")";
         for (const nlohmann::json& g : j["groups"])
-            got << " (" << g["size"].get<uint64_t>() << " params, weight decay " << g["weight_decay"].get<double>() << ")";
-        NT_CHECK(want.str() == got.str(), "load_checkpoint: ", path, ": the optimizer's hyperparameters differ from the file's: expected ",
-                 want.str(), ", file has ", got.str());
+            got += " (" + std::to_string(g["size"].get<uint64_t>()) + " params, weight decay " +
+                   num(g["weight_decay"].get<double>()) + ")";
+        NT_CHECK(want == got, "load_checkpoint: ", path, ": the optimizer's hyperparameters differ from the file's: expected ",
+                 want, ", the file has ", got);
         step = static_cast<int64_t>(j["step"].get<uint64_t>());
         for (const auto& [name, p] : params) {
             const AdamW::ParamState& st = optimizer->state(p);
