@@ -30,6 +30,8 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // More dimensions than any tensor has; bounds the work a hostile shape can ask for.
 constexpr size_t kMaxRank = 64;
+// The most elements a tensor may have: INT64_MAX bytes of the widest dtype (8 bytes).
+constexpr uint64_t kMaxElements = static_cast<uint64_t>(INT64_MAX) / 8;
 // Root object (0) > tensor entry (1) > "shape" array (2) > its integers (3).
 constexpr int kMaxDepth = 3;
 
@@ -108,8 +110,11 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
     if (!shape.is_array()) format_error(file, "tensor ", name, ": shape must be an array, found a ", json_type(shape));
     if (shape.size() > kMaxRank)
         format_error(file, "tensor ", name, ": shape has ", shape.size(), " dimensions, more than ", kMaxRank);
-    uint64_t numel = 1;
-    bool overflow = false, has_zero = false;  // a zero dimension makes 0 elements whatever the others are
+    // The product of the dimensions, zeros counted as 1, must stay within what a tensor can hold
+    // (INT64_MAX bytes of 8-byte elements): it bounds every stride and partial product, also of an
+    // empty tensor such as [0, 2^62, 2^62].
+    uint64_t span = 1;
+    bool has_zero = false;
     for (const nlohmann::json& d : shape) {
         if (!d.is_number_unsigned())
             format_error(file, "tensor ", name, ": shape ", shape.dump(), " has an entry that is not an integer >= 0");
@@ -118,12 +123,11 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
             format_error(file, "tensor ", name, ": shape ", shape.dump(), " has a dimension too large");
         e.shape.push_back(static_cast<int64_t>(v));
         has_zero = has_zero || v == 0;
-        overflow = overflow || __builtin_mul_overflow(numel, v, &numel);
+        if (__builtin_mul_overflow(span, std::max<uint64_t>(v, 1), &span) || span > kMaxElements)
+            format_error(file, "tensor ", name, ": shape ", shape.dump(), " has more elements than memory can hold");
     }
-    if (has_zero) numel = 0, overflow = false;
-    uint64_t nbytes = 0;
-    if (overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(element_size(e.dtype)), &nbytes))
-        format_error(file, "tensor ", name, ": shape ", shape.dump(), " has more elements than memory can hold");
+    const uint64_t numel = has_zero ? 0 : span;
+    const uint64_t nbytes = numel * element_size(e.dtype);  // <= INT64_MAX: span <= INT64_MAX / 8
 
     const nlohmann::json& offsets = entry["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())

@@ -49,9 +49,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 //  - the header is valid UTF-8 JSON, an object, no object holds a key twice, nesting depth <= 3;
 //  - "__metadata__", if present, is an object of strings;
 //  - every other key is a non-empty tensor name whose value is an object with exactly "dtype"
-//    (F32, F64, BF16 or I64), "shape" (at most 64 integers >= 0, no overflow of the element
-//    count or byte size) and "data_offsets" ([begin, end] integers, begin <= end <= data size,
-//    end - begin == elements * element size);
+//    (F32, F64, BF16 or I64), "shape" (at most 64 integers >= 0 whose product, zeros counted as
+//    1, is below 2^60, so that no size, stride or byte count overflows) and "data_offsets"
+//    ([begin, end] integers, begin <= end <= data size, end - begin == elements * element size);
 //  - the tensors tile the data exactly, as the format requires: no overlap, no gap, no trailing
 //    bytes.
 // Throws IOError when the file is missing, not a regular file or cannot be read; FormatError for

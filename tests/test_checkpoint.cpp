@@ -497,6 +497,13 @@ TEST_CASE("checkpoint: hostile and truncated files are refused with FormatError 
         {"shape overflowing the element count to 0, claiming no bytes",
          st_file("{\"w\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 0]}}"),
          "more elements than memory can hold"},
+        {"an empty shape whose other dimensions overflow",
+         st_file("{\"w\": {\"dtype\": \"F32\", \"shape\": [0, 4611686018427387904, 4611686018427387904], "
+                 "\"data_offsets\": [0, 0]}}"),
+         "more elements than memory can hold"},
+        {"an empty shape with a dimension of 2^63 - 1",
+         st_file("{\"w\": {\"dtype\": \"BF16\", \"shape\": [9223372036854775807, 0], \"data_offsets\": [0, 0]}}"),
+         "more elements than memory can hold"},
         {"shape overflowing the byte count",
          st_file("{\"w\": {\"dtype\": \"F64\", \"shape\": [4611686018427387904], \"data_offsets\": [0, 8]}}", data8),
          "more elements than memory can hold"},
