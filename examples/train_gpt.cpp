@@ -207,7 +207,8 @@ nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& t
             {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed}};
 }
 
-// A train_gpt checkpoint read for --resume: its tensors, metadata, config and step.
+// A train_gpt checkpoint read for --resume: its tensors (dropped once loaded), metadata, config
+// and step.
 struct ResumeState {
     std::string path;
     NamedTensors tensors;
@@ -315,7 +316,7 @@ double median(std::vector<double> v) {
     return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-RunResult train(const Args& a, const std::string& text, SavePolicy policy, const ResumeState* resume) {
+RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume) {
     using clock = std::chrono::steady_clock;
     const Device dev = device_of(a);
     manual_seed(a.seed);
@@ -332,6 +333,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, const
     int64_t start = 0;
     if (resume) {  // Note [Resuming a run]
         load_checkpoint(resume->path, resume->tensors, resume->metadata, model, &optimizer);
+        resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
         batcher.set_state(resume->metadata.at("train_gpt.batcher"));
         start = resume->step;
         std::printf("resumed from %s at step %lld\n", resume->path.c_str(), static_cast<long long>(start));
@@ -475,7 +477,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
     f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
-int run(const Args& a, const ResumeState* resume) {
+int run(const Args& a, ResumeState* resume) {
     std::string desc;
     std::string text;
     if (a.data == "random") desc = "random tokens in [0, " + std::to_string(a.vocab) + ")";
