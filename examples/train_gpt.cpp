@@ -6,9 +6,15 @@
 // Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
 // L layers (--layers), V vocabulary (256 bytes; --vocab with --data random).
 //
+// Checkpoints: --save FILE writes the model, the AdamW state, the step, the batch generator's state
+// and the run's config into one safetensors file (at the end, at --stop-at, and every
+// --save-every steps); --resume FILE continues that run so that it trains exactly as the run that
+// never stopped (bit for bit on the cpu). See Note [Resuming a run] below.
+//
 // Exit codes: 0 done; 1 a runtime error (with --detect-anomaly: the first op or backward node
 // that produced a NaN or Inf, and the step), or measured saving != predicted saving; 2 bad
-// flags, bad values or unreadable data (one line on stderr).
+// flags, bad values, unreadable data or a checkpoint that cannot resume this run (one line on
+// stderr).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -40,6 +47,9 @@ struct Args {
     int64_t log_every = 50;
     std::string json, save, chart = "train_gpt.svg";
     bool detect_anomaly = false;
+    std::string resume;      // checkpoint to continue from
+    int64_t save_every = 0;  // also save every this many steps (0: only at the end)
+    int64_t stop_at = 0;     // stop after this step of the --steps schedule (0: at --steps)
 };
 
 // Thrown for a bad flag value found after parsing; main prints it and exits 2.
@@ -82,6 +92,21 @@ class Batcher {
 public:
     Batcher(const std::string& text, int64_t B, int64_t T, int64_t V, uint64_t seed, Device device)
         : text_(text), B_(B), T_(T), V_(V), rng_(seed), device_(device) {}
+    // The generator's state (the standard text form of std::mt19937_64): where the run is in the
+    // data, since every batch's windows are drawn from it.
+    std::string state() const {
+        std::ostringstream ss;
+        ss << rng_;
+        return ss.str();
+    }
+    // Throws UsageError when `s` is not a state written by state().
+    void set_state(const std::string& s) {
+        std::istringstream ss(s);
+        std::mt19937_64 rng;
+        ss >> rng;
+        if (ss.fail()) throw UsageError("the checkpoint's batch generator state is malformed");
+        rng_ = rng;
+    }
     void next(Tensor* idx, Tensor* targets) {
         std::vector<int64_t> x(B_ * T_), y(B_ * T_);
         for (int64_t b = 0; b < B_; ++b) {
@@ -112,6 +137,7 @@ private:
 
 struct RunResult {
     SavePolicy policy;
+    int64_t first_step = 0;  // > 0 when resumed: losses and step_ms start there
     int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
@@ -142,6 +168,116 @@ double lr_at(const Args& a, int64_t step) {
     if (step < warmup) return a.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
     double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, a.steps - warmup));
     return a.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
+}
+
+// Note [Resuming a run]
+// A resumed run trains bit for bit as the run that never stopped (on the cpu; CUDA kernels that
+// sum with atomics are not bit-reproducible run to run) because everything that decides a step is
+// restored from the checkpoint:
+//  - the parameters, and AdamW's moments, step count and f32 master copies of bf16 parameters
+//    (save_checkpoint / load_checkpoint with the optimizer, nn/checkpoint.h);
+//  - the learning rate: lr_at() is a function of the step and --steps, so the step is saved and
+//    --steps is part of the config (--stop-at ends a run early without changing its schedule);
+//  - the batches: Batcher draws every window from its own std::mt19937_64, so that generator's
+//    state is the position in the data; it is saved in the standard text form of the engine;
+//  - the data: its size and FNV-1a hash are saved, and a resume on other data is refused.
+// The global generator (manual_seed) only initializes weights, which the checkpoint replaces;
+// nothing in a training step draws from it (no dropout). The run's config (data, steps, batch,
+// seq, model, norm, policy, dtype, lr, seed) is saved as JSON in the metadata entry
+// "train_gpt.config"; on --resume a flag left out takes the saved value and a flag given with
+// another value is refused, naming both. The device is not part of it (a run may move to another
+// device; bit for bit only on the same one). A checkpoint holds one run, so --resume, --stop-at
+// and --save-every need --policy input or output.
+
+uint64_t fnv1a64(const std::string& s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+}
+
+std::string hex(uint64_t v) {
+    char buf[20];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+// The config that identifies a run, saved in its checkpoints.
+nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& text) {
+    return {{"data", a.data},     {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
+            {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
+            {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
+            {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
+            {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed}};
+}
+
+// A train_gpt checkpoint read for --resume: its tensors (dropped once loaded), metadata, config
+// and step.
+struct ResumeState {
+    std::string path;
+    NamedTensors tensors;
+    std::map<std::string, std::string> metadata;
+    nlohmann::json config;
+    int64_t step = 0;
+};
+
+ResumeState read_resume(const std::string& path) {
+    ResumeState r;
+    r.path = path;
+    try {
+        r.tensors = load_safetensors(path, &r.metadata);
+    } catch (const IOError& e) {
+        throw UsageError(std::string("--resume: ") + e.what());
+    } catch (const FormatError& e) {
+        throw UsageError(std::string("--resume: ") + e.what());
+    }
+    const std::string not_ours = "--resume " + path + ": not a train_gpt checkpoint with training state (one written by "
+                                 "train_gpt --save)";
+    for (const char* key : {"train_gpt.config", "train_gpt.step", "train_gpt.batcher", "optimizer"})
+        if (r.metadata.count(key) == 0) throw UsageError(not_ours + ": no \"" + key + "\" metadata");
+    r.config = nlohmann::json::parse(r.metadata["train_gpt.config"], nullptr, /*allow_exceptions=*/false);
+    const std::string& step = r.metadata["train_gpt.step"];
+    if (!r.config.is_object() || step.empty() || step.size() > 18 ||
+        step.find_first_not_of("0123456789") != std::string::npos)
+        throw UsageError(not_ours + ": malformed train_gpt.config or train_gpt.step");
+    r.step = std::stoll(step);
+    return r;
+}
+
+// Fills the flags the user left out from the checkpoint's config and refuses those given with
+// another value (Note [Resuming a run]).
+void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
+    auto take = [&](const char* flag, auto& field) {
+        using T = std::decay_t<decltype(field)>;
+        const char* key = flag + 2;
+        T saved;
+        try {
+            saved = r.config.at(key).get<T>();
+        } catch (const nlohmann::json::exception&) {
+            throw UsageError("--resume " + r.path + ": the checkpoint's config has no valid \"" + key + "\"");
+        }
+        if (app.count(flag) == 0) field = saved;
+        else if (field != saved)
+            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + nlohmann::json(saved).dump() +
+                             ", this one asks for " + nlohmann::json(field).dump() +
+                             " (a resumed run must be the same run: leave the flag out to take the checkpoint's)");
+    };
+    if (app.count("--policy") && a.policy == "both")
+        throw UsageError("--resume continues one run: give --policy input or output (the checkpoint's is " +
+                         r.config.value("policy", std::string("?")) + "), not both");
+    take("--steps", a.steps);
+    take("--batch", a.batch);
+    take("--seq", a.seq);
+    take("--layers", a.layers);
+    take("--heads", a.heads);
+    take("--embd", a.embd);
+    take("--vocab", a.vocab);
+    take("--norm", a.norm);
+    take("--policy", a.policy);
+    take("--dtype", a.dtype);
+    take("--lr", a.lr);
+    take("--seed", a.seed);
+    // --data may name the same bytes by another path: run() compares the bytes' size and hash.
+    if (app.count("--data") == 0) take("--data", a.data);
 }
 
 std::string mib(int64_t bytes) {
@@ -183,7 +319,7 @@ double median(std::vector<double> v) {
     return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
+RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume) {
     using clock = std::chrono::steady_clock;
     const Device dev = device_of(a);
     manual_seed(a.seed);
@@ -197,11 +333,30 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
     opt.beta2 = 0.95;
     AdamW optimizer(groups, opt);
     Batcher batcher(text, a.batch, a.seq, a.vocab, a.seed, dev);
+    int64_t start = 0;
+    if (resume) {  // Note [Resuming a run]
+        load_checkpoint(resume->path, resume->tensors, resume->metadata, model, &optimizer);
+        resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
+        batcher.set_state(resume->metadata.at("train_gpt.batcher"));
+        start = resume->step;
+        std::printf("resumed from %s at step %lld\n", resume->path.c_str(), static_cast<long long>(start));
+    }
+    const int64_t end = a.stop_at > 0 ? a.stop_at : a.steps;
+    auto save = [&](int64_t steps_done) {
+        save_checkpoint(a.save, model,
+                        {{"format", "normtape-gpt"}, {"policy", policy_name(policy)},
+                         {"train_gpt.config", run_config(a, policy, text).dump()},
+                         {"train_gpt.step", std::to_string(steps_done)}, {"train_gpt.batcher", batcher.state()}},
+                        &optimizer);
+        std::printf("checkpoint: %s (step %lld)\n", a.save.c_str(), static_cast<long long>(steps_done));
+        std::fflush(stdout);
+    };
 
     RunResult r;
     r.policy = policy;
-    const int64_t trace_step = std::min<int64_t>(1, a.steps - 1);
-    for (int64_t step = 0; step < a.steps; ++step) {
+    r.first_step = start;
+    const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
+    for (int64_t step = start; step < end; ++step) {
         Tensor idx, targets;
         batcher.next(&idx, &targets);
         synchronize(dev);
@@ -214,7 +369,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
             auto t0 = clock::now();
             loss = model.loss(idx, targets);
             if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
-            if (step == 0) r.saved_activation_bytes = saved_bytes();
+            if (step == start) r.saved_activation_bytes = saved_bytes();
             loss.backward();
             clip_grad_norm_(model.parameters(), 1.0);
             optimizer.set_lr(lr_at(a, step));
@@ -233,20 +388,21 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy) {
         r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
         r.losses.push_back(loss.item<float>());
         r.step_ms.push_back(ms);
-        if (step % a.log_every == 0 || step == a.steps - 1) {
+        if (step % a.log_every == 0 || step == end - 1) {
             std::printf("[%-6s] step %5lld/%lld | loss %.4f | %8.0f tok/s | allocated %s | peak %s\n",
                         policy_name(policy), static_cast<long long>(step + 1), static_cast<long long>(a.steps),
                         r.losses.back(), static_cast<double>(a.batch * a.seq) / (ms / 1000.0),
                         mib(m.allocated_bytes).c_str(), mib(m.peak_allocated_bytes).c_str());
             std::fflush(stdout);
         }
+        if (!a.save.empty() && a.save_every > 0 && (step + 1) % a.save_every == 0 && step + 1 < end) save(step + 1);
     }
     r.step_ms_median = median(r.step_ms);
     r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
     if (output_policy_fallbacks() > 0)
         std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",
                     static_cast<long long>(output_policy_fallbacks()), kOutputPolicyMinWeight);
-    if (!a.save.empty()) save_checkpoint(a.save, model, {{"format", "normtape-gpt"}, {"policy", policy_name(policy)}});
+    if (!a.save.empty()) save(end);
     return r;
 }
 
@@ -312,12 +468,12 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
     j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
                    {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
                    {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset},
-                   {"parameters", params}};
+                   {"parameters", params}, {"resume", a.resume}, {"stop_at", a.stop_at}};
     j["predicted_saving_bytes"] = predicted;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
     j["runs"] = nlohmann::json::array();
     for (const RunResult& r : runs)
-        j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm},
+        j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm}, {"first_step", r.first_step},
                              {"saved_activation_bytes", r.saved_activation_bytes},
                              {"peak_allocated_bytes", r.peak_allocated_bytes},
                              {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
@@ -327,7 +483,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
     f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
-int run(const Args& a) {
+int run(const Args& a, ResumeState* resume) {
     std::string desc;
     std::string text;
     if (a.data == "random") desc = "random tokens in [0, " + std::to_string(a.vocab) + ")";
@@ -336,6 +492,14 @@ int run(const Args& a) {
     if (a.data != "random" && static_cast<int64_t>(text.size()) < a.seq + 2)
         throw UsageError("data " + desc + " has " + std::to_string(text.size()) + " bytes; --seq " +
                          std::to_string(a.seq) + " needs at least " + std::to_string(a.seq + 2));
+    if (resume) {
+        uint64_t want_bytes = resume->config.value("data_bytes", uint64_t{0});
+        std::string want_hash = resume->config.value("data_fnv1a64", std::string());
+        if (want_bytes != text.size() || want_hash != hex(fnv1a64(text)))
+            throw UsageError("--resume " + resume->path + ": the data (" + desc + ", " + std::to_string(text.size()) +
+                             " bytes, FNV-1a " + hex(fnv1a64(text)) + ") is not the checkpoint's run's (" +
+                             std::to_string(want_bytes) + " bytes, FNV-1a " + want_hash + ")");
+    }
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
     std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g, "
                 "%s on %s\n",
@@ -349,7 +513,7 @@ int run(const Args& a) {
     if (a.policy != "output") policies.push_back(SavePolicy::Input);
     if (a.policy != "input") policies.push_back(SavePolicy::Output);
     std::vector<RunResult> runs;
-    for (SavePolicy p : policies) runs.push_back(train(a, text, p));
+    for (SavePolicy p : policies) runs.push_back(train(a, text, p, resume));
 
     int64_t predicted = predicted_saving_bytes(make_config(a, SavePolicy::Input), a.batch, a.seq);
     if (a.preset == "gpt2-medium-ish" && runs.size() == 2)
@@ -391,13 +555,28 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"gpt2-medium-ish"}));
     app.add_option("--log-every", a.log_every, "steps between progress lines")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
     app.add_option("--json", a.json, "write the results as JSON to this file");
-    app.add_option("--save", a.save, "write the trained model (safetensors) to this file (with --policy both: the output run's)");
+    app.add_option("--save", a.save,
+                   "write a checkpoint (safetensors: model, optimizer, step, data position, config) to this file at the "
+                   "end (with --policy both: the output run's)");
+    app.add_option("--save-every", a.save_every, "with --save, also write the checkpoint every N steps")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+    app.add_option("--stop-at", a.stop_at,
+                   "stop after this step; the learning-rate schedule still spans --steps, so --resume continues it")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+    app.add_option("--resume", a.resume,
+                   "continue the run saved in this checkpoint (flags left out take its values; others must match)");
     app.add_option("--chart", a.chart, "SVG chart of loss and memory (with --policy both)");
     app.add_flag("--detect-anomaly", a.detect_anomaly,
                  "stop at the first NaN or Inf that an op or a backward node produces, naming it (slow: checks every "
                  "output; on cuda copies each to the host)");
     try {
         app.parse(argc, argv);
+        std::optional<ResumeState> resume;
+        if (!a.resume.empty()) {
+            if (!a.preset.empty()) throw UsageError("--resume takes the model from the checkpoint: leave out --preset");
+            resume = read_resume(a.resume);
+            apply_resume_config(app, a, *resume);
+        }
         if (a.preset == "gpt2-medium-ish") {  // explicit flags win over the preset
             auto set = [&](const char* flag, int64_t& field, int64_t value) {
                 if (app.count(flag) == 0) field = value;
@@ -419,8 +598,17 @@ int main(int argc, char** argv) {
             throw UsageError("--vocab " + std::to_string(a.vocab) + " needs --data random (text is read as 256 byte values)");
         if (a.embd % a.heads != 0)
             throw UsageError("--embd " + std::to_string(a.embd) + " is not divisible by --heads " + std::to_string(a.heads));
+        if (a.save_every > 0 && a.save.empty()) throw UsageError("--save-every needs --save FILE");
+        if ((resume || a.save_every > 0 || a.stop_at > 0) && a.policy == "both")
+            throw UsageError("--resume, --stop-at and --save-every follow one run: give --policy input or output");
+        if (a.stop_at > a.steps)
+            throw UsageError("--stop-at " + std::to_string(a.stop_at) + " is past --steps " + std::to_string(a.steps));
+        if (resume && resume->step >= (a.stop_at > 0 ? a.stop_at : a.steps))
+            throw UsageError("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(resume->step) +
+                             ", nothing is left to train up to step " +
+                             std::to_string(a.stop_at > 0 ? a.stop_at : a.steps));
         set_detect_anomaly(a.detect_anomaly);
-        return run(a);
+        return run(a, resume ? &*resume : nullptr);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {

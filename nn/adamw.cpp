@@ -91,6 +91,19 @@ void AdamW::step() {
     }
 }
 
+const AdamW::ParamState& AdamW::state(const Tensor& p) const {
+    NT_CHECK(p.defined(), "AdamW::state: expected a parameter, got an undefined tensor");
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+        for (size_t i = 0; i < groups_[gi].params.size(); ++i)
+            if (&groups_[gi].params[i].impl() == &p.impl()) return state_[gi][i];
+    throw Error("AdamW::state: the tensor " + shape_str(p.shape()) + " is not a parameter of this optimizer");
+}
+
+void AdamW::set_step_count(int64_t t) {
+    NT_CHECK(t >= 0, "AdamW::set_step_count: expected t >= 0, got ", t);
+    t_ = t;
+}
+
 void AdamW::zero_grad() {
     for (ParamGroup& g : groups_)
         for (Tensor& p : g.params) p.zero_grad();

@@ -33,6 +33,14 @@ struct ParamGroup {
 // The formula lives once, in nn/adamw_update.h, for the cpu loop and the CUDA kernel.
 class AdamW {
 public:
+    // The state of one parameter: moments m (torch's "exp_avg") and v ("exp_avg_sq") in
+    // stat_dtype(p.dtype()) on p's device, and the f32 master copy of a bf16 parameter (else
+    // undefined).
+    struct ParamState {
+        Tensor m, v;
+        Tensor master;
+    };
+
     // Throw Error for lr < 0, eps <= 0 or betas outside [0, 1), or a parameter that is undefined,
     // not a leaf, not contiguous or does not require grad.
     AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
@@ -45,12 +53,18 @@ public:
     void set_lr(double lr) { options_.lr = lr; }
     double lr() const { return options_.lr; }
     int64_t step_count() const { return t_; }
+    const AdamWOptions& options() const { return options_; }
+    const std::vector<ParamGroup>& groups() const { return groups_; }
+
+    // For checkpoints (nn/checkpoint.h): the state of parameter `p`, matched by identity (the same
+    // tensor handle's TensorImpl, not an equal copy). The tensors returned are the optimizer's own:
+    // copy_ into them to restore a state. Throws Error if p is not one of this optimizer's.
+    const ParamState& state(const Tensor& p) const;
+    // Sets the number of steps taken (the t of the bias corrections), to resume. Throws Error if
+    // t < 0.
+    void set_step_count(int64_t t);
 
 private:
-    struct ParamState {
-        Tensor m, v;    // first and second moments
-        Tensor master;  // f32 copy of a bf16 parameter, else undefined
-    };
     std::vector<ParamGroup> groups_;
     std::vector<std::vector<ParamState>> state_;  // per group, per parameter
     AdamWOptions options_;

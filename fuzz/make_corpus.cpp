@@ -1,0 +1,34 @@
+// fuzz/make_corpus.cpp: writes the fuzzer's seed corpus, a few small valid safetensors files
+// (every dtype, a scalar, an empty tensor, metadata, no tensors at all), into the directory given.
+// The files in fuzz/corpus/ were made by it: make_safetensors_corpus fuzz/corpus
+#include <cstdio>
+#include <string>
+
+#include "normtape.h"
+
+using namespace normtape;
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: make_safetensors_corpus DIR\n");
+        return 2;
+    }
+    std::string dir = argv[1];
+    save_safetensors(dir + "/empty.safetensors", {});
+    save_safetensors(dir + "/metadata_only.safetensors", {}, {{"format", "normtape-gpt"}, {"step", "3"}});
+    save_safetensors(dir + "/one_f32.safetensors", {{"w", from_vector<float>({1, -2, 3.5f, 0, 1e-3f, 7}, {2, 3})}});
+    save_safetensors(dir + "/every_dtype.safetensors",
+                     {{"a.f32", from_vector<float>({1, 2}, {2})},
+                      {"b.f64", from_vector<double>({0.5, -0.25, 8}, {3, 1})},
+                      {"c.bf16", from_vector<float>({1, 2, 3, 4}, {2, 2}).to(DType::BF16)},
+                      {"d.i64", from_vector<int64_t>({7, -1, 255}, {3})},
+                      {"e.scalar", full({}, 42.0)},
+                      {"f.empty", zeros({0, 4})}},
+                     {{"note", "every dtype, a scalar and an empty tensor"}});
+    save_safetensors(dir + "/optimizer_like.safetensors",
+                     {{"h.0.ln_1.weight", ones({4})},
+                      {"optimizer.exp_avg.h.0.ln_1.weight", zeros({4})},
+                      {"optimizer.exp_avg_sq.h.0.ln_1.weight", zeros({4})}},
+                     {{"optimizer", "{\"type\":\"AdamW\",\"step\":1}"}});
+    return 0;
+}

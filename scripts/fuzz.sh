@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# scripts/fuzz.sh [SECONDS]: fuzzes the safetensors reader (fuzz/fuzz_safetensors.cpp) with
+# libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer for SECONDS (default 60).
+# Installs what is missing (clang and its runtime, CMake, Eigen, nlohmann-json), configures
+# build-fuzz/ with clang and -DNORMTAPE_FUZZ=ON (cpu only), builds, and runs the fuzzer on a copy
+# of fuzz/corpus (new inputs it finds stay in build-fuzz/corpus, never in the source tree).
+# Exits non-zero on a finding; the input that caused it is written to build-fuzz/ (crash-*,
+# leak-*, timeout-*), and can be replayed with build-fuzz/fuzz/fuzz_safetensors FILE.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/common.sh"
+SECONDS_TO_RUN="${1:-60}"
+FUZZ_BUILD="${NORMTAPE_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+
+install_packages clang cmake make libeigen3-dev nlohmann-json3-dev
+# libFuzzer and the sanitizer runtimes: Debian and Ubuntu ship them in libclang-rt-<major>-dev,
+# which clang only recommends.
+CLANG_MAJOR="$(clang++ -dumpversion | cut -d. -f1)"
+if apt-cache show "libclang-rt-$CLANG_MAJOR-dev" >/dev/null 2>&1; then
+    install_packages "libclang-rt-$CLANG_MAJOR-dev"
+fi
+
+cmake -S "$ROOT" -B "$FUZZ_BUILD" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DNORMTAPE_CUDA=OFF -DNORMTAPE_FUZZ=ON -DNORMTAPE_BUILD_TESTS=OFF -DNORMTAPE_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build "$FUZZ_BUILD" -j "$(nproc)" --target fuzz_safetensors
+
+mkdir -p "$FUZZ_BUILD/corpus"
+cp -n "$ROOT"/fuzz/corpus/* "$FUZZ_BUILD/corpus/" 2>/dev/null || true
+cd "$FUZZ_BUILD"
+echo "normtape: fuzzing the safetensors reader for ${SECONDS_TO_RUN}s"
+# -max_len: headers and data of the seeds and then some; -rss_limit_mb: an absurd allocation
+# from a hostile header is a finding, not something to wait for.
+"$FUZZ_BUILD/fuzz/fuzz_safetensors" -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -rss_limit_mb=2048 \
+    -timeout=10 -print_final_stats=1 -dict="$ROOT/fuzz/safetensors.dict" "$FUZZ_BUILD/corpus"
