@@ -157,8 +157,11 @@ Tensor randn(const Shape& shape, TensorOptions options = {});
 Tensor arange(int64_t end, TensorOptions options = TensorOptions().dtype(DType::I64));
 // A tensor holding `values` in row-major order; `shape` defaults to {values.size()}. The dtype
 // is T's (options' dtype is ignored). Throws ShapeError if the counts differ.
+// (The attribute exports its instantiations from libnormtape.so: GCC's visibility pragma does not
+// reach function templates; see Note [Exported symbols] in normtape.h.)
 template <class T>
-Tensor from_vector(const std::vector<T>& values, const Shape& shape = {}, TensorOptions options = {});
+[[gnu::visibility("default")]] Tensor from_vector(const std::vector<T>& values, const Shape& shape = {},
+                                                  TensorOptions options = {});
 
 // Seeds the global generator used by randn and by nn's initializers (std::mt19937_64 +
 // Box-Muller, so sequences are the same on every platform).

@@ -3,15 +3,29 @@
 //   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
 //   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, checkpoints
+//   NORMTAPE_VERSION (and _MAJOR, _MINOR, _PATCH), version()
+// Include this header, not the ones below: it is what a consumer of the installed package writes.
+//
+// Note [Exported symbols]: the library compiles with hidden visibility; what is declared between
+// the pragmas below (and nothing else) has default visibility, so it is what libnormtape.so
+// exports. The library's own sources get this header force-included (CMakeLists.txt), so each
+// definition sees its public declaration here first. A new public header goes in this list.
+// The pragma does not reach a function template at namespace scope whose instantiations the
+// library compiles (from_vector): such a template carries [[gnu::visibility("default")]] itself.
 #pragma once
+
+#pragma GCC visibility push(default)
 
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/tensor.h"
+#include "core/version.h"
 #include "nn/adamw.h"
 #include "nn/checkpoint.h"
 #include "nn/gpt.h"
 #include "nn/module.h"
 #include "nn/norm.h"
 #include "ops/ops.h"
+
+#pragma GCC visibility pop

@@ -1,10 +1,11 @@
-# scripts/common.sh: sourced by demo.sh and test.sh. Installs what is missing (Debian/Ubuntu,
-# through apt-get as root or with sudo, only when a package is absent), then configures and
-# builds into build/ (Release).
+# scripts/common.sh: sourced by demo.sh, test.sh and install_check.sh. Installs what is missing
+# (Debian/Ubuntu, through apt-get as root or with sudo, only when a package is absent), then
+# configures and builds into build/ (Release), or $BUILD with extra CMake arguments in CMAKE_ARGS.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${NORMTAPE_BUILD_DIR:-$ROOT/build}"
+CMAKE_ARGS=()
 
 # install_packages PKG...: apt-get install the packages that dpkg does not list as installed.
 install_packages() {
@@ -29,10 +30,11 @@ install_build_deps() {
 }
 
 # configure_and_build [TARGET...]: every target when none is named. The CUDA backend is built when
-# nvcc is found (on the PATH, or where the CUDA toolkit installs it).
+# nvcc is found (on the PATH, or where the CUDA toolkit installs it) unless CMAKE_ARGS says
+# -DNORMTAPE_CUDA=OFF.
 configure_and_build() {
     if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
-    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${CMAKE_ARGS[@]}" >/dev/null
     local targets=()
     [ $# -gt 0 ] && targets=(--target "$@")
     cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}"

@@ -3,7 +3,8 @@
 # scripts/gpu_prepare.sh for .gpu_deps): configure for sm_90, build, run every test with the GPU
 # visible (the PyTorch cross-check uses that machine's python3 with CUDA torch), then the memory
 # comparison of the gpt2-medium-ish preset in bf16 and a bf16 run on tinyshakespeare. Logs and
-# JSON go to $OUT (or ./gpu_out); a short summary is printed last.
+# JSON go to $OUT (or ./gpu_out); a short summary is printed last. With the tests, the CUDA tests
+# also run once under compute-sanitizer's memcheck and once under its racecheck (sanitizer-*.log).
 #   scripts/gpu_check.sh [tests|bench]   only the tests, or only the benchmarks (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +33,30 @@ if [ "$MODE" != bench ]; then
     grep -E "Failed|\*\*\*Exception|Not Run" "$OUT/ctest.log" | head -20
     ./build-gpu/normtape_tests -ts=cuda,torch_crosscheck -s 2>&1 | grep -E "errors against PyTorch|  (layer|rms)/|skipped" \
         > "$OUT/crosscheck.txt"
+fi
+
+# compute-sanitizer: memcheck (out-of-bounds and misaligned device accesses, leaks, CUDA API
+# errors) over the CUDA suite, without the out-of-memory test (its failing cudaMalloc is the point,
+# and memcheck reports it); racecheck (shared-memory hazards) over the tests that launch our
+# kernels: the ops against the cpu and the fast norm kernels against the reference ones. Each is
+# capped at 300 s; a timeout is reported, not counted as a failure. Note: memcheck sees the
+# caching allocator's blocks, not our tensors: an overrun that stays inside a cached block is missed.
+if [ "$MODE" != bench ]; then
+    SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+    for tool in memcheck racecheck; do
+        if [ $tool = memcheck ]; then filter=(-ts=cuda "-tce=*running out of memory*"); else
+            filter=(-ts=cuda "-tc=*match the cpu*,*fast norm kernels*"); fi
+        log="$OUT/sanitizer-$tool.log"
+        start=$SECONDS
+        timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "${filter[@]}" > "$log" 2>&1
+        rc=$?
+        took=$((SECONDS - start))
+        errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)"
+        if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line})"
+        elif [ $rc -eq 124 ]; then verdict="timed out after 300 s (inconclusive)"
+        else verdict="FAILED, exit $rc (${errors:-no summary line}; a test failure if it says 0 errors)"; failed=1; fi
+        summary+=("compute-sanitizer $tool: $verdict, ${took} s")
+    done
 fi
 
 if [ "$MODE" != tests ]; then

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# scripts/install_check.sh: the installed package works for a project outside this tree. For the
+# static library (the build/ that test.sh makes, with its CUDA setting) and for a shared one
+# (build-shared/: the library and train_gpt): cmake --install into a temporary prefix, build
+# examples/consumer against it with find_package, run it (it trains a small model and fails unless
+# the loss fell). On the shared library, also check what it exports: train_gpt links and runs
+# against it (a wider use of the API than the consumer's), and no Eigen or nlohmann-json symbol
+# is exported.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+install_build_deps
+PREFIX_ROOT="$(mktemp -d)"
+trap 'rm -rf "$PREFIX_ROOT"' EXIT
+
+# consumer_check KIND: install $BUILD into a fresh prefix, then build and run the consumer.
+consumer_check() {
+    local prefix="$PREFIX_ROOT/$1"
+    cmake --install "$BUILD" --prefix "$prefix" >/dev/null
+    rm -rf "$BUILD/consumer"  # a cached normtape_DIR would point into an old prefix
+    cmake -S "$ROOT/examples/consumer" -B "$BUILD/consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+    cmake --build "$BUILD/consumer" -j "$(nproc)" >/dev/null
+    echo "--- consumer against the installed $1 library ($(cd "$prefix" && find lib* -name 'libnormtape*' | tr '\n' ' '))"
+    "$BUILD/consumer/consumer"
+}
+
+configure_and_build normtape
+consumer_check static
+
+BUILD="$ROOT/build-shared"
+CMAKE_ARGS=(-DBUILD_SHARED_LIBS=ON -DNORMTAPE_BUILD_TESTS=OFF -DNORMTAPE_BUILD_EXAMPLES=ON)
+configure_and_build normtape train_gpt
+consumer_check shared
+echo "--- train_gpt against $(ldd "$BUILD/train_gpt" | awk '/libnormtape/ {print $3}')"
+"$BUILD/train_gpt" --data random --device cpu --steps 2 --layers 1 --embd 32 --heads 2 --seq 16 --batch 2 \
+    --save "$PREFIX_ROOT/model.safetensors" --json "$PREFIX_ROOT/run.json" --chart "$PREFIX_ROOT/run.svg" | tail -2
+
+so="$(find "$BUILD" -maxdepth 1 -name 'libnormtape.so.*.*' | head -1)"
+exported="$(nm -DC --defined-only "$so")"
+echo "--- $(basename "$so") exports $(wc -l <<<"$exported") symbols ($(grep -c 'normtape::' <<<"$exported") in normtape::)"
+for leak in Eigen nlohmann; do
+    n="$(grep -c "$leak" <<<"$exported" || true)"
+    [ "$n" -eq 0 ] || { echo "install_check: libnormtape.so exports $n $leak symbols" >&2; grep "$leak" <<<"$exported" | head >&2; exit 1; }
+done
+grep -q 'normtape::layer_norm(' <<<"$exported" || { echo "install_check: normtape::layer_norm is not exported" >&2; exit 1; }
+echo "install_check: ok"
