@@ -73,12 +73,7 @@ std::vector<std::string> listing(const fs::path& dir) {
 }
 
 GPTConfig small_config(DType dtype = DType::F32) {
-    GPTConfig c;
-    c.block_size = 8;
-    c.n_layer = 1;
-    c.n_head = 2;
-    c.n_embd = 8;
-    c.dtype = dtype;
+    GPTConfig c{.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .dtype = dtype};
     return c;
 }
 

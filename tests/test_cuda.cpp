@@ -258,13 +258,7 @@ TEST_CASE("cuda: a GPT step on the GPU matches the same step on the cpu (f32, an
                 CAPTURE(norm_kind_name(norm));
                 CAPTURE(policy_name(policy));
                 CAPTURE(dtype_name(dtype));
-                GPTConfig c;
-                c.block_size = 32;
-                c.n_layer = 2;
-                c.n_head = 4;
-                c.n_embd = 64;
-                c.norm = norm;
-                c.policy = policy;
+                GPTConfig c{.block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64, .norm = norm, .policy = policy};
                 manual_seed(6);
                 GPT cpu_model(c);
                 manual_seed(6);

@@ -191,8 +191,7 @@ TEST_CASE("errors: CUDA tensors without a GPU throw DeviceError, naming the op")
     on_gpu.device = Device::CUDA;
     check_error<DeviceError>([&] { LayerNorm(4, on_gpu); }, {"cuda"});
     check_error<DeviceError>([&] { RMSNorm(4, on_gpu); }, {"cuda"});
-    GPTConfig c;
-    c.device = Device::CUDA;
+    GPTConfig c{.device = Device::CUDA};
     check_error<DeviceError>([&] { GPT model(c); }, {"cuda"});
     check_error<DeviceError>([] { synchronize(Device::CUDA); }, {"cuda"});
     if (!cuda_is_built()) {
@@ -321,12 +320,7 @@ TEST_CASE("errors: layer_norm and rms_norm, and their modules") {
 }
 
 TEST_CASE("errors: GPT configuration and input") {
-    GPTConfig c;
-    c.vocab_size = 16;
-    c.block_size = 4;
-    c.n_layer = 1;
-    c.n_head = 2;
-    c.n_embd = 8;
+    GPTConfig c{.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 8};
     GPTConfig bad = c;
     bad.n_head = 3;
     check_error<ShapeError>([&] { GPT{bad}; }, {"GPTConfig", "divisible by n_head", "got n_embd 8 and n_head 3"});
@@ -470,12 +464,7 @@ TEST_CASE("errors: a backward node that makes Inf from a finite grad_output is n
 }
 
 TEST_CASE("errors: a NaN injected into one GPT parameter is reported at the first op that reads it") {
-    GPTConfig c;
-    c.vocab_size = 16;
-    c.block_size = 4;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 8;
+    GPTConfig c{.vocab_size = 16, .block_size = 4, .n_layer = 2, .n_head = 2, .n_embd = 8};
     manual_seed(3);
     GPT model(c);
     Tensor idx = i64({1, 2, 3, 4}, {1, 4}), targets = i64({2, 3, 4, 5}, {1, 4});

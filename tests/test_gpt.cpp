@@ -12,13 +12,7 @@ using namespace normtape::testing;
 namespace {
 
 GPTConfig tiny_config(NormKind norm, SavePolicy policy) {
-    GPTConfig c;
-    c.block_size = 32;
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_embd = 64;
-    c.norm = norm;
-    c.policy = policy;
+    GPTConfig c{.block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64, .norm = norm, .policy = policy};
     return c;
 }
 

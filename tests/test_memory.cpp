@@ -36,13 +36,7 @@ TEST_CASE("memory: Output saves exactly (2L+1) norm inputs (and LayerNorm means)
     for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
         for (DType dtype : {DType::F32, DType::F64}) {
             for (int64_t L : {1, 3}) {
-                GPTConfig c;
-                c.block_size = 16;
-                c.n_layer = L;
-                c.n_head = 2;
-                c.n_embd = 24;
-                c.norm = norm;
-                c.dtype = dtype;
+                GPTConfig c{.block_size = 16, .n_layer = L, .n_head = 2, .n_embd = 24, .norm = norm, .dtype = dtype};
                 const int64_t B = 3, T = 10;
                 CAPTURE(norm_kind_name(norm));
                 CAPTURE(dtype_name(dtype));
@@ -61,11 +55,7 @@ TEST_CASE("memory: Output saves exactly (2L+1) norm inputs (and LayerNorm means)
 }
 
 TEST_CASE("memory: after backward and with the graph dropped, the allocator is back where it started") {
-    GPTConfig c;
-    c.block_size = 8;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 16;
+    GPTConfig c{.block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
     manual_seed(6);
     GPT model(c);
     Tensor idx = from_vector(std::vector<int64_t>(16, 7), {2, 8});

@@ -14,11 +14,7 @@ using namespace normtape::testing;
 namespace {
 
 GPTConfig small_config() {
-    GPTConfig c;
-    c.block_size = 8;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 8;
+    GPTConfig c{.block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 8};
     return c;
 }
 
