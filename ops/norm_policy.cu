@@ -630,22 +630,28 @@ template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        constexpr int kMaxVecs = std::is_same_v<T, float> ? 8 : 4;
+        constexpr int kMaxVecs = forward_budget<T>().vecs[0];  // the forward's only candidate
         FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x, weight, bias});
         auto run = [&](auto vecs) {
-            if constexpr (vecs() <= kMaxVecs) norm_forward_fast<T, vecs()>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+            if constexpr (vecs() <= kMaxVecs) {
+                norm_forward_fast<T, vecs()>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                return true;
+            }
+            return false;
         };
+        bool done = false;
         switch (l.vecs) {
-            case 1: return run(std::integral_constant<int, 1>());
-            case 2: return run(std::integral_constant<int, 2>());
-            case 3: return run(std::integral_constant<int, 3>());
-            case 4: return run(std::integral_constant<int, 4>());
-            case 5: return run(std::integral_constant<int, 5>());
-            case 6: return run(std::integral_constant<int, 6>());
-            case 7: return run(std::integral_constant<int, 7>());
-            case 8: return run(std::integral_constant<int, 8>());
+            case 1: done = run(std::integral_constant<int, 1>()); break;
+            case 2: done = run(std::integral_constant<int, 2>()); break;
+            case 3: done = run(std::integral_constant<int, 3>()); break;
+            case 4: done = run(std::integral_constant<int, 4>()); break;
+            case 5: done = run(std::integral_constant<int, 5>()); break;
+            case 6: done = run(std::integral_constant<int, 6>()); break;
+            case 7: done = run(std::integral_constant<int, 7>()); break;
+            case 8: done = run(std::integral_constant<int, 8>()); break;
             default: break;
         }
+        if (done) return;
     }
     norm_forward_reference_cuda<T>(y, mean, rstd, x, weight, bias, M, N, eps, device);
 }
@@ -655,7 +661,7 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        constexpr int kMaxVecs = 4;
+        constexpr int kMaxVecs = 4;  // the largest of backward_budget's candidates
         FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias});
         // The dweight/dbias sums must fit in shared memory (up to 128 KiB at N = 16384 where they
         // are not in registers; GPUs before Hopper allow less and take the reference).
