@@ -4,21 +4,24 @@
 // per row, statistics with fixed-order block reductions, weight and bias gradients in two
 // passes. The fast one (norm_*_cuda, f32 and bf16) is what the ops run; it is tested against the
 // reference and the cpu (tests/test_cuda.cpp) and timed by examples/bench_norms.cpp:
-// - a row is read once with 16-byte loads and held in registers as raw vectors: a group of
-//   threads_per_row threads (a multiple of 32, at most 1024) owns a row, each thread VECS
-//   vectors, within a register budget (forward_budget, backward_budget, fast_layout);
-// - blocks are persistent (as many as fit on the GPU) and walk the rows;
+// - a row is read once with 16-byte loads: a group of threads_per_row threads (a multiple of
+//   32, at most 1024) owns a row, each thread VECS vectors of it (forward_budget,
+//   backward_budget, fast_layout); the forward holds its row in registers, the backward brings
+//   its rows into shared memory with cp.async, one row ahead of the one it works on;
+// - blocks are persistent (as many as fit on the GPU) and walk the rows; a row of several warps
+//   synchronizes only its own warps (named barriers);
 // - statistics in f32, one reduction per row of the sums of x - x[row, 0] and its square (the
 //   shifted-data variance; see the kernel);
 // - dweight and dbias: each thread sums its own columns over the rows its group visits, in
-//   order, in registers or in shared memory; a block adds its groups' sums into one partial row,
+//   order, in registers; a block adds its groups' sums into one partial row,
 //   and the blocks' partial rows are added in order by a second kernel (no atomics);
 // - x_hat as x_hat_from_saved() gives it, the one place where the policy matters, as on the cpu;
 //   under SavePolicy::Output the backward works with y - bias where it can and divides by the
-//   weight once per column, or per element with __fdividef (2 ulp; see the backward kernel).
+//   weight once per column, and per element with __fdividef where 1 / weight does not fit in
+//   registers (2 ulp; see the backward kernel).
 // The reference kernels take f64, N not a multiple of a vector, misaligned data, and rows longer
-// than the fast kernels hold (forward 32768; backward 16384, or what the GPU's shared memory
-// allows).
+// than the fast kernels hold (forward 32768, backward 16384), or rows whose backward does not
+// fit in the GPU's shared memory.
 // Determinism: the fast backward's dweight and dbias are summed per persistent block, and the
 // number of blocks depends on the GPU (SM count, occupancy): the same bits run to run on one GPU
 // model, not across models.
@@ -195,8 +198,11 @@ __device__ inline void load_affine(const T* p, int c, float fill, float (&v)[Pac
 }
 
 // The sums of a and b over the group of threads_per_row threads that owns a row, returned to all
-// of them (identical in every lane: the butterfly adds the same pairs). Every thread of the block
-// must call it the same number of times (it may use __syncthreads).
+// of them (identical in every lane: the butterfly adds the same pairs). A row of several warps
+// adds its warps' sums through shared memory behind a barrier of its own warps only (named
+// barrier 1 + group; 0 is __syncthreads'), so that the block's other rows do not wait for it; a
+// block holds at most 15 such rows (fast_layout). Every thread of a group must call it the same
+// number of times.
 __device__ inline void group_sum2(float& a, float& b, float* shared, int threads_per_row) {
     for (int offset = 16; offset > 0; offset >>= 1) {
         a += __shfl_xor_sync(0xffffffffu, a, offset);
@@ -209,46 +215,49 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
         shared[2 * warp] = a;
         shared[2 * warp + 1] = b;
     }
-    __syncthreads();
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads_per_row) : "memory");
     a = 0, b = 0;
     for (int w = group * warps_per_row; w < (group + 1) * warps_per_row; ++w) {
         a += shared[2 * w];
         b += shared[2 * w + 1];
     }
-    __syncthreads();
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads_per_row) : "memory");
 }
 
-// Register budgets, which fast_layout turns into threads per row. Rows are kept as raw 16-byte
-// vectors (4 registers each, whatever the dtype) in blocks of at most 1024 threads (64 registers
-// a thread, every thread of an SM resident). The forward holds one array: up to 8 vectors of f32
-// or 4 of bf16 (32 floats). The backward holds two (dy and the saved tensor) and its threads'
-// dweight and dbias sums: in registers up to 8 floats a thread (2 vectors of f32), else in
-// shared memory (bf16 takes 3 or 2 vectors a thread: the more bytes a thread has in flight, the
-// better, up to what compiles without spilling, nvcc -Xptxas -v). The longest rows take 4.
+// How the fast kernels spread a row over threads. A Shape is the number of 16-byte vectors of a
+// row a thread holds (VECS) and the largest block its kernel is compiled for (MAX_BLOCK, its
+// __launch_bounds__: at most 64 registers a thread at 1024 threads, 128 at 512). A Budget lists
+// the shapes to choose from, which fast_layout turns into threads per row.
+// - The forward holds its row in registers as raw 16-byte vectors (4 registers each, whatever the
+//   dtype): 8 vectors of f32 or 4 of bf16, in blocks of up to 1024 threads.
+// - The backward reads its rows from shared memory (see its kernel) and holds in registers the
+//   dweight and dbias sums of its columns (2 floats a column). The more columns a thread owns,
+//   the fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the
+//   loop), which measured faster than more threads with fewer registers: 4 vectors a thread (32
+//   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. f32 also
+//   has 2 vectors in blocks of up to 1024 threads (where that leaves fewer slots idle, N = 768)
+//   and 4 in up to 1024 for rows of more than 2048 vectors (N = 16384); 8 vectors of f32 spill.
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
-constexpr int kMaxBlock = 1024;
+struct Shape {
+    int vecs, max_block;
+};
 struct Budget {
-    int vecs[3];  // vectors per thread to choose from, in order of preference; 0 ends the list
+    Shape shapes[3];
+    int count;
 };
 template <class T>
 constexpr Budget forward_budget() {
-    return {{std::is_same_v<T, float> ? 8 : 4, 0, 0}};
+    return {{{std::is_same_v<T, float> ? 8 : 4, 1024}}, 1};
 }
 template <class T>
 constexpr Budget backward_budget() {
-    if constexpr (std::is_same_v<T, float>) return {{2, 4, 0}};
-    else return {{3, 2, 4}};
+    if constexpr (std::is_same_v<T, float>) return {{{4, 512}, {2, 1024}, {4, 1024}}, 3};
+    else return {{{4, 512}}, 1};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
 
-// The backward keeps each thread's dweight/dbias sums in registers when they are at most 8 floats.
-template <class T, int VECS>
-constexpr bool register_sums() {
-    return VECS * Pack<T>::E <= 8;
-}
-
-template <class T, int VECS>
-__global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
+template <class T, int VECS, int MAX_BLOCK>
+__global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
     constexpr int E = Pack<T>::E;
@@ -305,9 +314,9 @@ __global__ void __launch_bounds__(kMaxBlock) norm_forward_fast_kernel(
     }
 }
 
-// Where the dweight or dbias sum of element e of vector c lives in shared memory: the vectors'
-// first four columns, then their next four (bf16), as float4s, so that the threads of a warp
-// read and write neighbouring 16-byte words.
+// Where the dweight or dbias sum of element e of vector c lives in shared memory at the end of the
+// backward: the vectors' first four columns, then their next four (bf16), as float4s, so that the
+// threads of a warp write neighbouring 16-byte words.
 __device__ inline float4& sum_slot(float* sums, int vecs_per_row, int c, int quad) {
     return reinterpret_cast<float4*>(sums)[quad * vecs_per_row + c];
 }
@@ -318,58 +327,103 @@ __device__ inline float sum_at(const float* sums, int vecs_per_row, int j) {
 }
 __device__ inline void add4(float4& s, const float* v) { s.x += v[0], s.y += v[1], s.z += v[2], s.w += v[3]; }
 
-// dx per row, and this block's partial row [blockIdx.x] of dweight and dbias. A thread owns the
-// same columns in every row its group visits, so it sums dy * x_hat and dy of its columns over
-// those rows, in row order: in registers (register_sums) or in shared memory ([groups][2][N]
-// floats, laid out by sum_slot). At the end the groups' sums are added in group order. OUTPUT:
-// SavePolicy::Output, where x_hat = (y - bias) / weight: the first pass and the dweight sums work
-// with y - bias and divide once per column, the second pass multiplies by 1 / weight computed
-// once per column where the sums are in registers, and divides with __fdividef (2 ulp) elsewhere.
-template <class T, int VECS, bool OUTPUT>
-__global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
+// cp.async (sm_80 and later): 16 bytes from global to shared memory without passing through
+// registers, and past L1 (.cg). A thread's copies are committed as a group; wait(n) returns
+// when at most n of its groups are still in flight. Earlier GPUs copy through a register.
+__device__ inline void copy_async16(void* to_shared, const void* from_global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(to_shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(from_global) : "memory");
+#else
+    *static_cast<uint4*>(to_shared) = *static_cast<const uint4*>(from_global);
+#endif
+}
+__device__ inline void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ inline void copy_async_wait(int pending) {  // pending: 0 or 1
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (pending == 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#else
+    (void)pending;
+#endif
+}
+
+// dx per row, and this block's partial row [blockIdx.x] of dweight and dbias.
+// - The rows come in through a ring of `stages` slots (2, or 1 where 2 do not fit in shared
+//   memory) per group, each [dy, saved] of N elements: a thread copies its own vectors of the
+//   next row with cp.async while it works on the current one, and reads back only what it copied
+//   itself, so the ring needs no barrier. The bytes in flight are the ring's, not the registers'.
+//   Both passes over a row read it from the ring, so no row is held in registers.
+// - A thread owns the same columns in every row its group visits, and sums dy * x_hat and dy of
+//   them over those rows, in row order, in registers (VECS vectors of columns: backward_budget).
+//   At the end the block's groups add their sums in group order into the ring's memory, and the
+//   block writes its partial row.
+// - OUTPUT: SavePolicy::Output, where x_hat = (y - bias) / weight. The first pass and the dweight
+//   sums work with y - bias (no division: g * x_hat = dy * (y - bias)), and the partial dweight is
+//   divided by the weight once per column; the second pass multiplies by 1 / weight held in
+//   registers where a thread has at most 8 columns of f32 (in bf16 they would spill), and divides
+//   with __fdividef (2 ulp) elsewhere.
+constexpr int kMaxStages = 2;  // a third slot measured slower (fewer groups fit)
+constexpr int kReduceFloat4s = 16;  // 2 floats per warp of the row reduction, at the start of shared memory
+
+template <class T, int VECS, int MAX_BLOCK, bool OUTPUT>
+__global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, int64_t M, int N, int threads_per_row) {
+    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, int64_t M, int N, int threads_per_row,
+    int stages) {
     constexpr int E = Pack<T>::E, Q = E / 4;
-    constexpr bool kRegisterSums = register_sums<T, VECS>();
+    constexpr bool kInverseWeight = OUTPUT && VECS * E <= 8 && std::is_same_v<T, float>;
     extern __shared__ float4 shared4[];
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
     const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
-    float* sums = reinterpret_cast<float*>(shared4);                      // [groups][2][N], or [2][N]
-    float* reduce = sums + (kRegisterSums ? 1 : groups) * 2 * N;         // 2 per warp
-    float* sums_w = sums + (kRegisterSums ? 0 : group * 2 * N);
-    float* sums_b = sums_w + N;
-    float reg_w[kRegisterSums ? VECS : 1][E] = {}, reg_b[kRegisterSums ? VECS : 1][E] = {};
-    float inv_w[kRegisterSums && OUTPUT ? VECS : 1][E];
-    for (int k = 0; k < VECS; ++k) {
-        int c = k * threads_per_row + lane;
-        if (c >= vecs_per_row) continue;
-        if constexpr (!kRegisterSums) {
-            for (int q = 0; q < Q; ++q)
-                sum_slot(sums_w, vecs_per_row, c, q) = sum_slot(sums_b, vecs_per_row, c, q) = float4{0, 0, 0, 0};
-        } else if constexpr (OUTPUT) {
+    float* reduce = reinterpret_cast<float*>(shared4);
+    T* ring = reinterpret_cast<T*>(shared4 + kReduceFloat4s) + size_t(group) * stages * 2 * N;
+    float sum_w[VECS][E] = {}, sum_b[VECS][E] = {};
+    float inv_w[kInverseWeight ? VECS : 1][E];
+    if constexpr (kInverseWeight) {
+        for (int k = 0; k < VECS; ++k) {
+            int c = k * threads_per_row + lane;
             float w[E];
-            load_affine(weight, c, 1.0f, w);
+            load_affine(weight, c < vecs_per_row ? c : 0, 1.0f, w);
             for (int e = 0; e < E; ++e) inv_w[k][e] = 1.0f / w[e];
         }
     }
-    uint4 raw_dy[VECS], raw_saved[VECS];  // this thread's vectors of the row, as loaded
-    for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
+    // Queues this group's row `row` (none past M) into slot `slot`, as one commit group.
+    auto fetch = [&](int64_t row, int slot) {
+        if (row < M) {
+            T* to = ring + size_t(slot) * 2 * N;
+#pragma unroll
+            for (int k = 0; k < VECS; ++k) {
+                int c = k * threads_per_row + lane;
+                if (c >= vecs_per_row) break;
+                copy_async16(to + c * E, dy + row * N + c * E);
+                copy_async16(to + N + c * E, saved + row * N + c * E);
+            }
+        }
+        copy_async_commit();
+    };
+    const int64_t stride = int64_t(gridDim.x) * groups;
+    for (int ahead = 0; ahead < stages - 1; ++ahead) fetch(int64_t(blockIdx.x) * groups + group + ahead * stride, ahead);
+    int slot = 0;
+    for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += stride) {
         const int64_t row = base + group;
         const bool active = row < M;
-        const float m = active && mean ? mean[row] : 0.0f, r = active ? rstd[row] : 0.0f;
-#pragma unroll
-        for (int k = 0; k < VECS; ++k) {
-            int c = k * threads_per_row + lane;
-            bool in = active && c < vecs_per_row;
-            raw_dy[k] = in ? *reinterpret_cast<const uint4*>(dy + row * N + c * E) : make_uint4(0, 0, 0, 0);
-            raw_saved[k] = in ? *reinterpret_cast<const uint4*>(saved + row * N + c * E) : make_uint4(0, 0, 0, 0);
-        }
-        // From the raw vectors: d = dy, g = dy * weight, and s = x_hat (Input) or y - bias =
+        const float m = active && mean ? mean[row] : 0.0f, r = active ? rstd[row] : 0.0f;  // their latency overlaps the wait
+        fetch(row + (stages - 1) * stride, (slot + stages - 1) % stages);
+        copy_async_wait(stages - 1);
+        const T* row_dy = ring + size_t(slot) * 2 * N;
+        const T* row_saved = row_dy + N;
+        slot = slot + 1 == stages ? 0 : slot + 1;
+        // From the row's vectors: d = dy, g = dy * weight, and s = x_hat (Input) or y - bias =
         // x_hat * weight (Output: x_hat_from_saved of ops/norm_policy.h without its division).
-        auto terms = [&](int k, int c, float (&d)[E], float (&g)[E], float (&s)[E], float (&w)[E]) {
-            unpack(raw_dy[k], d);
-            unpack(raw_saved[k], s);
+        auto terms = [&](int c, float (&d)[E], float (&g)[E], float (&s)[E], float (&w)[E]) {
+            unpack(*reinterpret_cast<const uint4*>(row_dy + c * E), d);
+            unpack(*reinterpret_cast<const uint4*>(row_saved + c * E), s);
             load_affine(weight, c, 1.0f, w);
             if constexpr (OUTPUT) {
                 float b[E];
@@ -380,27 +434,19 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
             }
             for (int e = 0; e < E; ++e) g[e] = d[e] * w[e];
         };
-        // Pass 1 needs no division: g * x_hat = dy * s under Output, and the dweight sums add
-        // dy * s, divided by the weight once per column at the end.
         float sum_g = 0, sum_gx = 0;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
             if (!active || c >= vecs_per_row) continue;
-            float d[E], g[E], sv[E], w[E], ds[E];
-            terms(k, c, d, g, sv, w);
+            float d[E], g[E], s[E], w[E];
+            terms(c, d, g, s, w);
             for (int e = 0; e < E; ++e) {
-                ds[e] = d[e] * sv[e];
+                float ds = d[e] * s[e];
                 sum_g += g[e];
-                sum_gx += OUTPUT ? ds[e] : g[e] * sv[e];
-            }
-            if constexpr (kRegisterSums) {
-                for (int e = 0; e < E; ++e) reg_w[k][e] += ds[e], reg_b[k][e] += d[e];
-            } else {
-                for (int q = 0; q < Q; ++q) {
-                    add4(sum_slot(sums_w, vecs_per_row, c, q), ds + 4 * q);
-                    add4(sum_slot(sums_b, vecs_per_row, c, q), d + 4 * q);
-                }
+                sum_gx += OUTPUT ? ds : g[e] * s[e];
+                sum_w[k][e] += ds;
+                sum_b[k][e] += d[e];
             }
         }
         group_sum2(sum_g, sum_gx, reduce, threads_per_row);
@@ -411,39 +457,36 @@ __global__ void __launch_bounds__(kMaxBlock) norm_backward_fast_kernel(
             int c = k * threads_per_row + lane;
             if (c >= vecs_per_row) continue;
             float d[E], g[E], xh[E], w[E], out[E];
-            terms(k, c, d, g, xh, w);  // again: cheaper than holding them through the reduction
+            terms(c, d, g, xh, w);  // again, from shared memory: cheaper than holding them in registers
             if constexpr (OUTPUT) {
-                for (int e = 0; e < E; ++e) xh[e] = kRegisterSums ? xh[e] * inv_w[k][e] : __fdividef(xh[e], w[e]);
+                for (int e = 0; e < E; ++e) xh[e] = kInverseWeight ? xh[e] * inv_w[k][e] : __fdividef(xh[e], w[e]);
             }
             for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
             store_pack(dx + row * N + c * E, out);
         }
     }
-    if constexpr (kRegisterSums) {  // the groups' sums into sums_w and sums_b, in group order
-        for (int g = 0; g < groups; ++g) {
-            if (group == g)
-                for (int k = 0; k < VECS; ++k) {
-                    int c = k * threads_per_row + lane;
-                    if (c >= vecs_per_row) continue;
-                    for (int q = 0; q < Q; ++q) {
-                        float4& w = sum_slot(sums_w, vecs_per_row, c, q);
-                        float4& b = sum_slot(sums_b, vecs_per_row, c, q);
-                        if (g == 0) w = b = float4{0, 0, 0, 0};
-                        add4(w, reg_w[k] + 4 * q);
-                        add4(b, reg_b[k] + 4 * q);
-                    }
+    // The groups' sums, in group order, into [2][N] floats where the ring was.
+    copy_async_wait(0);
+    __syncthreads();
+    float* sums_w = reinterpret_cast<float*>(shared4 + kReduceFloat4s);
+    float* sums_b = sums_w + N;
+    for (int g = 0; g < groups; ++g) {
+        if (group == g)
+            for (int k = 0; k < VECS; ++k) {
+                int c = k * threads_per_row + lane;
+                if (c >= vecs_per_row) continue;
+                for (int q = 0; q < Q; ++q) {
+                    float4& w = sum_slot(sums_w, vecs_per_row, c, q);
+                    float4& b = sum_slot(sums_b, vecs_per_row, c, q);
+                    if (g == 0) w = b = float4{0, 0, 0, 0};
+                    add4(w, sum_w[k] + 4 * q);
+                    add4(b, sum_b[k] + 4 * q);
                 }
-            __syncthreads();
-        }
-    } else {
+            }
         __syncthreads();
     }
     for (int j = threadIdx.x; j < N; j += blockDim.x) {
-        float sw = 0, sb = 0;
-        for (int g = 0; g < (kRegisterSums ? 1 : groups); ++g) {
-            sw += sum_at<E>(sums + g * 2 * N, vecs_per_row, j);
-            sb += sum_at<E>(sums + g * 2 * N + N, vecs_per_row, j);
-        }
+        float sw = sum_at<E>(sums_w, vecs_per_row, j), sb = sum_at<E>(sums_b, vecs_per_row, j);
         if (OUTPUT && weight) sw /= float(weight[j]);
         if (partial_w) partial_w[int64_t(blockIdx.x) * N + j] = sw;
         if (partial_b) partial_b[int64_t(blockIdx.x) * N + j] = sb;
@@ -469,17 +512,18 @@ __global__ void sum_partial_rows_kernel(T* __restrict__ out, const float* __rest
     }
 }
 
-// How a row is spread over threads, or vecs == 0 when the fast kernels do not apply.
+// How a row is spread over threads: the budget's shape, or -1 where the fast kernels do not apply.
 struct FastLayout {
-    int vecs = 0, threads_per_row = 0, block = 0;  // vecs: 16-byte vectors per thread and row
+    int shape = -1, threads_per_row = 0, block = 0;
 };
 
-// Threads per row: a multiple of 32, at most kMaxBlock, each with at most one of the budget's
-// numbers of vectors of the row; of the candidates, the one that leaves the fewest vector slots idle (N =
-// 3000 is 375 vectors of bf16: 128 threads x 3), the earlier on a tie. Fewer threads per row
-// mean more rows in flight at once, and a row of one warp needs no barrier.
+// Threads per row: a multiple of 32, at most the shape's max_block, each with at most the
+// shape's vectors of the row; of the budget's shapes, the one that leaves the fewest vector slots
+// idle, the earlier on a tie. A block holds as many rows as fit in kRowsThreads threads (at
+// most 15 rows of several warps: group_sum2's named barriers).
 template <class T>
-FastLayout fast_layout(Budget budget, int64_t N, std::initializer_list<const void*> ptrs) {
+FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<const void*> ptrs) {
+    static_assert(kRowsThreads / 64 <= 15);
     FastLayout l;
     constexpr int E = Pack<T>::E;
     if (std::is_same_v<T, double> || N % E != 0) return l;
@@ -487,19 +531,31 @@ FastLayout fast_layout(Budget budget, int64_t N, std::initializer_list<const voi
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return l;
     const int64_t vecs_per_row = N / E;
     int64_t best_idle = -1;
-    for (int candidate : budget.vecs) {
-        if (candidate == 0) break;
-        int64_t threads = (vecs_per_row + candidate - 1) / candidate;
+    for (int i = 0; i < budget.count; ++i) {
+        const Shape& shape = budget.shapes[i];
+        int64_t threads = (vecs_per_row + shape.vecs - 1) / shape.vecs;
         threads = (threads + 31) / 32 * 32;
-        if (threads > kMaxBlock) continue;
-        int64_t vecs = (vecs_per_row + threads - 1) / threads, idle = vecs * threads - vecs_per_row;
+        if (threads > shape.max_block) continue;
+        int64_t idle = (vecs_per_row + threads - 1) / threads * threads - vecs_per_row;
         if (best_idle >= 0 && idle >= best_idle) continue;
         best_idle = idle;
+        l.shape = i;
         l.threads_per_row = static_cast<int>(threads);
-        l.vecs = static_cast<int>(vecs);
         l.block = l.threads_per_row * std::max(1, kRowsThreads / l.threads_per_row);
     }
     return l;
+}
+
+// run(std::integral_constant<int, shape>()) for 0 <= shape < 3, and what it returns; false for other shapes.
+template <class Run, int... I>
+bool with_shape(int shape, Run& run, std::integer_sequence<int, I...>) {
+    bool done = false;
+    ((void)(shape == I && (done = run(std::integral_constant<int, I>()))), ...);
+    return done;
+}
+template <class Run>
+bool with_shape(int shape, Run run) {
+    return with_shape(shape, run, std::make_integer_sequence<int, 3>());
 }
 
 // Persistent grid: as many blocks as can be resident at once, at most one per group of rows.
@@ -535,11 +591,11 @@ unsigned persistent_grid(Kernel kernel, int block, size_t shared_bytes, int64_t 
     return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, capacity)));
 }
 
-template <class T, int VECS>
+template <class T, int VECS, int MAX_BLOCK>
 void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
                        int64_t M, int64_t N, double eps, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = norm_forward_fast_kernel<T, VECS>;
+    auto kernel = norm_forward_fast_kernel<T, VECS, MAX_BLOCK>;
     size_t shared = 2 * sizeof(float) * (l.block / 32);
     unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
     kernel<<<grid, l.block, shared, stream>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
@@ -547,21 +603,22 @@ void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, cons
     CUDA_LAUNCH_CHECK();
 }
 
-// Shared memory of the backward: 2 floats per warp for the row sums, and the dweight/dbias sums.
-template <class T, int VECS>
-size_t backward_shared_bytes(const FastLayout& l, int64_t N) {
-    size_t sums = register_sums<T, VECS>() ? 1 : size_t(l.block / l.threads_per_row);
-    return sizeof(float) * (2 * size_t(l.block / 32) + sums * 2 * size_t(N));
+// Shared memory of the backward: the row reduction's floats, then the ring of `stages` slots of
+// [dy, saved] per group, or the block's dweight/dbias sums ([2][N] floats) where larger.
+template <class T>
+size_t backward_shared_bytes(const FastLayout& l, int64_t N, int stages) {
+    size_t ring = size_t(l.block / l.threads_per_row) * stages * 2 * N * sizeof(T);
+    return sizeof(float4) * kReduceFloat4s + std::max(ring, 2 * N * sizeof(float));
 }
 
-template <class T, int VECS>
-void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
+template <class T, int VECS, int MAX_BLOCK>
+void norm_backward_fast(const FastLayout& l, int stages, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
                         const float* mean, const float* rstd, const T* weight, const T* bias, bool centered,
                         SavePolicy policy, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = policy == SavePolicy::Output ? norm_backward_fast_kernel<T, VECS, true>
-                                               : norm_backward_fast_kernel<T, VECS, false>;
-    size_t shared = backward_shared_bytes<T, VECS>(l, N);
+    auto kernel = policy == SavePolicy::Output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, true>
+                                               : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, false>;
+    size_t shared = backward_shared_bytes<T>(l, N, stages);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
@@ -570,7 +627,7 @@ void norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
     auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };
     kernel<<<grid, l.block, shared, stream>>>(dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered, M,
-                                              static_cast<int>(N), l.threads_per_row);
+                                              static_cast<int>(N), l.threads_per_row, stages);
     CUDA_LAUNCH_CHECK();
     unsigned blocks = static_cast<unsigned>((N + 31) / 32);
     if (dweight) {
@@ -630,28 +687,16 @@ template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        constexpr int kMaxVecs = forward_budget<T>().vecs[0];  // the forward's only candidate
         FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x, weight, bias});
-        auto run = [&](auto vecs) {
-            if constexpr (vecs() <= kMaxVecs) {
-                norm_forward_fast<T, vecs()>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+        auto run = [&](auto shape) {
+            if constexpr (shape() < forward_budget<T>().count) {
+                constexpr Shape s = forward_budget<T>().shapes[shape()];
+                norm_forward_fast<T, s.vecs, s.max_block>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
                 return true;
             }
             return false;
         };
-        bool done = false;
-        switch (l.vecs) {
-            case 1: done = run(std::integral_constant<int, 1>()); break;
-            case 2: done = run(std::integral_constant<int, 2>()); break;
-            case 3: done = run(std::integral_constant<int, 3>()); break;
-            case 4: done = run(std::integral_constant<int, 4>()); break;
-            case 5: done = run(std::integral_constant<int, 5>()); break;
-            case 6: done = run(std::integral_constant<int, 6>()); break;
-            case 7: done = run(std::integral_constant<int, 7>()); break;
-            case 8: done = run(std::integral_constant<int, 8>()); break;
-            default: break;
-        }
-        if (done) return;
+        if (with_shape(l.shape, run)) return;
     }
     norm_forward_reference_cuda<T>(y, mean, rstd, x, weight, bias, M, N, eps, device);
 }
@@ -661,31 +706,25 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        constexpr int kMaxVecs = 4;  // the largest of backward_budget's candidates
         FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias});
-        // The dweight/dbias sums must fit in shared memory (up to 128 KiB at N = 16384 where they
-        // are not in registers; GPUs before Hopper allow less and take the reference).
+        // The ring must fit in shared memory: two slots a row where they fit (up to 128 KiB, at
+        // N = 16384 in bf16), else one (f32 at N = 16384), else the reference.
         int optin = 0;
         cuda::stream(device);
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        auto run = [&](auto vecs) {
-            if constexpr (vecs() <= kMaxVecs) {
-                if (backward_shared_bytes<T, vecs()>(l, N) > size_t(optin)) return false;
-                norm_backward_fast<T, vecs()>(l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered,
-                                              policy, M, N, device);
+        int stages = kMaxStages;
+        while (stages > 0 && l.shape >= 0 && backward_shared_bytes<T>(l, N, stages) > size_t(optin)) --stages;
+        auto run = [&](auto shape) {
+            if constexpr (shape() < backward_budget<T>().count) {
+                constexpr Shape s = backward_budget<T>().shapes[shape()];
+                if (stages == 0) return false;
+                norm_backward_fast<T, s.vecs, s.max_block>(l, stages, dx, dweight, dbias, dy, saved, mean, rstd,
+                                                           weight, bias, centered, policy, M, N, device);
                 return true;
             }
             return false;
         };
-        bool done = false;
-        switch (l.vecs) {
-            case 1: done = run(std::integral_constant<int, 1>()); break;
-            case 2: done = run(std::integral_constant<int, 2>()); break;
-            case 3: done = run(std::integral_constant<int, 3>()); break;
-            case 4: done = run(std::integral_constant<int, 4>()); break;
-            default: break;
-        }
-        if (done) return;
+        if (with_shape(l.shape, run)) return;
     }
     norm_backward_reference_cuda<T>(dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N,
                                     device);
