@@ -225,21 +225,23 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 }
 
 // How the fast kernels spread a row over threads. A Shape is the number of 16-byte vectors of a
-// row a thread holds (VECS) and the largest block its kernel is compiled for (MAX_BLOCK, its
-// __launch_bounds__: at most 64 registers a thread at 1024 threads, 128 at 512). A Budget lists
-// the shapes to choose from, which fast_layout turns into threads per row.
+// row a thread holds (VECS), the largest block its kernel is compiled for (MAX_BLOCK, its
+// __launch_bounds__: at most 64 registers a thread at 1024 threads, 128 at 512), and the most
+// threads a row may take with it. A Budget lists the shapes to choose from, which fast_layout
+// turns into threads per row.
 // - The forward holds its row in registers as raw 16-byte vectors (4 registers each, whatever the
 //   dtype): 8 vectors of f32 or 4 of bf16, in blocks of up to 1024 threads.
 // - The backward reads its rows from shared memory (see its kernel) and holds in registers the
 //   dweight and dbias sums of its columns (2 floats a column). The more columns a thread owns,
 //   the fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the
 //   loop), which measured faster than more threads with fewer registers: 4 vectors a thread (32
-//   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. f32 also
-//   has 2 vectors in blocks of up to 1024 threads (where that leaves fewer slots idle, N = 768)
-//   and 4 in up to 1024 for rows of more than 2048 vectors (N = 16384); 8 vectors of f32 spill.
+//   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. Except
+//   for f32: short rows (up to 128 threads, N <= 1024) measured faster with 2 vectors in 64
+//   registers, and rows of more than 2048 vectors (N = 16384) take 4 in blocks of 1024 threads
+//   (8 vectors of f32 spill).
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 struct Shape {
-    int vecs, max_block;
+    int vecs, max_block, max_row_threads;
 };
 struct Budget {
     Shape shapes[3];
@@ -247,12 +249,12 @@ struct Budget {
 };
 template <class T>
 constexpr Budget forward_budget() {
-    return {{{std::is_same_v<T, float> ? 8 : 4, 1024}}, 1};
+    return {{{std::is_same_v<T, float> ? 8 : 4, 1024, 1024}}, 1};
 }
 template <class T>
 constexpr Budget backward_budget() {
-    if constexpr (std::is_same_v<T, float>) return {{{4, 512}, {2, 1024}, {4, 1024}}, 3};
-    else return {{{4, 512}}, 1};
+    if constexpr (std::is_same_v<T, float>) return {{{2, 1024, 128}, {4, 512, 512}, {4, 1024, 1024}}, 3};
+    else return {{{4, 512, 512}}, 1};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
 
@@ -517,7 +519,7 @@ struct FastLayout {
     int shape = -1, threads_per_row = 0, block = 0;
 };
 
-// Threads per row: a multiple of 32, at most the shape's max_block, each with at most the
+// Threads per row: a multiple of 32, at most the shape's max_row_threads, each with at most the
 // shape's vectors of the row; of the budget's shapes, the one that leaves the fewest vector slots
 // idle, the earlier on a tie. A block holds as many rows as fit in kRowsThreads threads (at
 // most 15 rows of several warps: group_sum2's named barriers).
@@ -535,7 +537,7 @@ FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<co
         const Shape& shape = budget.shapes[i];
         int64_t threads = (vecs_per_row + shape.vecs - 1) / shape.vecs;
         threads = (threads + 31) / 32 * 32;
-        if (threads > shape.max_block) continue;
+        if (threads > shape.max_row_threads) continue;
         int64_t idle = (vecs_per_row + threads - 1) / threads * threads - vecs_per_row;
         if (best_idle >= 0 && idle >= best_idle) continue;
         best_idle = idle;
