@@ -6,8 +6,9 @@
 // reference and the cpu (tests/test_cuda.cpp) and timed by examples/bench_norms.cpp:
 // - a row is read once with 16-byte loads: a group of threads_per_row threads (a multiple of
 //   32, at most 1024) owns a row, each thread VECS vectors of it (forward_budget,
-//   backward_budget, fast_layout); the forward holds its row in registers, the backward brings
-//   its rows into shared memory with cp.async, one row ahead of the one it works on;
+//   backward_budget, fast_layout); the forward holds its row in registers (bf16 at N > 8192 the
+//   next row too), the backward brings its rows into shared memory with cp.async, one row ahead
+//   of the one it works on, and reads the weight and bias there too;
 // - blocks are persistent (as many as fit on the GPU) and walk the rows; a row of several warps
 //   synchronizes only its own warps (named barriers);
 // - statistics in f32, one reduction per row of the sums of x - x[row, 0] and its square (the
@@ -197,12 +198,35 @@ __device__ inline void load_affine(const T* p, int c, float fill, float (&v)[Pac
     else for (int e = 0; e < Pack<T>::E; ++e) v[e] = fill;
 }
 
+// Synchronizes the `threads` threads of row group `group` (0 to 3) on named barrier 1 + group.
+// A barrier number in a register makes ptxas reserve all 16 barriers for the block, and an SM
+// holds 4 such blocks at most (ncu's "Block Limit Barriers": the bf16 forward at N = 3000 ran 4
+// blocks of 192 threads where its registers allowed 6). IMMEDIATE names the barrier with an
+// immediate under a predicate instead (5 barriers reserved), for kernels whose registers let
+// more than 4 blocks in; it costs a register, which spilled in the kernels already at 64.
+template <bool IMMEDIATE>
+__device__ inline void row_barrier(int group, int threads) {
+    if constexpr (!IMMEDIATE) {
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads) : "memory");
+        return;
+    }
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " setp.eq.s32 p, %0, 0;\n @p bar.sync 1, %1;\n"
+        " setp.eq.s32 p, %0, 1;\n @p bar.sync 2, %1;\n"
+        " setp.eq.s32 p, %0, 2;\n @p bar.sync 3, %1;\n"
+        " setp.eq.s32 p, %0, 3;\n @p bar.sync 4, %1;\n}\n" ::"r"(group),
+        "r"(threads)
+        : "memory");
+}
+
 // The sums of a and b over the group of threads_per_row threads that owns a row, returned to all
 // of them (identical in every lane: the butterfly adds the same pairs). A row of several warps
 // adds its warps' sums through shared memory behind a barrier of its own warps only (named
-// barrier 1 + group; 0 is __syncthreads'), so that the block's other rows do not wait for it; a
-// block holds at most 15 such rows (fast_layout). Every thread of a group must call it the same
-// number of times.
+// barrier 1 + group; 0 is __syncthreads'; row_barrier), so that the block's other rows do not
+// wait for it; a block holds at most 4 such rows (fast_layout). Every thread of a group must call
+// it the same number of times.
+template <bool IMMEDIATE>
 __device__ inline void group_sum2(float& a, float& b, float* shared, int threads_per_row) {
     for (int offset = 16; offset > 0; offset >>= 1) {
         a += __shfl_xor_sync(0xffffffffu, a, offset);
@@ -215,22 +239,25 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
         shared[2 * warp] = a;
         shared[2 * warp + 1] = b;
     }
-    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads_per_row) : "memory");
+    row_barrier<IMMEDIATE>(group, threads_per_row);
     a = 0, b = 0;
     for (int w = group * warps_per_row; w < (group + 1) * warps_per_row; ++w) {
         a += shared[2 * w];
         b += shared[2 * w + 1];
     }
-    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(threads_per_row) : "memory");
+    row_barrier<IMMEDIATE>(group, threads_per_row);
 }
 
 // How the fast kernels spread a row over threads. A Shape is the number of 16-byte vectors of a
 // row a thread holds (VECS), the largest block its kernel is compiled for (MAX_BLOCK, its
-// __launch_bounds__: at most 64 registers a thread at 1024 threads, 128 at 512), and the most
-// threads a row may take with it. A Budget lists the shapes to choose from, which fast_layout
-// turns into threads per row.
+// __launch_bounds__: at most 64 registers a thread at 1024 threads, 128 at 512), the most
+// threads a row may take with it, and whether its kernel is `staged` (below). A Budget lists the
+// shapes to choose from, which fast_layout turns into threads per row.
 // - The forward holds its row in registers as raw 16-byte vectors (4 registers each, whatever the
-//   dtype): 8 vectors of f32 or 4 of bf16, in blocks of up to 1024 threads.
+//   dtype): 8 vectors of f32 or 4 of bf16, in blocks of up to 1024 threads. Staged (bf16 rows of
+//   more than 256 threads, N > 8192): a thread also holds the next row's vectors, loaded before
+//   this row's reduction, so that loads stay in flight across the barrier of a row of 16 warps
+//   (+5-6 points at N = 16384; at N <= 8192 it measured 0-4 points slower).
 // - The backward reads its rows from shared memory (see its kernel) and holds in registers the
 //   dweight and dbias sums of its columns (2 floats a column). The more columns a thread owns,
 //   the fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the
@@ -238,10 +265,15 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. Except
 //   for f32: short rows (up to 128 threads, N <= 1024) measured faster with 2 vectors in 64
 //   registers, and rows of more than 2048 vectors (N = 16384) take 4 in blocks of 1024 threads
-//   (8 vectors of f32 spill).
+//   (8 vectors of f32 spill). Staged: the weight (and the bias under SavePolicy::Output) is
+//   copied into shared memory once per block, ahead of the ring, so that a row's pass reads it
+//   there with one 16-byte load a vector instead of a global load, its address and its
+//   null-pointer test (bf16 backward +5-18 points, save-output the most); all shapes but f32
+//   N = 16384, whose one-slot ring leaves no room for two more rows of f32.
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 struct Shape {
     int vecs, max_block, max_row_threads;
+    bool staged;  // forward: the next row is loaded while this one is worked on; backward: weight and bias in shared memory
 };
 struct Budget {
     Shape shapes[3];
@@ -249,16 +281,17 @@ struct Budget {
 };
 template <class T>
 constexpr Budget forward_budget() {
-    return {{{std::is_same_v<T, float> ? 8 : 4, 1024, 1024}}, 1};
+    if constexpr (std::is_same_v<T, float>) return {{{8, 1024, 1024, false}}, 1};
+    else return {{{4, 1024, 256, false}, {4, 1024, 1024, true}}, 2};
 }
 template <class T>
 constexpr Budget backward_budget() {
-    if constexpr (std::is_same_v<T, float>) return {{{2, 1024, 128}, {4, 512, 512}, {4, 1024, 1024}}, 3};
-    else return {{{4, 512, 512}}, 1};
+    if constexpr (std::is_same_v<T, float>) return {{{2, 1024, 128, true}, {4, 512, 512, true}, {4, 1024, 1024, false}}, 3};
+    else return {{{4, 512, 512, true}}, 1};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
 
-template <class T, int VECS, int MAX_BLOCK>
+template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
@@ -267,18 +300,34 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
     const int vecs_per_row = N / E;
     uint4 raw[VECS];  // the row's vectors of this thread, as loaded
-    for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += int64_t(gridDim.x) * groups) {
-        const int64_t row = base + threadIdx.x / threads_per_row;
+    uint4 next[VECS];  // NEXT_ROW: those of the group's next row, loaded before this row's reduction
+    float K_next = 0;
+    auto load_row = [&](int64_t row, uint4 (&to)[VECS], float& K) {
         const bool active = row < M;
         const T* xr = x + row * N;
-        // One reduction per row: sums of d = x - K and d^2 with K = x[row, 0] (LayerNorm; K = 0
-        // for RMSNorm), var = mean(d^2) - mean(d)^2. The shift keeps the subtraction from
-        // cancelling: mean(d) is a few standard deviations at most, unless x[row, 0] is an outlier.
-        const float K = mean && active ? float(xr[0]) : 0.0f;
+        K = mean && active ? float(xr[0]) : 0.0f;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
-            raw[k] = active && c < vecs_per_row ? *reinterpret_cast<const uint4*>(xr + c * E) : make_uint4(0, 0, 0, 0);
+            to[k] = active && c < vecs_per_row ? *reinterpret_cast<const uint4*>(xr + c * E) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    const int64_t stride = int64_t(gridDim.x) * groups;
+    if constexpr (NEXT_ROW) load_row(int64_t(blockIdx.x) * groups + threadIdx.x / threads_per_row, next, K_next);
+    for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += stride) {
+        const int64_t row = base + threadIdx.x / threads_per_row;
+        const bool active = row < M;
+        // One reduction per row: sums of d = x - K and d^2 with K = x[row, 0] (LayerNorm; K = 0
+        // for RMSNorm), var = mean(d^2) - mean(d)^2. The shift keeps the subtraction from
+        // cancelling: mean(d) is a few standard deviations at most, unless x[row, 0] is an outlier.
+        float K;
+        if constexpr (NEXT_ROW) {
+            K = K_next;
+#pragma unroll
+            for (int k = 0; k < VECS; ++k) raw[k] = next[k];
+            if (row + stride < M) load_row(row + stride, next, K_next);
+        } else {
+            load_row(row, raw, K);
         }
         float s = 0, sq = 0;
 #pragma unroll
@@ -292,7 +341,8 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
                 sq += d * d;
             }
         }
-        group_sum2(s, sq, shared, threads_per_row);
+        // Immediate barrier numbers where registers let more than 4 blocks in: bf16 without NEXT_ROW.
+        group_sum2<!NEXT_ROW && !std::is_same_v<T, float>>(s, sq, shared, threads_per_row);
         const float shift_mean = mean ? s / N : 0.0f;
         const float m = K + shift_mean;
         const float r = rsqrtf(fmaxf(sq / N - shift_mean * shift_mean, 0.0f) + eps);
@@ -359,7 +409,10 @@ __device__ inline void copy_async_wait(int pending) {  // pending: 0 or 1
 //   memory) per group, each [dy, saved] of N elements: a thread copies its own vectors of the
 //   next row with cp.async while it works on the current one, and reads back only what it copied
 //   itself, so the ring needs no barrier. The bytes in flight are the ring's, not the registers'.
-//   Both passes over a row read it from the ring, so no row is held in registers.
+//   Both passes over a row read it from the ring, so no row is held in registers; a vector is read
+//   into a register first, so that it takes one 16-byte shared load, not four narrow ones.
+// - SHARED_AFFINE: the weight (and the bias under OUTPUT) sits in shared memory ahead of the ring,
+//   copied there once per block (1 and 0 where absent); else each pass loads it from global memory.
 // - A thread owns the same columns in every row its group visits, and sums dy * x_hat and dy of
 //   them over those rows, in row order, in registers (VECS vectors of columns: backward_budget).
 //   At the end the block's groups add their sums in group order into the ring's memory, and the
@@ -370,9 +423,12 @@ __device__ inline void copy_async_wait(int pending) {  // pending: 0 or 1
 //   registers where a thread has at most 8 columns of f32 (in bf16 they would spill), and divides
 //   with __fdividef (2 ulp) elsewhere.
 constexpr int kMaxStages = 2;  // a third slot measured slower (fewer groups fit)
+// Arrays of N elements the backward keeps in shared memory ahead of its ring: the weight, and
+// under SavePolicy::Output the bias too.
+constexpr int affine_arrays(bool shared_affine, bool output) { return shared_affine ? (output ? 2 : 1) : 0; }
 constexpr int kReduceFloat4s = 16;  // 2 floats per warp of the row reduction, at the start of shared memory
 
-template <class T, int VECS, int MAX_BLOCK, bool OUTPUT>
+template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, bool OUTPUT>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -384,7 +440,20 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
     const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
     float* reduce = reinterpret_cast<float*>(shared4);
-    T* ring = reinterpret_cast<T*>(shared4 + kReduceFloat4s) + size_t(group) * stages * 2 * N;
+    constexpr int kAffine = affine_arrays(SHARED_AFFINE, OUTPUT);
+    T* affine = reinterpret_cast<T*>(shared4 + kReduceFloat4s);  // weight, then bias (OUTPUT)
+    T* ring = affine + kAffine * N + size_t(group) * stages * 2 * N;
+    if constexpr (kAffine > 0) {
+        float ones[E];
+        for (int e = 0; e < E; ++e) ones[e] = 1.0f;
+        for (int c = threadIdx.x; c < vecs_per_row; c += blockDim.x) {
+            auto* w = reinterpret_cast<uint4*>(affine + c * E);
+            if (weight) *w = *reinterpret_cast<const uint4*>(weight + c * E);
+            else store_pack(affine + c * E, ones);
+            if constexpr (kAffine > 1)
+                w[N / E] = bias ? *reinterpret_cast<const uint4*>(bias + c * E) : make_uint4(0, 0, 0, 0);
+        }
+    }
     float sum_w[VECS][E] = {}, sum_b[VECS][E] = {};
     float inv_w[kInverseWeight ? VECS : 1][E];
     if constexpr (kInverseWeight) {
@@ -411,6 +480,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
     };
     const int64_t stride = int64_t(gridDim.x) * groups;
     for (int ahead = 0; ahead < stages - 1; ++ahead) fetch(int64_t(blockIdx.x) * groups + group + ahead * stride, ahead);
+    if constexpr (kAffine > 0) __syncthreads();
     int slot = 0;
     for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += stride) {
         const int64_t row = base + group;
@@ -424,12 +494,16 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
         // From the row's vectors: d = dy, g = dy * weight, and s = x_hat (Input) or y - bias =
         // x_hat * weight (Output: x_hat_from_saved of ops/norm_policy.h without its division).
         auto terms = [&](int c, float (&d)[E], float (&g)[E], float (&s)[E], float (&w)[E]) {
-            unpack(*reinterpret_cast<const uint4*>(row_dy + c * E), d);
-            unpack(*reinterpret_cast<const uint4*>(row_saved + c * E), s);
-            load_affine(weight, c, 1.0f, w);
+            const uint4 qd = *reinterpret_cast<const uint4*>(row_dy + c * E);
+            const uint4 qs = *reinterpret_cast<const uint4*>(row_saved + c * E);
+            unpack(qd, d);
+            unpack(qs, s);
+            if constexpr (kAffine > 0) unpack(reinterpret_cast<const uint4*>(affine)[c], w);
+            else load_affine(weight, c, 1.0f, w);
             if constexpr (OUTPUT) {
                 float b[E];
-                load_affine(bias, c, 0.0f, b);
+                if constexpr (kAffine > 1) unpack(reinterpret_cast<const uint4*>(affine + N)[c], b);
+                else load_affine(bias, c, 0.0f, b);
                 for (int e = 0; e < E; ++e) s[e] -= b[e];
             } else {
                 for (int e = 0; e < E; ++e) s[e] = (s[e] - m) * r;
@@ -451,7 +525,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
                 sum_b[k][e] += d[e];
             }
         }
-        group_sum2(sum_g, sum_gx, reduce, threads_per_row);
+        group_sum2<false>(sum_g, sum_gx, reduce, threads_per_row);
         if (!active || !dx) continue;
         const float mean_g = centered ? sum_g / N : 0.0f, mean_gx = sum_gx / N;
 #pragma unroll
@@ -522,10 +596,10 @@ struct FastLayout {
 // Threads per row: a multiple of 32, at most the shape's max_row_threads, each with at most the
 // shape's vectors of the row; of the budget's shapes, the one that leaves the fewest vector slots
 // idle, the earlier on a tie. A block holds as many rows as fit in kRowsThreads threads (at
-// most 15 rows of several warps: group_sum2's named barriers).
+// most 4 rows of several warps: row_barrier's named barriers).
 template <class T>
 FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<const void*> ptrs) {
-    static_assert(kRowsThreads / 64 <= 15);
+    static_assert(kRowsThreads / 64 <= 4);
     FastLayout l;
     constexpr int E = Pack<T>::E;
     if (std::is_same_v<T, double> || N % E != 0) return l;
@@ -593,11 +667,11 @@ unsigned persistent_grid(Kernel kernel, int block, size_t shared_bytes, int64_t 
     return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, capacity)));
 }
 
-template <class T, int VECS, int MAX_BLOCK>
+template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW>
 void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
                        int64_t M, int64_t N, double eps, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = norm_forward_fast_kernel<T, VECS, MAX_BLOCK>;
+    auto kernel = norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW>;
     size_t shared = 2 * sizeof(float) * (l.block / 32);
     unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
     kernel<<<grid, l.block, shared, stream>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
@@ -605,22 +679,32 @@ void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, cons
     CUDA_LAUNCH_CHECK();
 }
 
-// Shared memory of the backward: the row reduction's floats, then the ring of `stages` slots of
-// [dy, saved] per group, or the block's dweight/dbias sums ([2][N] floats) where larger.
+// Shared memory of the backward: the row reduction's floats, then `affine` arrays of N (weight,
+// bias) and the ring of `stages` slots of [dy, saved] per group, or the block's dweight/dbias
+// sums ([2][N] floats) where larger.
 template <class T>
-size_t backward_shared_bytes(const FastLayout& l, int64_t N, int stages) {
-    size_t ring = size_t(l.block / l.threads_per_row) * stages * 2 * N * sizeof(T);
-    return sizeof(float4) * kReduceFloat4s + std::max(ring, 2 * N * sizeof(float));
+size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int stages) {
+    size_t rows = (affine + size_t(l.block / l.threads_per_row) * stages * 2) * N * sizeof(T);
+    return sizeof(float4) * kReduceFloat4s + std::max(rows, 2 * N * sizeof(float));
 }
 
-template <class T, int VECS, int MAX_BLOCK>
-void norm_backward_fast(const FastLayout& l, int stages, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
+// Launches the backward of one shape; false where its shared memory does not fit on the GPU. The
+// ring takes two slots a row where they fit, else one (f32 at N = 16384: 2 x 64 KiB a slot).
+template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE>
+bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
                         const float* mean, const float* rstd, const T* weight, const T* bias, bool centered,
                         SavePolicy policy, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = policy == SavePolicy::Output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, true>
-                                               : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, false>;
-    size_t shared = backward_shared_bytes<T>(l, N, stages);
+    const bool output = policy == SavePolicy::Output;
+    auto kernel = output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, true>
+                         : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, false>;
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const int affine = affine_arrays(SHARED_AFFINE, output);
+    int stages = kMaxStages;
+    while (stages > 0 && backward_shared_bytes<T>(l, N, affine, stages) > size_t(optin)) --stages;
+    if (stages == 0) return false;
+    size_t shared = backward_shared_bytes<T>(l, N, affine, stages);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
@@ -640,6 +724,7 @@ void norm_backward_fast(const FastLayout& l, int stages, T* dx, T* dweight, T* d
         sum_partial_rows_kernel<T><<<blocks, dim3(32, 32), 0, stream>>>(dbias, ptr(pb), partial_rows, N);
         CUDA_LAUNCH_CHECK();
     }
+    return true;
 }
 
 }  // namespace
@@ -693,7 +778,7 @@ void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T
         auto run = [&](auto shape) {
             if constexpr (shape() < forward_budget<T>().count) {
                 constexpr Shape s = forward_budget<T>().shapes[shape()];
-                norm_forward_fast<T, s.vecs, s.max_block>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                norm_forward_fast<T, s.vecs, s.max_block, s.staged>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
                 return true;
             }
             return false;
@@ -709,20 +794,12 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
         FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias});
-        // The ring must fit in shared memory: two slots a row where they fit (up to 128 KiB, at
-        // N = 16384 in bf16), else one (f32 at N = 16384), else the reference.
-        int optin = 0;
-        cuda::stream(device);
-        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        int stages = kMaxStages;
-        while (stages > 0 && l.shape >= 0 && backward_shared_bytes<T>(l, N, stages) > size_t(optin)) --stages;
         auto run = [&](auto shape) {
             if constexpr (shape() < backward_budget<T>().count) {
                 constexpr Shape s = backward_budget<T>().shapes[shape()];
-                if (stages == 0) return false;
-                norm_backward_fast<T, s.vecs, s.max_block>(l, stages, dx, dweight, dbias, dy, saved, mean, rstd,
-                                                           weight, bias, centered, policy, M, N, device);
-                return true;
+                return norm_backward_fast<T, s.vecs, s.max_block, s.staged>(l, dx, dweight, dbias, dy, saved, mean,
+                                                                            rstd, weight, bias, centered, policy, M,
+                                                                            N, device);
             }
             return false;
         };
