@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# scripts/gpu_profile.sh: Nsight Compute's hardware counters for chosen launches of the fast norm
+# kernels in bench_norms, on the GPU machine (ncu reads counters there; see docs/PERFORMANCE.md).
+#   scripts/gpu_profile.sh BENCH LABEL:DTYPE:N:SKIP...
+#   e.g. scripts/gpu_profile.sh build-gpu/bench_norms fwd3000:bf16:3000:3 bin1024:bf16:1024:26
+# SKIP counts the launches of *fast_kernel in `bench_norms --n N --dtype DTYPE` before the one
+# profiled: 3 warm-ups and 20 runs per case, in this order: layer forward 0-22, layer backward
+# input 23-45, layer backward output 46-68, rms forward 69-91, rms backward input 92-114, rms
+# backward output 115-137. For each launch it prints time, DRAM throughput and bytes, achieved
+# occupancy, issue-slot use, instructions, registers, hit rates, the largest warp stall reasons
+# (cycles per issued instruction), and ncu's occupancy limits. Raw CSV goes to $OUT/ncu.
+set -u
+OUT="${OUT:-gpu_out}"; mkdir -p "$OUT/ncu"
+BIN="$1"; shift
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size,launch__block_size,lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+for spec in "$@"; do
+  IFS=: read -r label dtype n skip <<< "$spec"
+  timeout 120 "$NCU" --clock-control none -k regex:fast_kernel --launch-skip "$skip" --launch-count 1 --metrics "$M" \
+    --csv --page raw --print-units base "$BIN" --n "$n" --dtype "$dtype" > "$OUT/ncu/$label.csv" 2> "$OUT/ncu/$label.err" || echo "ncu $label failed"
+done
+python3 - "$OUT/ncu" "$@" <<'PY'
+import csv, sys, os, io
+d = sys.argv[1]
+for spec in sys.argv[2:]:
+    label = spec.split(":")[0]
+    try:
+        text = open(os.path.join(d, label + ".csv")).read()
+        lines = [l for l in text.splitlines() if l.startswith('"')]
+        rows = list(csv.reader(io.StringIO("\n".join(lines))))
+        hdr, vals = rows[0], rows[2]
+        m = dict(zip(hdr, vals))
+    except Exception as e:
+        print(label, "no data", e); continue
+    def g(k):
+        try: return float(m[k].replace(",", ""))
+        except: return float("nan")
+    stalls = sorted(((g(k), k.split("stalled_")[1].split("_per_issue")[0]) for k in hdr if "issue_stalled" in k), reverse=True)
+    print(f"{label:14} t={g('gpu__time_duration.sum')/1e3:7.1f}us dram={g('dram__throughput.avg.pct_of_peak_sustained_elapsed'):5.1f}% "
+          f"rd={g('dram__bytes_read.sum')/2**20:6.0f}MiB wr={g('dram__bytes_write.sum')/2**20:6.0f}MiB occ={g('sm__warps_active.avg.pct_of_peak_sustained_active'):5.1f}% "
+          f"issue={g('smsp__issue_active.avg.pct_of_peak_sustained_active'):5.1f}% inst={g('smsp__inst_executed.sum')/1e6:6.1f}M regs={g('launch__registers_per_thread'):.0f} "
+          f"blk={g('launch__block_size'):.0f} grid={g('launch__grid_size'):.0f} L2hit={g('lts__t_sector_hit_rate.pct'):4.1f} L1hit={g('l1tex__t_sector_hit_rate.pct'):4.1f}")
+    print("    stalls/issue: " + ", ".join(f"{n}={v:.2f}" for v, n in stalls[:7]))
+PY
+for spec in "$@"; do
+  IFS=: read -r label dtype n skip <<< "$spec"
+  echo "== $label occupancy"
+  timeout 120 "$NCU" --clock-control none -k regex:fast_kernel --launch-skip "$skip" --launch-count 1 --section LaunchStats \
+    --section Occupancy "$BIN" --n "$n" --dtype "$dtype" 2>&1 |
+    grep -E "Block Limit|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size" | sed 's/  */ /g'
+done
