@@ -257,7 +257,7 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   dtype): 8 vectors of f32 or 4 of bf16, in blocks of up to 1024 threads. Staged (bf16 rows of
 //   more than 256 threads, N > 8192): a thread also holds the next row's vectors, loaded before
 //   this row's reduction, so that loads stay in flight across the barrier of a row of 16 warps
-//   (+5-6 points at N = 16384; at N <= 8192 it measured 0-4 points slower).
+//   (+5-7 points at N = 16384; at N <= 8192 it measured 0-5 points slower).
 // - The backward reads its rows from shared memory (see its kernel) and holds in registers the
 //   dweight and dbias sums of its columns (2 floats a column). The more columns a thread owns,
 //   the fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the
@@ -268,8 +268,8 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   (8 vectors of f32 spill). Staged: the weight (and the bias under SavePolicy::Output) is
 //   copied into shared memory once per block, ahead of the ring, so that a row's pass reads it
 //   there with one 16-byte load a vector instead of a global load, its address and its
-//   null-pointer test (bf16 backward +5-18 points, save-output the most); all shapes but f32
-//   N = 16384, whose one-slot ring leaves no room for two more rows of f32.
+//   null-pointer test (bf16 backward +3-19 points, save-output the most; f32 +1-15); all shapes
+//   but f32 N = 16384, whose one-slot ring leaves no room for two more rows of f32.
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 struct Shape {
     int vecs, max_block, max_row_threads;
