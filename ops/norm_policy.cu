@@ -198,6 +198,23 @@ __device__ inline void load_affine(const T* p, int c, float fill, float (&v)[Pac
     else for (int e = 0; e < Pack<T>::E; ++e) v[e] = fill;
 }
 
+// Copies the weight (1 where absent) to shared memory `to`, and the bias (0 where absent) after it
+// if `bias_too`: [N] elements each, 16 bytes a thread at a time. The caller synchronizes the block
+// before reading them.
+template <class T>
+__device__ inline void copy_affine_to_shared(T* to, int N, const T* weight, const T* bias, bool bias_too) {
+    constexpr int E = Pack<T>::E;
+    float ones[E];
+    for (int e = 0; e < E; ++e) ones[e] = 1.0f;
+    for (int c = threadIdx.x; c < N / E; c += blockDim.x) {
+        if (weight) *reinterpret_cast<uint4*>(to + c * E) = *reinterpret_cast<const uint4*>(weight + c * E);
+        else store_pack(to + c * E, ones);
+        if (bias_too)
+            *reinterpret_cast<uint4*>(to + N + c * E) =
+                bias ? *reinterpret_cast<const uint4*>(bias + c * E) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // Synchronizes the `threads` threads of row group `group` (0 to 3) on named barrier 1 + group.
 // A barrier number in a register makes ptxas reserve all 16 barriers for the block, and an SM
 // holds 4 such blocks at most (ncu's "Block Limit Barriers": the bf16 forward at N = 3000 ran 4
@@ -290,15 +307,26 @@ constexpr Budget backward_budget() {
     else return {{{4, 512, 512, true}}, 1};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
+constexpr int kReduceFloat4s = 16;  // 2 floats per warp of the row reduction, at the start of shared memory
+// Whether the forward reads its weight and bias from shared memory (copied there once per block)
+// rather than from global memory: in bf16 rows of up to 256 threads (+1-3 points at N = 768,
+// 2048, 3000 and 8192). Not in f32, whose 2 x 4N bytes a block would cost blocks at N >= 8192,
+// nor with the next row in registers (1.5-2 points slower at N = 16384).
+template <class T, bool NEXT_ROW>
+constexpr bool forward_shared_affine() { return !std::is_same_v<T, float> && !NEXT_ROW; }
 
 template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
     constexpr int E = Pack<T>::E;
-    extern __shared__ float shared[];
+    extern __shared__ float4 shared4[];
+    float* shared = reinterpret_cast<float*>(shared4);
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
     const int vecs_per_row = N / E;
+    constexpr bool kSharedAffine = forward_shared_affine<T, NEXT_ROW>();
+    T* affine = reinterpret_cast<T*>(shared4 + kReduceFloat4s);  // weight, then bias
+    if constexpr (kSharedAffine) copy_affine_to_shared(affine, N, weight, bias, true);
     uint4 raw[VECS];  // the row's vectors of this thread, as loaded
     uint4 next[VECS];  // NEXT_ROW: those of the group's next row, loaded before this row's reduction
     float K_next = 0;
@@ -329,6 +357,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
         } else {
             load_row(row, raw, K);
         }
+        if (kSharedAffine && base == int64_t(blockIdx.x) * groups) __syncthreads();  // the weight and bias, once
         float s = 0, sq = 0;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
@@ -358,8 +387,13 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
             if (c >= vecs_per_row) continue;
             float v[E], w[E], b[E], out[E];
             unpack(raw[k], v);
-            load_affine(weight, c, 1.0f, w);
-            load_affine(bias, c, 0.0f, b);
+            if constexpr (kSharedAffine) {
+                unpack(reinterpret_cast<const uint4*>(affine)[c], w);
+                unpack(reinterpret_cast<const uint4*>(affine + N)[c], b);
+            } else {
+                load_affine(weight, c, 1.0f, w);
+                load_affine(bias, c, 0.0f, b);
+            }
             for (int e = 0; e < E; ++e) out[e] = (v[e] - m) * r * w[e] + b[e];
             store_pack(yr + c * E, out);
         }
@@ -426,7 +460,6 @@ constexpr int kMaxStages = 2;  // a third slot measured slower (fewer groups fit
 // Arrays of N elements the backward keeps in shared memory ahead of its ring: the weight, and
 // under SavePolicy::Output the bias too.
 constexpr int affine_arrays(bool shared_affine, bool output) { return shared_affine ? (output ? 2 : 1) : 0; }
-constexpr int kReduceFloat4s = 16;  // 2 floats per warp of the row reduction, at the start of shared memory
 
 template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, bool OUTPUT>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
@@ -443,17 +476,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
     constexpr int kAffine = affine_arrays(SHARED_AFFINE, OUTPUT);
     T* affine = reinterpret_cast<T*>(shared4 + kReduceFloat4s);  // weight, then bias (OUTPUT)
     T* ring = affine + kAffine * N + size_t(group) * stages * 2 * N;
-    if constexpr (kAffine > 0) {
-        float ones[E];
-        for (int e = 0; e < E; ++e) ones[e] = 1.0f;
-        for (int c = threadIdx.x; c < vecs_per_row; c += blockDim.x) {
-            auto* w = reinterpret_cast<uint4*>(affine + c * E);
-            if (weight) *w = *reinterpret_cast<const uint4*>(weight + c * E);
-            else store_pack(affine + c * E, ones);
-            if constexpr (kAffine > 1)
-                w[N / E] = bias ? *reinterpret_cast<const uint4*>(bias + c * E) : make_uint4(0, 0, 0, 0);
-        }
-    }
+    if constexpr (kAffine > 0) copy_affine_to_shared(affine, N, weight, bias, kAffine > 1);
     float sum_w[VECS][E] = {}, sum_b[VECS][E] = {};
     float inv_w[kInverseWeight ? VECS : 1][E];
     if constexpr (kInverseWeight) {
@@ -672,7 +695,9 @@ void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, cons
                        int64_t M, int64_t N, double eps, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     auto kernel = norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW>;
-    size_t shared = 2 * sizeof(float) * (l.block / 32);
+    size_t shared = sizeof(float4) * kReduceFloat4s + (forward_shared_affine<T, NEXT_ROW>() ? 2 * N * sizeof(T) : 0);
+    if (shared > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
     kernel<<<grid, l.block, shared, stream>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
                                               static_cast<float>(eps), l.threads_per_row);
