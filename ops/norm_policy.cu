@@ -8,7 +8,8 @@
 //   32, at most 1024) owns a row, each thread VECS vectors of it (forward_budget,
 //   backward_budget, fast_layout); the forward holds its row in registers (bf16 at N > 8192 the
 //   next row too), the backward brings its rows into shared memory with cp.async, one row ahead
-//   of the one it works on, and reads the weight and bias there too;
+//   of the one it works on; the backward, and the bf16 forward up to N = 8192, read the weight
+//   and bias from shared memory, copied there once per block;
 // - blocks are persistent (as many as fit on the GPU) and walk the rows; a row of several warps
 //   synchronizes only its own warps (named barriers);
 // - statistics in f32, one reduction per row of the sums of x - x[row, 0] and its square (the
