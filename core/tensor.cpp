@@ -169,6 +169,20 @@ void check_inplace(const Tensor& t, const char* op) {
              "while grad mode is on; wrap the update in NoGradGuard");
 }
 
+// What an in-place op that reads `src` (named `arg`) element for element into `dst` expects: the
+// same shape, dtype and device, and a contiguous destination. Throws ShapeError, DTypeError or
+// DeviceError naming `op`.
+void check_inplace_operand(const Tensor& dst, const Tensor& src, const char* op, const char* arg) {
+    NT_CHECK_AS(ShapeError, src.shape() == dst.shape(), op, ": expected ", arg, " of shape ", shape_str(dst.shape()),
+                ", got ", shape_str(src.shape()));
+    NT_CHECK_AS(DTypeError, src.dtype() == dst.dtype(), op, ": expected ", arg, " of dtype ", dtype_name(dst.dtype()),
+                ", got ", dtype_name(src.dtype()));
+    NT_CHECK_AS(ShapeError, dst.is_contiguous(), op, ": expected a contiguous destination, got shape ",
+                shape_str(dst.shape()), " with strides ", shape_str(dst.strides()));
+    NT_CHECK_AS(DeviceError, src.device() == dst.device(), op, ": expected ", arg, " on ", device_name(dst.device()),
+                ", got ", device_name(src.device()), "; use to(Device)");
+}
+
 }  // namespace
 
 TensorImpl& Tensor::impl() const {
@@ -299,14 +313,7 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
     check_inplace(*this, "add_");
-    NT_CHECK_AS(ShapeError, other.shape() == shape(), "add_: expected other of shape ", shape_str(shape()), ", got ",
-                shape_str(other.shape()));
-    NT_CHECK_AS(DTypeError, other.dtype() == dtype(), "add_: expected other of dtype ", dtype_name(dtype()), ", got ",
-                dtype_name(other.dtype()));
-    NT_CHECK_AS(ShapeError, is_contiguous(), "add_: expected a contiguous destination, got shape ", shape_str(shape()),
-                " with strides ", shape_str(strides()));
-    NT_CHECK_AS(DeviceError, other.device() == device(), "add_: expected other on ", device_name(device()), ", got ",
-                device_name(other.device()));
+    check_inplace_operand(*this, other, "add_", "other");
     Tensor src = other.contiguous();
     storage()->bump_version();
     if (device().is_cuda()) {
@@ -361,14 +368,7 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::copy_(const Tensor& src) {
     check_inplace(*this, "copy_");
-    NT_CHECK_AS(ShapeError, src.shape() == shape(), "copy_: expected src of shape ", shape_str(shape()), ", got ",
-                shape_str(src.shape()));
-    NT_CHECK_AS(DTypeError, src.dtype() == dtype(), "copy_: expected src of dtype ", dtype_name(dtype()), ", got ",
-                dtype_name(src.dtype()));
-    NT_CHECK_AS(ShapeError, is_contiguous(), "copy_: expected a contiguous destination, got shape ", shape_str(shape()),
-                " with strides ", shape_str(strides()));
-    NT_CHECK_AS(DeviceError, src.device() == device(), "copy_: expected src on ", device_name(device()), ", got ",
-                device_name(src.device()), "; use to(Device)");
+    check_inplace_operand(*this, src, "copy_", "src");
     copy_elements(*this, src.storage() == storage() ? src.clone() : src);  // overlapping: copy through a temporary
     storage()->bump_version();
     return *this;
