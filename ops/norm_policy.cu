@@ -10,8 +10,9 @@
 //   next row too), the backward brings its rows into shared memory with cp.async, one row ahead
 //   of the one it works on; the backward, and the bf16 forward up to N = 8192, read the weight
 //   and bias from shared memory, copied there once per block;
-// - blocks are persistent (as many as fit on the GPU) and walk the rows; a row of several warps
-//   synchronizes only its own warps (named barriers);
+// - the backward's blocks are persistent (as many as fit on the GPU) and walk the rows; the
+//   forward's take a few rows a group (f32 one, bf16 four) and retire, new blocks taking their
+//   place; a row of several warps synchronizes only its own warps (named barriers);
 // - statistics in f32, one reduction per row of the sums of x - x[row, 0] and its square (the
 //   shifted-data variance; see the kernel);
 // - dweight and dbias: each thread sums its own columns over the rows its group visits, in
@@ -269,13 +270,23 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 // How the fast kernels spread a row over threads. A Shape is the number of 16-byte vectors of a
 // row a thread holds (VECS), the largest block its kernel is compiled for (MAX_BLOCK, its
 // __launch_bounds__: at most 64 registers a thread at 1024 threads, 128 at 512), the most
-// threads a row may take with it, and whether its kernel is `staged` (below). A Budget lists the
-// shapes to choose from, which fast_layout turns into threads per row.
+// threads a row may take with it, whether the forward loads a group's next row ahead
+// (next_row), whether the kernel reads the weight and bias from shared memory (shared_affine),
+// and how many rows a group of the forward takes before its block retires (rows_per_group). A
+// Budget lists the shapes to choose from, which fast_layout turns into threads per row.
 // - The forward holds its row in registers as raw 16-byte vectors (4 registers each, whatever the
-//   dtype): 8 vectors of f32 or 4 of bf16, in blocks of up to 1024 threads. Staged (bf16 rows of
-//   more than 256 threads, N > 8192): a thread also holds the next row's vectors, loaded before
-//   this row's reduction, so that loads stay in flight across the barrier of a row of 16 warps
-//   (+5-7 points at N = 16384; at N <= 8192 it measured 0-5 points slower).
+//   dtype): 8 vectors of f32 or 4 of bf16, in blocks of up to 1024 threads. Its blocks are not
+//   persistent: a group takes rows_per_group rows, gridDim.x * groups apart, and its block
+//   retires, new blocks taking its place. Against persistent blocks (as many as fit, walking all
+//   the rows) this measured +2 to +12 points in f32 with one row a group, and +2 to +8 in bf16
+//   with 4 (where one row a group lost up to 7 points at N = 8192: each block also pays for its
+//   copy of the weight and bias, below). Why is not settled: the occupancy is the same.
+//   bf16 rows of more than 256 threads (N > 8192) load the group's next row into registers
+//   before this row's reduction, so that loads stay in flight across the barrier of a row of 16
+//   warps (+5-7 points at N = 16384; at N <= 8192 0-5 points slower). bf16 rows of up to 256
+//   threads read their weight and bias from shared memory, copied there once per block (+1-3
+//   points at N = 768, 2048, 3000 and 8192); not f32, whose 2 x 4N bytes a block would cost
+//   blocks at N >= 8192, nor beside the next row in registers (1.5-2 points slower at 16384).
 // - The backward reads its rows from shared memory (see its kernel) and holds in registers the
 //   dweight and dbias sums of its columns (2 floats a column). The more columns a thread owns,
 //   the fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the
@@ -283,15 +294,17 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. Except
 //   for f32: short rows (up to 128 threads, N <= 1024) measured faster with 2 vectors in 64
 //   registers, and rows of more than 2048 vectors (N = 16384) take 4 in blocks of 1024 threads
-//   (8 vectors of f32 spill). Staged: the weight (and the bias under SavePolicy::Output) is
-//   copied into shared memory once per block, ahead of the ring, so that a row's pass reads it
-//   there with one 16-byte load a vector instead of a global load, its address and its
-//   null-pointer test (bf16 backward +3-19 points, save-output the most; f32 +1-15); all shapes
-//   but f32 N = 16384, whose one-slot ring leaves no room for two more rows of f32.
+//   (8 vectors of f32 spill). The weight (and the bias under SavePolicy::Output) is copied into
+//   shared memory once per block, ahead of the ring, so that a row's pass reads it there with
+//   one 16-byte load a vector instead of a global load, its address and its null-pointer test
+//   (bf16 backward +3-19 points, save-output the most; f32 +1-15); all shapes but f32
+//   N = 16384, whose one-slot ring leaves no room for two more rows of f32.
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 struct Shape {
     int vecs, max_block, max_row_threads;
-    bool staged;  // forward: the next row is loaded while this one is worked on; backward: weight and bias in shared memory
+    bool next_row;       // forward: the group's next row is loaded into registers before this row's reduction
+    bool shared_affine;  // the weight and bias are read from shared memory, copied there once per block
+    int rows_per_group;  // forward: rows a group takes before its block retires (0: the backward's persistent blocks)
 };
 struct Budget {
     Shape shapes[3];
@@ -299,24 +312,19 @@ struct Budget {
 };
 template <class T>
 constexpr Budget forward_budget() {
-    if constexpr (std::is_same_v<T, float>) return {{{8, 1024, 1024, false}}, 1};
-    else return {{{4, 1024, 256, false}, {4, 1024, 1024, true}}, 2};
+    if constexpr (std::is_same_v<T, float>) return {{{8, 1024, 1024, false, false, 1}}, 1};
+    else return {{{4, 1024, 256, false, true, 4}, {4, 1024, 1024, true, false, 4}}, 2};
 }
 template <class T>
 constexpr Budget backward_budget() {
-    if constexpr (std::is_same_v<T, float>) return {{{2, 1024, 128, true}, {4, 512, 512, true}, {4, 1024, 1024, false}}, 3};
-    else return {{{4, 512, 512, true}}, 1};
+    if constexpr (std::is_same_v<T, float>)
+        return {{{2, 1024, 128, false, true, 0}, {4, 512, 512, false, true, 0}, {4, 1024, 1024, false, false, 0}}, 3};
+    else return {{{4, 512, 512, false, true, 0}}, 1};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
 constexpr int kReduceFloat4s = 16;  // 2 floats per warp of the row reduction, at the start of shared memory
-// Whether the forward reads its weight and bias from shared memory (copied there once per block)
-// rather than from global memory: in bf16 rows of up to 256 threads (+1-3 points at N = 768,
-// 2048, 3000 and 8192). Not in f32, whose 2 x 4N bytes a block would cost blocks at N >= 8192,
-// nor with the next row in registers (1.5-2 points slower at N = 16384).
-template <class T, bool NEXT_ROW>
-constexpr bool forward_shared_affine() { return !std::is_same_v<T, float> && !NEXT_ROW; }
-
-template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW>
+// y, mean and rstd per row, each row's group of threads walking the rows gridDim.x * groups apart.
+template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
@@ -324,13 +332,13 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     extern __shared__ float4 shared4[];
     float* shared = reinterpret_cast<float*>(shared4);
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
-    const int vecs_per_row = N / E;
-    constexpr bool kSharedAffine = forward_shared_affine<T, NEXT_ROW>();
-    T* affine = reinterpret_cast<T*>(shared4 + kReduceFloat4s);  // weight, then bias
-    if constexpr (kSharedAffine) copy_affine_to_shared(affine, N, weight, bias, true);
+    const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
+    T* affine = reinterpret_cast<T*>(shared4 + kReduceFloat4s);  // SHARED_AFFINE: weight, then bias
+    if constexpr (SHARED_AFFINE) copy_affine_to_shared(affine, N, weight, bias, true);
     uint4 raw[VECS];  // the row's vectors of this thread, as loaded
-    uint4 next[VECS];  // NEXT_ROW: those of the group's next row, loaded before this row's reduction
+    uint4 next[NEXT_ROW ? VECS : 1];  // those of the group's next row
     float K_next = 0;
+    // Loads row `row` (zeros past M) into `to`, and K = x[row, 0] (LayerNorm) into K.
     auto load_row = [&](int64_t row, uint4 (&to)[VECS], float& K) {
         const bool active = row < M;
         const T* xr = x + row * N;
@@ -342,9 +350,9 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
         }
     };
     const int64_t stride = int64_t(gridDim.x) * groups;
-    if constexpr (NEXT_ROW) load_row(int64_t(blockIdx.x) * groups + threadIdx.x / threads_per_row, next, K_next);
+    if constexpr (NEXT_ROW) load_row(int64_t(blockIdx.x) * groups + group, next, K_next);
     for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += stride) {
-        const int64_t row = base + threadIdx.x / threads_per_row;
+        const int64_t row = base + group;
         const bool active = row < M;
         // One reduction per row: sums of d = x - K and d^2 with K = x[row, 0] (LayerNorm; K = 0
         // for RMSNorm), var = mean(d^2) - mean(d)^2. The shift keeps the subtraction from
@@ -358,7 +366,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
         } else {
             load_row(row, raw, K);
         }
-        if (kSharedAffine && base == int64_t(blockIdx.x) * groups) __syncthreads();  // the weight and bias, once
+        if (SHARED_AFFINE && base == int64_t(blockIdx.x) * groups) __syncthreads();  // the weight and bias, once
         float s = 0, sq = 0;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
@@ -371,7 +379,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
                 sq += d * d;
             }
         }
-        // Immediate barrier numbers where registers let more than 4 blocks in: bf16 without NEXT_ROW.
+        // Immediate barrier numbers where registers let more than 4 blocks in: bf16 without a next row.
         group_sum2<!NEXT_ROW && !std::is_same_v<T, float>>(s, sq, shared, threads_per_row);
         const float shift_mean = mean ? s / N : 0.0f;
         const float m = K + shift_mean;
@@ -388,7 +396,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
             if (c >= vecs_per_row) continue;
             float v[E], w[E], b[E], out[E];
             unpack(raw[k], v);
-            if constexpr (kSharedAffine) {
+            if constexpr (SHARED_AFFINE) {
                 unpack(reinterpret_cast<const uint4*>(affine)[c], w);
                 unpack(reinterpret_cast<const uint4*>(affine + N)[c], b);
             } else {
@@ -658,10 +666,10 @@ bool with_shape(int shape, Run run) {
     return with_shape(shape, run, std::make_integer_sequence<int, 3>());
 }
 
-// Persistent grid: as many blocks as can be resident at once, at most one per group of rows.
-// The occupancy query is asked once per kernel, block, shared size and device.
+// Blocks of `kernel` that fit on the GPU at once. The occupancy query is asked once per kernel,
+// block, shared size and device.
 template <class Kernel>
-unsigned persistent_grid(Kernel kernel, int block, size_t shared_bytes, int64_t rows, int rows_per_block, int device) {
+int64_t resident_blocks(Kernel kernel, int block, size_t shared_bytes, int device) {
     struct Key {
         const void* kernel;
         int block;
@@ -672,34 +680,40 @@ unsigned persistent_grid(Kernel kernel, int block, size_t shared_bytes, int64_t 
         }
     };
     static std::mutex mutex;
-    static std::vector<std::pair<Key, int>> resident;  // blocks that fit on the GPU at once
+    static std::vector<std::pair<Key, int64_t>> resident;
     const Key key{reinterpret_cast<const void*>(kernel), block, shared_bytes, device};
-    int capacity = 0;
-    {
-        std::lock_guard<std::mutex> lock(mutex);
-        for (const auto& [k, n] : resident)
-            if (k == key) capacity = n;
-        if (capacity == 0) {
-            int per_sm = 0, sms = 0;
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
-            CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-            capacity = std::max(per_sm, 1) * sms;
-            resident.push_back({key, capacity});
-        }
-    }
-    int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
-    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(needed, capacity)));
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [k, n] : resident)
+        if (k == key) return n;
+    int per_sm = 0, sms = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    resident.push_back({key, int64_t(std::max(per_sm, 1)) * sms});
+    return resident.back().second;
 }
 
-template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW>
+// The grid for `rows` rows, `rows_per_block` a sweep of a block: a block per sweep, but at most
+// `most` blocks (the kernels walk the rows gridDim.x * rows_per_block apart, so fewer blocks
+// cover them all), at least 1, and within CUDA's 2^31 - 1.
+unsigned grid_size(int64_t rows, int64_t rows_per_block, int64_t most) {
+    int64_t sweeps = (rows + rows_per_block - 1) / rows_per_block;
+    return static_cast<unsigned>(std::clamp<int64_t>(std::min(sweeps, most), 1, (int64_t(1) << 31) - 1));
+}
+
+// Launches the forward of one shape. Its blocks take ROWS_PER_GROUP rows a group and retire,
+// new blocks taking their place (see Shape), except where that would leave the GPU emptier than
+// one row a group in as many blocks as fit at once (small M).
+template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE, int ROWS_PER_GROUP>
 void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
                        int64_t M, int64_t N, double eps, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW>;
-    size_t shared = sizeof(float4) * kReduceFloat4s + (forward_shared_affine<T, NEXT_ROW>() ? 2 * N * sizeof(T) : 0);
+    auto kernel = norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE>;
+    size_t shared = sizeof(float4) * kReduceFloat4s + (SHARED_AFFINE ? 2 * N * sizeof(T) : 0);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
+    const int64_t groups = l.block / l.threads_per_row, rows_per_block = groups * ROWS_PER_GROUP;
+    const int64_t resident = resident_blocks(kernel, l.block, shared, device);
+    unsigned grid = grid_size(M, groups, std::max(resident, (M + rows_per_block - 1) / rows_per_block));
     kernel<<<grid, l.block, shared, stream>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
                                               static_cast<float>(eps), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
@@ -733,7 +747,7 @@ bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     size_t shared = backward_shared_bytes<T>(l, N, affine, stages);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    unsigned grid = persistent_grid(kernel, l.block, shared, M, l.block / l.threads_per_row, device);
+    unsigned grid = grid_size(M, l.block / l.threads_per_row, resident_blocks(kernel, l.block, shared, device));
     int64_t partial_rows = grid;
     TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
@@ -804,7 +818,8 @@ void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T
         auto run = [&](auto shape) {
             if constexpr (shape() < forward_budget<T>().count) {
                 constexpr Shape s = forward_budget<T>().shapes[shape()];
-                norm_forward_fast<T, s.vecs, s.max_block, s.staged>(l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                norm_forward_fast<T, s.vecs, s.max_block, s.next_row, s.shared_affine, s.rows_per_group>(
+                    l, y, mean, rstd, x, weight, bias, M, N, eps, device);
                 return true;
             }
             return false;
@@ -823,9 +838,8 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
         auto run = [&](auto shape) {
             if constexpr (shape() < backward_budget<T>().count) {
                 constexpr Shape s = backward_budget<T>().shapes[shape()];
-                return norm_backward_fast<T, s.vecs, s.max_block, s.staged>(l, dx, dweight, dbias, dy, saved, mean,
-                                                                            rstd, weight, bias, centered, policy, M,
-                                                                            N, device);
+                return norm_backward_fast<T, s.vecs, s.max_block, s.shared_affine>(
+                    l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N, device);
             }
             return false;
         };

@@ -186,8 +186,9 @@ TEST_CASE("cuda: layer_norm and rms_norm match the cpu in both policies over eve
 TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benchmark width") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(8);
-    // M = 1031: a ragged last wave; M = 100003 at the small widths: every persistent block walks
-    // many rows with several rows per block, so the per-block sums of dweight and dbias are used.
+    // M = 1031: a ragged last wave; M = 100003 at the small widths: every persistent block of the
+    // backward walks many rows with several rows per block, so the per-block sums of dweight and
+    // dbias are used, and a bf16 forward group takes several rows before its block retires.
     const std::pair<int64_t, int64_t> shapes[] = {{768, 1031},  {1024, 1031}, {2048, 1031}, {3000, 1031},
                                                   {4096, 1031}, {8192, 1031}, {16384, 1031}, {768, 100003},
                                                   {1024, 100003}};
