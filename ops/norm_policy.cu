@@ -157,31 +157,8 @@ struct Pack {
     static constexpr int E = 16 / sizeof(T);
 };
 
-__device__ inline void load_pack(const float* p, float (&v)[4]) {
-    float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-}
-__device__ inline void store_pack(float* p, const float (&v)[4]) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ inline void load_pack(const bf16* p, float (&v)[8]) {
-    uint4 q = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    for (int k = 0; k < 4; ++k) {
-        v[2 * k] = __uint_as_float(w[k] << 16);
-        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-}
-__device__ inline void store_pack(bf16* p, const float (&v)[8]) {
-    uint32_t w[4];
-    for (int k = 0; k < 4; ++k) {  // round to nearest even, two at a time (same rounding as bf16's)
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-        w[k] = *reinterpret_cast<uint32_t*>(&h);
-    }
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-// The same from a vector already in registers (the forward keeps its row as raw 16-byte vectors:
-// 4 registers whatever the dtype, half of what unpacked bf16 would take).
+// A 16-byte vector already in registers, unpacked (the forward keeps its row as raw 16-byte
+// vectors: 4 registers whatever the dtype, half of what unpacked bf16 would take).
 __device__ inline void unpack(const uint4& q, float (&v)[4]) {
     v[0] = __uint_as_float(q.x), v[1] = __uint_as_float(q.y), v[2] = __uint_as_float(q.z), v[3] = __uint_as_float(q.w);
 }
@@ -191,6 +168,24 @@ __device__ inline void unpack(const uint4& q, float (&v)[8]) {
         v[2 * k] = __uint_as_float(w[k] << 16);
         v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
     }
+}
+// One 16-byte load at p, unpacked. (f32 loads a float4: through a uint4, ptxas spilled 12-24
+// bytes in the kernels at their 64 registers.)
+__device__ inline void load_pack(const float* p, float (&v)[4]) {
+    float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ inline void load_pack(const bf16* p, float (&v)[8]) { unpack(*reinterpret_cast<const uint4*>(p), v); }
+__device__ inline void store_pack(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void store_pack(bf16* p, const float (&v)[8]) {
+    uint32_t w[4];
+    for (int k = 0; k < 4; ++k) {  // round to nearest even, two at a time (same rounding as bf16's)
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        w[k] = *reinterpret_cast<uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // weight or bias of one vector of columns; 1 or 0 where absent.

@@ -73,8 +73,7 @@ std::vector<std::string> listing(const fs::path& dir) {
 }
 
 GPTConfig small_config(DType dtype = DType::F32) {
-    GPTConfig c{.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .dtype = dtype};
-    return c;
+    return {.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .dtype = dtype};
 }
 
 AdamW make_optimizer(const GPT& model, double beta2 = 0.95) {

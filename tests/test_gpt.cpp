@@ -12,8 +12,7 @@ using namespace normtape::testing;
 namespace {
 
 GPTConfig tiny_config(NormKind norm, SavePolicy policy) {
-    GPTConfig c{.block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64, .norm = norm, .policy = policy};
-    return c;
+    return {.block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64, .norm = norm, .policy = policy};
 }
 
 // Trains for `steps` on random windows of `text` and returns the loss of every step.

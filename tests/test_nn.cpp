@@ -14,8 +14,7 @@ using namespace normtape::testing;
 namespace {
 
 GPTConfig small_config() {
-    GPTConfig c{.block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 8};
-    return c;
+    return {.block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 8};
 }
 
 // A path unique to this process (ctest runs test cases in parallel processes).
