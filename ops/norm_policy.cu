@@ -20,8 +20,8 @@
 //   and the blocks' partial rows are added in order by a second kernel (no atomics);
 // - x_hat as x_hat_from_saved() gives it, the one place where the policy matters, as on the cpu;
 //   under SavePolicy::Output the backward works with y - bias where it can and divides by the
-//   weight once per column, and per element with __fdividef where 1 / weight does not fit in
-//   registers (2 ulp; see the backward kernel).
+//   weight once per column, and per element with an approximate division (2 ulp) where
+//   1 / weight does not fit in registers (divide_approx; see the backward kernel).
 // The reference kernels take f64, N not a multiple of a vector, misaligned data, and rows longer
 // than the fast kernels hold (forward 32768, backward 16384), or rows whose backward does not
 // fit in the GPU's shared memory.
@@ -417,6 +417,18 @@ __device__ inline float sum_at(const float* sums, int vecs_per_row, int j) {
 }
 __device__ inline void add4(float4& s, const float* v) { s.x += v[0], s.y += v[1], s.z += v[2], s.w += v[3]; }
 
+// a / b to 2 ulp for |b| in [2^-126, 2^126] (under SavePolicy::Output, |weight| >= 1e-3:
+// ops/norm_policy.h). FLUSH: div.approx.ftz.f32, a reciprocal and a multiply, which reads a
+// subnormal a (|y - bias| < 2^-126) as 0; else __fdividef, which under the default -ftz=false
+// also rescales subnormal operands: 6 instructions an element in the SASS instead of 2.
+template <bool FLUSH>
+__device__ inline float divide_approx(float a, float b) {
+    if constexpr (!FLUSH) return __fdividef(a, b);
+    float q;
+    asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+    return q;
+}
+
 // cp.async (sm_80 and later): 16 bytes from global to shared memory without passing through
 // registers, and past L1 (.cg). A thread's copies are committed as a group; wait(n) returns
 // when at most n of its groups are still in flight. Earlier GPUs copy through a register.
@@ -459,13 +471,13 @@ __device__ inline void copy_async_wait(int pending) {  // pending: 0 or 1
 //   sums work with y - bias (no division: g * x_hat = dy * (y - bias)), and the partial dweight is
 //   divided by the weight once per column; the second pass multiplies by 1 / weight held in
 //   registers where a thread has at most 8 columns of f32 (in bf16 they would spill), and divides
-//   with __fdividef (2 ulp) elsewhere.
+//   with divide_approx<FLUSH> (2 ulp) elsewhere (FLUSH: see norm_backward_fast).
 constexpr int kMaxStages = 2;  // a third slot measured slower (fewer groups fit)
 // Arrays of N elements the backward keeps in shared memory ahead of its ring: the weight, and
 // under SavePolicy::Output the bias too.
 constexpr int affine_arrays(bool shared_affine, bool output) { return shared_affine ? (output ? 2 : 1) : 0; }
 
-template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, bool OUTPUT>
+template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, bool OUTPUT, bool FLUSH>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -562,7 +574,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
             float d[E], g[E], xh[E], w[E], out[E];
             terms(c, d, g, xh, w);  // again, from shared memory: cheaper than holding them in registers
             if constexpr (OUTPUT) {
-                for (int e = 0; e < E; ++e) xh[e] = kInverseWeight ? xh[e] * inv_w[k][e] : __fdividef(xh[e], w[e]);
+                for (int e = 0; e < E; ++e) xh[e] = kInverseWeight ? xh[e] * inv_w[k][e] : divide_approx<FLUSH>(xh[e], w[e]);
             }
             for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
             store_pack(dx + row * N + c * E, out);
@@ -731,8 +743,17 @@ bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
                         SavePolicy policy, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     const bool output = policy == SavePolicy::Output;
-    auto kernel = output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, true>
-                         : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, false>;
+    // Under SavePolicy::Output the second pass divides by the weight with subnormals flushed
+    // (divide_approx<true>), except in bf16 rows of one or two warps (N <= 2048 here), where
+    // __fdividef measured faster in bench_norms on the H200 (N = 768-2048: 93-96% of copy against
+    // 88-92%), though not alone: under ncu, with the caches flushed, the two took the same time at
+    // N = 768. In rows of three warps or more the flushing division gained (N = 3000 +5-6 points,
+    // 8192 +0-2, 16384 +4-7; 4096 -1-2). docs/PERFORMANCE.md.
+    auto kernel = output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, true, true>
+                         : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, false, false>;
+    if constexpr (std::is_same_v<T, bf16>)
+        if (output && l.threads_per_row <= 64)
+            kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, true, false>;
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     const int affine = affine_arrays(SHARED_AFFINE, output);
