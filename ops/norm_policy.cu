@@ -745,8 +745,8 @@ bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     const bool output = policy == SavePolicy::Output;
     // Under SavePolicy::Output the second pass divides by the weight with subnormals flushed
     // (divide_approx<true>), except in bf16 rows of one or two warps (N <= 2048 here), where
-    // __fdividef measured faster in bench_norms on the H200 (N = 768-2048: 93-96% of copy against
-    // 88-92%), though not alone: under ncu, with the caches flushed, the two took the same time at
+    // __fdividef measured faster in bench_norms on the H200 (N = 768-2048: 91-96% of copy against
+    // 87-92%), though not alone: under ncu, with the caches flushed, the two took the same time at
     // N = 768. In rows of three warps or more the flushing division gained (N = 3000 +5-6 points,
     // 8192 +0-2, 16384 +4-7; 4096 -1-2). docs/PERFORMANCE.md.
     auto kernel = output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, true, true>
