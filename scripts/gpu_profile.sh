@@ -10,6 +10,7 @@
 # occupancy, issue-slot use, instructions, registers, hit rates, the largest warp stall reasons
 # (cycles per issued instruction), and ncu's occupancy limits. Raw CSV goes to $OUT/ncu.
 set -u
+[ $# -ge 2 ] || { echo "usage: scripts/gpu_profile.sh BENCH LABEL:DTYPE:N:SKIP..." >&2; exit 2; }
 OUT="${OUT:-gpu_out}"; mkdir -p "$OUT/ncu"
 BIN="$1"; shift
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
