@@ -28,6 +28,7 @@
 // Determinism: the fast backward's dweight and dbias are summed per persistent block, and the
 // number of blocks depends on the GPU (SM count, occupancy): the same bits run to run on one GPU
 // model, not across models.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -288,36 +289,49 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   loop), which measured faster than more threads with fewer registers: 4 vectors a thread (32
 //   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. Except
 //   for f32: short rows (up to 128 threads, N <= 1024) measured faster with 2 vectors in 64
-//   registers, and rows of more than 2048 vectors (N = 16384) take 4 in blocks of 1024 threads
-//   (8 vectors of f32 spill). The weight (and the bias under SavePolicy::Output) is copied into
-//   shared memory once per block, ahead of the ring, so that a row's pass reads it there with
-//   one 16-byte load a vector instead of a global load, its address and its null-pointer test
-//   (bf16 backward +3-19 points, save-output the most; f32 +1-15); all shapes but f32
-//   N = 16384, whose one-slot ring leaves no room for two more rows of f32.
+//   registers, and rows of more than 2048 vectors (8192 < N <= 16384; 8 vectors of f32 spill)
+//   are split over a thread-block cluster of two blocks of 512 threads (sm_90 and later; see the
+//   kernel). Without clusters such rows take 4 vectors in blocks of 1024 threads, at 64 registers
+//   and without the weight in shared memory, where the LayerNorm's save-output backward at
+//   N = 16384 measured 76% of copy against 91% split. The weight (and the bias under
+//   SavePolicy::Output) is copied into shared memory once per block, ahead of the ring, so that
+//   a row's pass reads it there with one 16-byte load a vector instead of a global load, its
+//   address and its null-pointer test (bf16 backward +3-19 points, save-output the most; f32
+//   +1-15); all shapes but the 1024-thread one, whose one-slot ring leaves no room for two more
+//   rows of f32.
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 struct Shape {
     int vecs, max_block, max_row_threads;
     bool next_row;       // forward: the group's next row is loaded into registers before this row's reduction
     bool shared_affine;  // the weight and bias are read from shared memory, copied there once per block
     int rows_per_group;  // forward: rows a group takes before its block retires (0: the backward's persistent blocks)
+    int cluster;         // backward: blocks of a thread-block cluster that share a row, each holding a slice of it
 };
 struct Budget {
-    Shape shapes[3];
+    Shape shapes[4];
     int count;
 };
 template <class T>
 constexpr Budget forward_budget() {
-    if constexpr (std::is_same_v<T, float>) return {{{8, 1024, 1024, false, false, 1}}, 1};
-    else return {{{4, 1024, 256, false, true, 4}, {4, 1024, 1024, true, false, 4}}, 2};
+    if constexpr (std::is_same_v<T, float>) return {{{8, 1024, 1024, false, false, 1, 1}}, 1};
+    else return {{{4, 1024, 256, false, true, 4, 1}, {4, 1024, 1024, true, false, 4, 1}}, 2};
 }
 template <class T>
 constexpr Budget backward_budget() {
     if constexpr (std::is_same_v<T, float>)
-        return {{{2, 1024, 128, false, true, 0}, {4, 512, 512, false, true, 0}, {4, 1024, 1024, false, false, 0}}, 3};
-    else return {{{4, 512, 512, false, true, 0}}, 1};
+        return {{{2, 1024, 128, false, true, 0, 1},
+                 {4, 512, 512, false, true, 0, 1},
+                 {4, 512, 512, false, true, 0, 2},
+                 {4, 1024, 1024, false, false, 0, 1}},
+                4};
+    else return {{{4, 512, 512, false, true, 0, 1}}, 1};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
 constexpr int kReduceFloat4s = 16;  // 2 floats per warp of the row reduction, at the start of shared memory
+// The backward's head: the reduction's floats, then cluster_sum2's two slots, padded to 128 bytes
+// so that the rows behind it stay 128-byte aligned (16 bytes off, every backward measured 10
+// points slower).
+constexpr int kBackwardHeadFloat4s = kReduceFloat4s + 8;
 // y, mean and rstd per row, each row's group of threads walking the rows gridDim.x * groups apart.
 template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
@@ -467,6 +481,13 @@ __device__ inline void copy_async_wait(int pending) {  // pending: 0 or 1
 //   them over those rows, in row order, in registers (VECS vectors of columns: backward_budget).
 //   At the end the block's groups add their sums in group order into the ring's memory, and the
 //   block writes its partial row.
+// - CLUSTER = 2: a thread-block cluster of two blocks shares each of its rows, block r taking
+//   columns [r * N / 2, (r + 1) * N / 2) as if they were a row of its own, except that the row's
+//   two sums add the other block's through distributed shared memory (cluster_sum2) and each
+//   block writes its half of the cluster's partial row. For f32 rows too long for one block of
+//   512 threads (backward_budget).
+// - __launch_bounds__(MAX_BLOCK, 1): without the 1, ptxas held the cluster kernel to 64
+//   registers and spilled.
 // - OUTPUT: SavePolicy::Output, where x_hat = (y - bias) / weight. The first pass and the dweight
 //   sums work with y - bias (no division: g * x_hat = dy * (y - bias)), and the partial dweight is
 //   divided by the weight once per column; the second pass multiplies by 1 / weight held in
@@ -477,22 +498,68 @@ constexpr int kMaxStages = 2;  // a third slot measured slower (fewer groups fit
 // under SavePolicy::Output the bias too.
 constexpr int affine_arrays(bool shared_affine, bool output) { return shared_affine ? (output ? 2 : 1) : 0; }
 
-template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, bool OUTPUT, bool FLUSH>
-__global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
+// The block's rank in its thread-block cluster of CLUSTER blocks (0 without one).
+template <int CLUSTER>
+__device__ inline int cluster_rank() {
+    if constexpr (CLUSTER == 1) return 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return static_cast<int>(cooperative_groups::this_cluster().block_rank());
+#else
+    __trap();  // the host launches clusters only where the device supports them (sm_90 and later)
+    return 0;
+#endif
+}
+__device__ inline void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+#else
+    __trap();
+#endif
+}
+// Adds to a and b, each the same in every thread of the block, those of the other block of a
+// cluster of two, through its shared memory (`exchange`: two float2 slots, alternated row by
+// row, so that a block writing the next row's sums never overwrites sums its peer has yet to
+// read: it would first have to pass the next row's cluster barrier, which the peer reaches
+// only after reading). Both blocks get the same bits (a + b == b + a). Every thread of both
+// blocks calls it, once per row.
+__device__ inline void cluster_sum2(float& a, float& b, float2* exchange, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (threadIdx.x == 0) *cluster.map_shared_rank(exchange + parity, cluster.block_rank() ^ 1) = make_float2(a, b);
+    cluster.sync();
+    const float2 peer = exchange[parity];
+    a += peer.x, b += peer.y;
+#else
+    (void)a, (void)b, (void)exchange, (void)parity;
+    __trap();
+#endif
+}
+
+template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER, bool OUTPUT, bool FLUSH>
+__global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
     const T* __restrict__ weight, const T* __restrict__ bias, bool centered, int64_t M, int N, int threads_per_row,
     int stages) {
+    static_assert(CLUSTER == 1 || CLUSTER == 2);
     constexpr int E = Pack<T>::E, Q = E / 4;
     constexpr bool kInverseWeight = OUTPUT && VECS * E <= 8 && std::is_same_v<T, float>;
     extern __shared__ float4 shared4[];
+    // Block `rank` of a cluster takes columns [rank * cols, (rank + 1) * cols) of the cluster's rows.
+    const int cols = N / CLUSTER, rank = cluster_rank<CLUSTER>();
+    const int64_t cluster = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
+    dy += rank * cols, saved += rank * cols;
+    if (dx) dx += rank * cols;
+    if (weight) weight += rank * cols;
+    if (bias) bias += rank * cols;
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
-    const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
+    const int group = threadIdx.x / threads_per_row, vecs_per_row = cols / E;
     float* reduce = reinterpret_cast<float*>(shared4);
+    float2* exchange = reinterpret_cast<float2*>(shared4 + kReduceFloat4s);  // cluster_sum2's slots
     constexpr int kAffine = affine_arrays(SHARED_AFFINE, OUTPUT);
-    T* affine = reinterpret_cast<T*>(shared4 + kReduceFloat4s);  // weight, then bias (OUTPUT)
-    T* ring = affine + kAffine * N + size_t(group) * stages * 2 * N;
-    if constexpr (kAffine > 0) copy_affine_to_shared(affine, N, weight, bias, kAffine > 1);
+    T* affine = reinterpret_cast<T*>(shared4 + kBackwardHeadFloat4s);  // weight, then bias (OUTPUT)
+    T* ring = affine + kAffine * cols + size_t(group) * stages * 2 * cols;
+    if constexpr (kAffine > 0) copy_affine_to_shared(affine, cols, weight, bias, kAffine > 1);
     float sum_w[VECS][E] = {}, sum_b[VECS][E] = {};
     float inv_w[kInverseWeight ? VECS : 1][E];
     if constexpr (kInverseWeight) {
@@ -506,29 +573,30 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
     // Queues this group's row `row` (none past M) into slot `slot`, as one commit group.
     auto fetch = [&](int64_t row, int slot) {
         if (row < M) {
-            T* to = ring + size_t(slot) * 2 * N;
+            T* to = ring + size_t(slot) * 2 * cols;
 #pragma unroll
             for (int k = 0; k < VECS; ++k) {
                 int c = k * threads_per_row + lane;
                 if (c >= vecs_per_row) break;
                 copy_async16(to + c * E, dy + row * N + c * E);
-                copy_async16(to + N + c * E, saved + row * N + c * E);
+                copy_async16(to + cols + c * E, saved + row * N + c * E);
             }
         }
         copy_async_commit();
     };
-    const int64_t stride = int64_t(gridDim.x) * groups;
-    for (int ahead = 0; ahead < stages - 1; ++ahead) fetch(int64_t(blockIdx.x) * groups + group + ahead * stride, ahead);
+    const int64_t stride = clusters * groups;
+    for (int ahead = 0; ahead < stages - 1; ++ahead) fetch(cluster * groups + group + ahead * stride, ahead);
     if constexpr (kAffine > 0) __syncthreads();
-    int slot = 0;
-    for (int64_t base = int64_t(blockIdx.x) * groups; base < M; base += stride) {
+    if constexpr (CLUSTER > 1) cluster_sync();  // the peer block has started before its shared memory is written
+    int slot = 0, parity = 0;
+    for (int64_t base = cluster * groups; base < M; base += stride) {
         const int64_t row = base + group;
         const bool active = row < M;
         const float m = active && mean ? mean[row] : 0.0f, r = active ? rstd[row] : 0.0f;  // their latency overlaps the wait
         fetch(row + (stages - 1) * stride, (slot + stages - 1) % stages);
         copy_async_wait(stages - 1);
-        const T* row_dy = ring + size_t(slot) * 2 * N;
-        const T* row_saved = row_dy + N;
+        const T* row_dy = ring + size_t(slot) * 2 * cols;
+        const T* row_saved = row_dy + cols;
         slot = slot + 1 == stages ? 0 : slot + 1;
         // From the row's vectors: d = dy, g = dy * weight, and s = x_hat (Input) or y - bias =
         // x_hat * weight (Output: x_hat_from_saved of ops/norm_policy.h without its division).
@@ -541,7 +609,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
             else load_affine(weight, c, 1.0f, w);
             if constexpr (OUTPUT) {
                 float b[E];
-                if constexpr (kAffine > 1) unpack(reinterpret_cast<const uint4*>(affine + N)[c], b);
+                if constexpr (kAffine > 1) unpack(reinterpret_cast<const uint4*>(affine + cols)[c], b);
                 else load_affine(bias, c, 0.0f, b);
                 for (int e = 0; e < E; ++e) s[e] -= b[e];
             } else {
@@ -565,6 +633,7 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
             }
         }
         group_sum2<false>(sum_g, sum_gx, reduce, threads_per_row);
+        if constexpr (CLUSTER > 1) cluster_sum2(sum_g, sum_gx, exchange, parity), parity ^= 1;
         if (!active || !dx) continue;
         const float mean_g = centered ? sum_g / N : 0.0f, mean_gx = sum_gx / N;
 #pragma unroll
@@ -580,11 +649,11 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
             store_pack(dx + row * N + c * E, out);
         }
     }
-    // The groups' sums, in group order, into [2][N] floats where the ring was.
+    // The groups' sums, in group order, into [2][cols] floats where the ring was.
     copy_async_wait(0);
     __syncthreads();
-    float* sums_w = reinterpret_cast<float*>(shared4 + kReduceFloat4s);
-    float* sums_b = sums_w + N;
+    float* sums_w = reinterpret_cast<float*>(shared4 + kBackwardHeadFloat4s);
+    float* sums_b = sums_w + cols;
     for (int g = 0; g < groups; ++g) {
         if (group == g)
             for (int k = 0; k < VECS; ++k) {
@@ -600,11 +669,11 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_backward_fast_kernel(
             }
         __syncthreads();
     }
-    for (int j = threadIdx.x; j < N; j += blockDim.x) {
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         float sw = sum_at<E>(sums_w, vecs_per_row, j), sb = sum_at<E>(sums_b, vecs_per_row, j);
         if (OUTPUT && weight) sw /= float(weight[j]);
-        if (partial_w) partial_w[int64_t(blockIdx.x) * N + j] = sw;
-        if (partial_b) partial_b[int64_t(blockIdx.x) * N + j] = sb;
+        if (partial_w) partial_w[cluster * N + rank * cols + j] = sw;
+        if (partial_b) partial_b[cluster * N + rank * cols + j] = sb;
     }
 }
 
@@ -629,7 +698,7 @@ __global__ void sum_partial_rows_kernel(T* __restrict__ out, const float* __rest
 
 // How a row is spread over threads: the budget's shape, or -1 where the fast kernels do not apply.
 struct FastLayout {
-    int shape = -1, threads_per_row = 0, block = 0;
+    int shape = -1, threads_per_row = 0, block = 0, cluster = 1;  // threads_per_row: of one block's slice
 };
 
 // Threads per row: a multiple of 32, at most the shape's max_row_threads, each with at most the
@@ -637,7 +706,7 @@ struct FastLayout {
 // idle, the earlier on a tie. A block holds as many rows as fit in kRowsThreads threads (at
 // most 4 rows of several warps: row_barrier's named barriers).
 template <class T>
-FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<const void*> ptrs) {
+FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<const void*> ptrs, bool clusters = false) {
     static_assert(kRowsThreads / 64 <= 4);
     FastLayout l;
     constexpr int E = Pack<T>::E;
@@ -648,20 +717,23 @@ FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<co
     int64_t best_idle = -1;
     for (int i = 0; i < budget.count; ++i) {
         const Shape& shape = budget.shapes[i];
-        int64_t threads = (vecs_per_row + shape.vecs - 1) / shape.vecs;
+        if (shape.cluster > 1 && (!clusters || best_idle >= 0 || vecs_per_row % shape.cluster != 0)) continue;
+        const int64_t vecs = vecs_per_row / shape.cluster;  // of a block's slice of the row
+        int64_t threads = (vecs + shape.vecs - 1) / shape.vecs;
         threads = (threads + 31) / 32 * 32;
         if (threads > shape.max_row_threads) continue;
-        int64_t idle = (vecs_per_row + threads - 1) / threads * threads - vecs_per_row;
+        int64_t idle = ((vecs + threads - 1) / threads * threads - vecs) * shape.cluster;
         if (best_idle >= 0 && idle >= best_idle) continue;
         best_idle = idle;
         l.shape = i;
+        l.cluster = shape.cluster;
         l.threads_per_row = static_cast<int>(threads);
         l.block = l.threads_per_row * std::max(1, kRowsThreads / l.threads_per_row);
     }
     return l;
 }
 
-// run(std::integral_constant<int, shape>()) for 0 <= shape < 3, and what it returns; false for other shapes.
+// run(std::integral_constant<int, shape>()) for 0 <= shape < 4, and what it returns; false for other shapes.
 template <class Run, int... I>
 bool with_shape(int shape, Run& run, std::integer_sequence<int, I...>) {
     bool done = false;
@@ -670,33 +742,56 @@ bool with_shape(int shape, Run& run, std::integer_sequence<int, I...>) {
 }
 template <class Run>
 bool with_shape(int shape, Run run) {
-    return with_shape(shape, run, std::make_integer_sequence<int, 3>());
+    return with_shape(shape, run, std::make_integer_sequence<int, 4>());
 }
 
-// Blocks of `kernel` that fit on the GPU at once. The occupancy query is asked once per kernel,
-// block, shared size and device.
+// The launch configuration of `block` threads and `shared` bytes of dynamic shared memory a block,
+// in clusters of `cluster` blocks where cluster > 1. `attribute` holds the cluster's size.
+cudaLaunchConfig_t launch_config(dim3 grid, int block, size_t shared, int cluster, cudaStream_t stream,
+                                 cudaLaunchAttribute& attribute) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid, config.blockDim = dim3(block), config.dynamicSmemBytes = shared, config.stream = stream;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute, config.numAttrs = cluster > 1 ? 1 : 0;
+    return config;
+}
+
+// Blocks of `kernel` that fit on the GPU at once (in whole clusters of `cluster` blocks). The
+// occupancy query is asked once per kernel, block, shared size, cluster and device.
 template <class Kernel>
-int64_t resident_blocks(Kernel kernel, int block, size_t shared_bytes, int device) {
+int64_t resident_blocks(Kernel kernel, int block, size_t shared_bytes, int device, int cluster = 1) {
     struct Key {
         const void* kernel;
         int block;
         size_t shared;
-        int device;
+        int device, cluster;
         bool operator==(const Key& o) const {
-            return kernel == o.kernel && block == o.block && shared == o.shared && device == o.device;
+            return kernel == o.kernel && block == o.block && shared == o.shared && device == o.device &&
+                   cluster == o.cluster;
         }
     };
     static std::mutex mutex;
     static std::vector<std::pair<Key, int64_t>> resident;
-    const Key key{reinterpret_cast<const void*>(kernel), block, shared_bytes, device};
+    const Key key{reinterpret_cast<const void*>(kernel), block, shared_bytes, device, cluster};
     std::lock_guard<std::mutex> lock(mutex);
     for (const auto& [k, n] : resident)
         if (k == key) return n;
-    int per_sm = 0, sms = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    resident.push_back({key, int64_t(std::max(per_sm, 1)) * sms});
-    return resident.back().second;
+    int64_t blocks = 0;
+    if (cluster == 1) {
+        int per_sm = 0, sms = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, shared_bytes));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        blocks = int64_t(std::max(per_sm, 1)) * sms;
+    } else {
+        cudaLaunchAttribute attribute;
+        cudaLaunchConfig_t config = launch_config(dim3(cluster), block, shared_bytes, cluster, nullptr, attribute);
+        int n = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+        blocks = int64_t(std::max(n, 1)) * cluster;
+    }
+    resident.push_back({key, blocks});
+    return blocks;
 }
 
 // The grid for `rows` rows, `rows_per_block` a sweep of a block: a block per sweep, but at most
@@ -726,18 +821,19 @@ void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, cons
     CUDA_LAUNCH_CHECK();
 }
 
-// Shared memory of the backward: the row reduction's floats, then `affine` arrays of N (weight,
-// bias) and the ring of `stages` slots of [dy, saved] per group, or the block's dweight/dbias
-// sums ([2][N] floats) where larger.
+// Shared memory of the backward: the row reduction's floats and cluster_sum2's slots, then
+// `affine` arrays of a block's cols = N / cluster columns (weight, bias) and the ring of `stages`
+// slots of [dy, saved] per group, or the block's dweight/dbias sums ([2][cols] floats) where larger.
 template <class T>
 size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int stages) {
-    size_t rows = (affine + size_t(l.block / l.threads_per_row) * stages * 2) * N * sizeof(T);
-    return sizeof(float4) * kReduceFloat4s + std::max(rows, 2 * N * sizeof(float));
+    const size_t cols = N / l.cluster;
+    size_t rows = (affine + size_t(l.block / l.threads_per_row) * stages * 2) * cols * sizeof(T);
+    return sizeof(float4) * kBackwardHeadFloat4s + std::max(rows, 2 * cols * sizeof(float));
 }
 
 // Launches the backward of one shape; false where its shared memory does not fit on the GPU. The
 // ring takes two slots a row where they fit, else one (f32 at N = 16384: 2 x 64 KiB a slot).
-template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE>
+template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
 bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
                         const float* mean, const float* rstd, const T* weight, const T* bias, bool centered,
                         SavePolicy policy, int64_t M, int64_t N, int device) {
@@ -749,11 +845,11 @@ bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     // 87-92%), though not alone: under ncu, with the caches flushed, the two took the same time at
     // N = 768. In rows of three warps or more the flushing division gained (N = 3000 +5-6 points,
     // 8192 +0-2, 16384 +4-7; 4096 -1-2). docs/PERFORMANCE.md.
-    auto kernel = output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, true, true>
-                         : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, false, false>;
+    auto kernel = output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, true>
+                         : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, false, false>;
     if constexpr (std::is_same_v<T, bf16>)
         if (output && l.threads_per_row <= 64)
-            kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, true, false>;
+            kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false>;
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     const int affine = affine_arrays(SHARED_AFFINE, output);
@@ -763,13 +859,18 @@ bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     size_t shared = backward_shared_bytes<T>(l, N, affine, stages);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    unsigned grid = grid_size(M, l.block / l.threads_per_row, resident_blocks(kernel, l.block, shared, device));
-    int64_t partial_rows = grid;
+    // A block per group of rows, or a cluster of CLUSTER blocks sharing them; each writes its
+    // columns of one partial row of dweight and dbias.
+    const int64_t partial_rows =
+        grid_size(M, l.block / l.threads_per_row, resident_blocks(kernel, l.block, shared, device, CLUSTER) / CLUSTER);
     TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
     auto ptr = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };
-    kernel<<<grid, l.block, shared, stream>>>(dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered, M,
-                                              static_cast<int>(N), l.threads_per_row, stages);
+    cudaLaunchAttribute attribute;
+    cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(partial_rows * CLUSTER)), l.block, shared,
+                                              CLUSTER, stream, attribute);
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, dx, ptr(pw), ptr(pb), dy, saved, mean, rstd, weight, bias, centered,
+                                  M, static_cast<int>(N), l.threads_per_row, stages));
     CUDA_LAUNCH_CHECK();
     unsigned blocks = static_cast<unsigned>((N + 31) / 32);
     if (dweight) {
@@ -850,11 +951,13 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias});
+        int clusters = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+        FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias}, clusters);
         auto run = [&](auto shape) {
             if constexpr (shape() < backward_budget<T>().count) {
                 constexpr Shape s = backward_budget<T>().shapes[shape()];
-                return norm_backward_fast<T, s.vecs, s.max_block, s.shared_affine>(
+                return norm_backward_fast<T, s.vecs, s.max_block, s.shared_affine, s.cluster>(
                     l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N, device);
             }
             return false;

@@ -163,8 +163,9 @@ TEST_CASE("cuda: attention, embedding and cross-entropy match the cpu") {
 TEST_CASE("cuda: layer_norm and rms_norm match the cpu in both policies over every shape class") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(4);
-    // N below a warp, odd N, N = 3000, N large, M = 1
-    const Shape shapes[] = {{5, 7}, {3, 33}, {4, 3000}, {2, 20000}, {1, 1024}, {2, 3, 768}};
+    // N below a warp, odd N, N = 3000, N large (f32 12288: the backward's rows split over a
+    // thread-block cluster; 20000: past the fast kernels), M = 1
+    const Shape shapes[] = {{5, 7}, {3, 33}, {4, 3000}, {3, 12288}, {2, 20000}, {1, 1024}, {2, 3, 768}};
     for (DType d : kDtypes)
         for (SavePolicy p : {SavePolicy::Input, SavePolicy::Output})
             for (const Shape& s : shapes) {
@@ -189,9 +190,11 @@ TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benc
     // M = 1031: a ragged last wave; M = 100003 at the small widths: every persistent block of the
     // backward walks many rows with several rows per block, so the per-block sums of dweight and
     // dbias are used, and a bf16 forward group takes several rows before its block retires.
-    const std::pair<int64_t, int64_t> shapes[] = {{768, 1031},  {1024, 1031}, {2048, 1031}, {3000, 1031},
-                                                  {4096, 1031}, {8192, 1031}, {16384, 1031}, {768, 100003},
-                                                  {1024, 100003}};
+    // N = 12288 and 16384 at M = 1 and 7: the f32 backward's rows split over a cluster of two
+    // blocks, with clusters left without a row.
+    const std::pair<int64_t, int64_t> shapes[] = {{768, 1031},   {1024, 1031}, {2048, 1031}, {3000, 1031},
+                                                  {4096, 1031},  {8192, 1031}, {16384, 1031}, {768, 100003},
+                                                  {1024, 100003}, {12288, 7},  {16384, 1}};
     for (DType dtype : kDtypes)
         for (auto [N, M] : shapes)
             for (bool centered : {true, false})
