@@ -288,8 +288,11 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   the fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the
 //   loop), which measured faster than more threads with fewer registers: 4 vectors a thread (32
 //   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. Except
-//   for f32: short rows (up to 128 threads, N <= 1024) measured faster with 2 vectors in 64
-//   registers, and rows of more than 2048 vectors (8192 < N <= 16384; 8 vectors of f32 spill)
+//   bf16 under SavePolicy::Output, whose rows of up to 1024 columns take 2 vectors (two warps at
+//   N = 1024, not one), so that the bias and 1 / weight of a thread's 16 columns fit in
+//   registers (affine_in_registers: at N = 1024 97-99% of copy against 92-94%, no difference at
+//   768; at 2048 and above 2 vectors measured slower), and f32: short rows (up to 128 threads,
+//   N <= 1024) measured faster with 2 vectors in 64 registers, and rows of more than 2048 vectors (8192 < N <= 16384; 8 vectors of f32 spill)
 //   are split over a thread-block cluster of two blocks of 512 threads (sm_90 and later; see the
 //   kernel). Without clusters such rows take 4 vectors in blocks of 1024 threads, at 64 registers
 //   and without the weight in shared memory, where the LayerNorm's save-output backward at
@@ -316,7 +319,7 @@ constexpr Budget forward_budget() {
     if constexpr (std::is_same_v<T, float>) return {{{8, 1024, 1024, false, false, 1, 1}}, 1};
     else return {{{4, 1024, 256, false, true, 4, 1}, {4, 1024, 1024, true, false, 4, 1}}, 2};
 }
-template <class T>
+template <class T, bool OUTPUT>
 constexpr Budget backward_budget() {
     if constexpr (std::is_same_v<T, float>)
         return {{{2, 1024, 128, false, true, 0, 1},
@@ -324,6 +327,7 @@ constexpr Budget backward_budget() {
                  {4, 512, 512, false, true, 0, 2},
                  {4, 1024, 1024, false, false, 0, 1}},
                 4};
+    else if constexpr (OUTPUT) return {{{2, 512, 64, false, true, 0, 1}, {4, 512, 512, false, true, 0, 1}}, 2};
     else return {{{4, 512, 512, false, true, 0, 1}}, 1};
 }
 constexpr int kRowsThreads = 256;  // a block holds as many rows as fit in this many threads, one at least
@@ -490,13 +494,23 @@ __device__ inline void copy_async_wait(int pending) {  // pending: 0 or 1
 //   registers and spilled.
 // - OUTPUT: SavePolicy::Output, where x_hat = (y - bias) / weight. The first pass and the dweight
 //   sums work with y - bias (no division: g * x_hat = dy * (y - bias)), and the partial dweight is
-//   divided by the weight once per column; the second pass multiplies by 1 / weight held in
-//   registers where a thread has at most 8 columns of f32 (in bf16 they would spill), and divides
-//   with divide_approx<FLUSH> (2 ulp) elsewhere (FLUSH: see norm_backward_fast).
+//   divided by the weight once per column. Where a thread has at most 8 columns of f32 or 16 of
+//   bf16 (affine_in_registers; more would spill), it holds their bias and 1 / weight in
+//   registers and the second pass multiplies; elsewhere the bias comes from shared memory and the
+//   second pass divides with divide_approx<FLUSH> (2 ulp; FLUSH: see norm_backward_fast).
 constexpr int kMaxStages = 2;  // a third slot measured slower (fewer groups fit)
-// Arrays of N elements the backward keeps in shared memory ahead of its ring: the weight, and
-// under SavePolicy::Output the bias too.
-constexpr int affine_arrays(bool shared_affine, bool output) { return shared_affine ? (output ? 2 : 1) : 0; }
+// Whether a thread of the backward under SavePolicy::Output holds 1 / weight and the bias of its
+// VECS vectors of columns in registers: where it has at most 8 columns of f32 or 16 of bf16.
+template <class T, int VECS>
+constexpr bool affine_in_registers() {
+    return VECS * Pack<T>::E <= (std::is_same_v<T, float> ? 8 : 16);
+}
+// Arrays of a block's columns that the backward keeps in shared memory ahead of its ring (with
+// SHARED_AFFINE): the weight, and under SavePolicy::Output the bias unless it is in registers.
+template <class T, int VECS, bool SHARED_AFFINE, bool OUTPUT>
+constexpr int affine_arrays() {
+    return SHARED_AFFINE ? (OUTPUT && !affine_in_registers<T, VECS>() ? 2 : 1) : 0;
+}
 
 // The block's rank in its thread-block cluster of CLUSTER blocks (0 without one).
 template <int CLUSTER>
@@ -543,7 +557,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     int stages) {
     static_assert(CLUSTER == 1 || CLUSTER == 2);
     constexpr int E = Pack<T>::E, Q = E / 4;
-    constexpr bool kInverseWeight = OUTPUT && VECS * E <= 8 && std::is_same_v<T, float>;
+    constexpr bool kInRegisters = OUTPUT && affine_in_registers<T, VECS>();
     extern __shared__ float4 shared4[];
     // Block `rank` of a cluster takes columns [rank * cols, (rank + 1) * cols) of the cluster's rows.
     const int cols = N / CLUSTER, rank = cluster_rank<CLUSTER>();
@@ -556,18 +570,20 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     const int group = threadIdx.x / threads_per_row, vecs_per_row = cols / E;
     float* reduce = reinterpret_cast<float*>(shared4);
     float2* exchange = reinterpret_cast<float2*>(shared4 + kReduceFloat4s);  // cluster_sum2's slots
-    constexpr int kAffine = affine_arrays(SHARED_AFFINE, OUTPUT);
+    constexpr int kAffine = affine_arrays<T, VECS, SHARED_AFFINE, OUTPUT>();
     T* affine = reinterpret_cast<T*>(shared4 + kBackwardHeadFloat4s);  // weight, then bias (OUTPUT)
     T* ring = affine + kAffine * cols + size_t(group) * stages * 2 * cols;
     if constexpr (kAffine > 0) copy_affine_to_shared(affine, cols, weight, bias, kAffine > 1);
     float sum_w[VECS][E] = {}, sum_b[VECS][E] = {};
-    float inv_w[kInverseWeight ? VECS : 1][E];
-    if constexpr (kInverseWeight) {
+    float inv_w[kInRegisters ? VECS : 1][E], bias_r[kInRegisters ? VECS : 1][E];
+    if constexpr (kInRegisters) {
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
+            c = c < vecs_per_row ? c : 0;
             float w[E];
-            load_affine(weight, c < vecs_per_row ? c : 0, 1.0f, w);
+            load_affine(weight, c, 1.0f, w);
             for (int e = 0; e < E; ++e) inv_w[k][e] = 1.0f / w[e];
+            load_affine(bias, c, 0.0f, bias_r[k]);
         }
     }
     // Queues this group's row `row` (none past M) into slot `slot`, as one commit group.
@@ -600,14 +616,16 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
         slot = slot + 1 == stages ? 0 : slot + 1;
         // From the row's vectors: d = dy, g = dy * weight, and s = x_hat (Input) or y - bias =
         // x_hat * weight (Output: x_hat_from_saved of ops/norm_policy.h without its division).
-        auto terms = [&](int c, float (&d)[E], float (&g)[E], float (&s)[E], float (&w)[E]) {
+        auto terms = [&](int k, int c, float (&d)[E], float (&g)[E], float (&s)[E], float (&w)[E]) {
             const uint4 qd = *reinterpret_cast<const uint4*>(row_dy + c * E);
             const uint4 qs = *reinterpret_cast<const uint4*>(row_saved + c * E);
             unpack(qd, d);
             unpack(qs, s);
             if constexpr (kAffine > 0) unpack(reinterpret_cast<const uint4*>(affine)[c], w);
             else load_affine(weight, c, 1.0f, w);
-            if constexpr (OUTPUT) {
+            if constexpr (kInRegisters) {
+                for (int e = 0; e < E; ++e) s[e] -= bias_r[k][e];
+            } else if constexpr (OUTPUT) {
                 float b[E];
                 if constexpr (kAffine > 1) unpack(reinterpret_cast<const uint4*>(affine + cols)[c], b);
                 else load_affine(bias, c, 0.0f, b);
@@ -623,7 +641,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
             int c = k * threads_per_row + lane;
             if (!active || c >= vecs_per_row) continue;
             float d[E], g[E], s[E], w[E];
-            terms(c, d, g, s, w);
+            terms(k, c, d, g, s, w);
             for (int e = 0; e < E; ++e) {
                 float ds = d[e] * s[e];
                 sum_g += g[e];
@@ -641,9 +659,9 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
             int c = k * threads_per_row + lane;
             if (c >= vecs_per_row) continue;
             float d[E], g[E], xh[E], w[E], out[E];
-            terms(c, d, g, xh, w);  // again, from shared memory: cheaper than holding them in registers
+            terms(k, c, d, g, xh, w);  // again, from shared memory: cheaper than holding them in registers
             if constexpr (OUTPUT) {
-                for (int e = 0; e < E; ++e) xh[e] = kInverseWeight ? xh[e] * inv_w[k][e] : divide_approx<FLUSH>(xh[e], w[e]);
+                for (int e = 0; e < E; ++e) xh[e] = kInRegisters ? xh[e] * inv_w[k][e] : divide_approx<FLUSH>(xh[e], w[e]);
             }
             for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
             store_pack(dx + row * N + c * E, out);
@@ -833,26 +851,24 @@ size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int sta
 
 // Launches the backward of one shape; false where its shared memory does not fit on the GPU. The
 // ring takes two slots a row where they fit, else one (f32 at N = 16384: 2 x 64 KiB a slot).
-template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
+template <class T, bool OUTPUT, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
 bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
-                        const float* mean, const float* rstd, const T* weight, const T* bias, bool centered,
-                        SavePolicy policy, int64_t M, int64_t N, int device) {
+                        const float* mean, const float* rstd, const T* weight, const T* bias, bool centered, int64_t M,
+                        int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    const bool output = policy == SavePolicy::Output;
-    // Under SavePolicy::Output the second pass divides by the weight with subnormals flushed
-    // (divide_approx<true>), except in bf16 rows of one or two warps (N <= 2048 here), where
-    // __fdividef measured faster in bench_norms on the H200 (N = 768-2048: 91-96% of copy against
-    // 87-92%), though not alone: under ncu, with the caches flushed, the two took the same time at
-    // N = 768. In rows of three warps or more the flushing division gained (N = 3000 +5-6 points,
-    // 8192 +0-2, 16384 +4-7; 4096 -1-2). docs/PERFORMANCE.md.
-    auto kernel = output ? norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, true>
-                         : norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, false, false>;
-    if constexpr (std::is_same_v<T, bf16>)
-        if (output && l.threads_per_row <= 64)
-            kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false>;
+    // Under SavePolicy::Output, where 1 / weight is not in registers, the second pass divides by
+    // the weight with subnormals flushed (divide_approx<true>), except in bf16 rows of two warps
+    // (1024 < N <= 2048 here), where __fdividef measured faster in bench_norms on the H200
+    // (N = 768-2048, when those rows took one or two warps: 91-96% of copy against 87-92%), though
+    // not alone: under ncu, with the caches flushed, the two took the same time at N = 768. In rows
+    // of three warps or more the flushing division gained (N = 3000 +5-6 points, 8192 +0-2, 16384
+    // +4-7; 4096 -1-2). docs/PERFORMANCE.md.
+    auto kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, OUTPUT, OUTPUT>;
+    if constexpr (OUTPUT && std::is_same_v<T, bf16> && !affine_in_registers<T, VECS>())
+        if (l.threads_per_row <= 64) kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false>;
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    const int affine = affine_arrays(SHARED_AFFINE, output);
+    const int affine = affine_arrays<T, VECS, SHARED_AFFINE, OUTPUT>();
     int stages = kMaxStages;
     while (stages > 0 && backward_shared_bytes<T>(l, N, affine, stages) > size_t(optin)) --stages;
     if (stages == 0) return false;
@@ -953,16 +969,21 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
     if constexpr (!std::is_same_v<T, double>) {
         int clusters = 0;
         CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
-        FastLayout l = fast_layout<T>(backward_budget<T>(), N, {dx, dweight, dbias, dy, saved, weight, bias}, clusters);
-        auto run = [&](auto shape) {
-            if constexpr (shape() < backward_budget<T>().count) {
-                constexpr Shape s = backward_budget<T>().shapes[shape()];
-                return norm_backward_fast<T, s.vecs, s.max_block, s.shared_affine, s.cluster>(
-                    l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N, device);
-            }
-            return false;
+        auto run_policy = [&](auto output) {
+            constexpr bool OUTPUT = decltype(output)::value;
+            FastLayout l = fast_layout<T>(backward_budget<T, OUTPUT>(), N, {dx, dweight, dbias, dy, saved, weight, bias},
+                                          clusters);
+            auto run = [&](auto shape) {
+                if constexpr (shape() < backward_budget<T, OUTPUT>().count) {
+                    constexpr Shape s = backward_budget<T, OUTPUT>().shapes[shape()];
+                    return norm_backward_fast<T, OUTPUT, s.vecs, s.max_block, s.shared_affine, s.cluster>(
+                        l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, M, N, device);
+                }
+                return false;
+            };
+            return with_shape(l.shape, run);
         };
-        if (with_shape(l.shape, run)) return;
+        if (policy == SavePolicy::Output ? run_policy(std::true_type()) : run_policy(std::false_type())) return;
     }
     norm_backward_reference_cuda<T>(dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N,
                                     device);
