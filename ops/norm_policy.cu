@@ -284,24 +284,24 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   points at N = 768, 2048, 3000 and 8192); not f32, whose 2 x 4N bytes a block would cost
 //   blocks at N >= 8192, nor beside the next row in registers (1.5-2 points slower at 16384).
 // - The backward reads its rows from shared memory (see its kernel) and holds in registers the
-//   dweight and dbias sums of its columns (2 floats a column). The more columns a thread owns,
-//   the fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the
-//   loop), which measured faster than more threads with fewer registers: 4 vectors a thread (32
-//   columns of bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. Except
-//   bf16 under SavePolicy::Output, whose rows of up to 1024 columns take 2 vectors (two warps at
-//   N = 1024, not one), so that the bias and 1 / weight of a thread's 16 columns fit in
-//   registers (affine_in_registers: at N = 1024 97-99% of copy against 92-94%, no difference at
-//   768; at 2048 and above 2 vectors measured slower), and f32: short rows (up to 128 threads,
-//   N <= 1024) measured faster with 2 vectors in 64 registers, and rows of more than 2048 vectors (8192 < N <= 16384; 8 vectors of f32 spill)
-//   are split over a thread-block cluster of two blocks of 512 threads (sm_90 and later; see the
-//   kernel). Without clusters such rows take 4 vectors in blocks of 1024 threads, at 64 registers
-//   and without the weight in shared memory, where the LayerNorm's save-output backward at
-//   N = 16384 measured 76% of copy against 91% split. The weight (and the bias under
-//   SavePolicy::Output) is copied into shared memory once per block, ahead of the ring, so that
-//   a row's pass reads it there with one 16-byte load a vector instead of a global load, its
-//   address and its null-pointer test (bf16 backward +3-19 points, save-output the most; f32
-//   +1-15); all shapes but the 1024-thread one, whose one-slot ring leaves no room for two more
-//   rows of f32.
+//   dweight and dbias sums of its columns (2 floats a column). The more columns a thread owns, the
+//   fewer threads share a row's fixed costs (its reduction, its loads of mean and rstd, the loop),
+//   which measured faster than more threads with fewer registers: 4 vectors a thread (32 columns of
+//   bf16, 16 of f32) in blocks of up to 512 threads, 128 registers a thread. Except bf16 under
+//   SavePolicy::Output, whose rows of up to 1024 columns take 2 vectors (two warps at N = 1024, not
+//   one), so that the bias and 1 / weight of a thread's 16 columns fit in registers
+//   (affine_in_registers: at N = 1024 97-99% of copy against 92-94%, no difference at 768; at 2048
+//   and above 2 vectors measured slower), and f32: short rows (up to 128 threads, N <= 1024)
+//   measured faster with 2 vectors in 64 registers, and rows of more than 2048 vectors
+//   (8192 < N <= 16384; 8 vectors of f32 spill) are split over a thread-block cluster of two blocks of 512
+//   threads (sm_90 and later; see the kernel). Without clusters such rows take 4 vectors in blocks
+//   of 1024 threads, at 64 registers and without the weight in shared memory, where the LayerNorm's
+//   save-output backward at N = 16384 measured 76% of copy against 91% split. The weight (and the
+//   bias under SavePolicy::Output, where it is not in registers) is copied into shared memory once
+//   per block, ahead of the ring, so that a row's pass reads it there with one 16-byte load a
+//   vector instead of a global load, its address and its null-pointer test (bf16 backward +3-19
+//   points, save-output the most; f32 +1-15); all shapes but the 1024-thread one, whose one-slot
+//   ring leaves no room for two more rows of f32.
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 struct Shape {
     int vecs, max_block, max_row_threads;
@@ -494,22 +494,24 @@ __device__ inline void copy_async_wait(int pending) {  // pending: 0 or 1
 //   registers and spilled.
 // - OUTPUT: SavePolicy::Output, where x_hat = (y - bias) / weight. The first pass and the dweight
 //   sums work with y - bias (no division: g * x_hat = dy * (y - bias)), and the partial dweight is
-//   divided by the weight once per column. Where a thread has at most 8 columns of f32 or 16 of
-//   bf16 (affine_in_registers; more would spill), it holds their bias and 1 / weight in
-//   registers and the second pass multiplies; elsewhere the bias comes from shared memory and the
-//   second pass divides with divide_approx<FLUSH> (2 ulp; FLUSH: see norm_backward_fast).
+//   divided by the weight once per column. Where a thread has at most 16 columns (8 at 64
+//   registers: affine_in_registers), it holds their bias and 1 / weight in registers and the
+//   second pass multiplies (f32 N = 16384: 95-96% of copy against 91-92%); elsewhere the bias
+//   comes from shared memory and the second pass divides with divide_approx<FLUSH> (2 ulp;
+//   FLUSH: see norm_backward_fast).
 constexpr int kMaxStages = 2;  // a third slot measured slower (fewer groups fit)
 // Whether a thread of the backward under SavePolicy::Output holds 1 / weight and the bias of its
-// VECS vectors of columns in registers: where it has at most 8 columns of f32 or 16 of bf16.
-template <class T, int VECS>
+// VECS vectors of columns in registers: at most 16 columns, 8 in kernels of 1024 threads (64
+// registers). More spilled.
+template <class T, int VECS, int MAX_BLOCK>
 constexpr bool affine_in_registers() {
-    return VECS * Pack<T>::E <= (std::is_same_v<T, float> ? 8 : 16);
+    return VECS * Pack<T>::E <= (MAX_BLOCK > 512 ? 8 : 16);
 }
 // Arrays of a block's columns that the backward keeps in shared memory ahead of its ring (with
 // SHARED_AFFINE): the weight, and under SavePolicy::Output the bias unless it is in registers.
-template <class T, int VECS, bool SHARED_AFFINE, bool OUTPUT>
+template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, bool OUTPUT>
 constexpr int affine_arrays() {
-    return SHARED_AFFINE ? (OUTPUT && !affine_in_registers<T, VECS>() ? 2 : 1) : 0;
+    return SHARED_AFFINE ? (OUTPUT && !affine_in_registers<T, VECS, MAX_BLOCK>() ? 2 : 1) : 0;
 }
 
 // The block's rank in its thread-block cluster of CLUSTER blocks (0 without one).
@@ -557,7 +559,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     int stages) {
     static_assert(CLUSTER == 1 || CLUSTER == 2);
     constexpr int E = Pack<T>::E, Q = E / 4;
-    constexpr bool kInRegisters = OUTPUT && affine_in_registers<T, VECS>();
+    constexpr bool kInRegisters = OUTPUT && affine_in_registers<T, VECS, MAX_BLOCK>();
     extern __shared__ float4 shared4[];
     // Block `rank` of a cluster takes columns [rank * cols, (rank + 1) * cols) of the cluster's rows.
     const int cols = N / CLUSTER, rank = cluster_rank<CLUSTER>();
@@ -570,7 +572,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     const int group = threadIdx.x / threads_per_row, vecs_per_row = cols / E;
     float* reduce = reinterpret_cast<float*>(shared4);
     float2* exchange = reinterpret_cast<float2*>(shared4 + kReduceFloat4s);  // cluster_sum2's slots
-    constexpr int kAffine = affine_arrays<T, VECS, SHARED_AFFINE, OUTPUT>();
+    constexpr int kAffine = affine_arrays<T, VECS, MAX_BLOCK, SHARED_AFFINE, OUTPUT>();
     T* affine = reinterpret_cast<T*>(shared4 + kBackwardHeadFloat4s);  // weight, then bias (OUTPUT)
     T* ring = affine + kAffine * cols + size_t(group) * stages * 2 * cols;
     if constexpr (kAffine > 0) copy_affine_to_shared(affine, cols, weight, bias, kAffine > 1);
@@ -864,11 +866,12 @@ bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     // of three warps or more the flushing division gained (N = 3000 +5-6 points, 8192 +0-2, 16384
     // +4-7; 4096 -1-2). docs/PERFORMANCE.md.
     auto kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, OUTPUT, OUTPUT>;
-    if constexpr (OUTPUT && std::is_same_v<T, bf16> && !affine_in_registers<T, VECS>())
-        if (l.threads_per_row <= 64) kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false>;
+    if constexpr (OUTPUT && std::is_same_v<T, bf16> && !affine_in_registers<T, VECS, MAX_BLOCK>())
+        if (l.threads_per_row <= 64)
+            kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false>;
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    const int affine = affine_arrays<T, VECS, SHARED_AFFINE, OUTPUT>();
+    const int affine = affine_arrays<T, VECS, MAX_BLOCK, SHARED_AFFINE, OUTPUT>();
     int stages = kMaxStages;
     while (stages > 0 && backward_shared_bytes<T>(l, N, affine, stages) > size_t(optin)) --stages;
     if (stages == 0) return false;
