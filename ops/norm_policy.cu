@@ -25,9 +25,9 @@
 // The reference kernels take f64, N not a multiple of a vector, misaligned data, and rows longer
 // than the fast kernels hold (forward 32768, backward 16384), or rows whose backward does not
 // fit in the GPU's shared memory.
-// Determinism: the fast backward's dweight and dbias are summed per persistent block, and the
-// number of blocks depends on the GPU (SM count, occupancy): the same bits run to run on one GPU
-// model, not across models.
+// Determinism: the fast backward's dweight and dbias are summed per persistent block (or
+// cluster), and the number of blocks depends on the GPU (SM count, occupancy): the same bits run
+// to run on one GPU model, not across models.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -293,15 +293,15 @@ __device__ inline void group_sum2(float& a, float& b, float* shared, int threads
 //   (affine_in_registers: at N = 1024 97-99% of copy against 92-94%, no difference at 768; at 2048
 //   and above 2 vectors measured slower), and f32: short rows (up to 128 threads, N <= 1024)
 //   measured faster with 2 vectors in 64 registers, and rows of more than 2048 vectors
-//   (8192 < N <= 16384; 8 vectors of f32 spill) are split over a thread-block cluster of two blocks of 512
-//   threads (sm_90 and later; see the kernel). Without clusters such rows take 4 vectors in blocks
-//   of 1024 threads, at 64 registers and without the weight in shared memory, where the LayerNorm's
-//   save-output backward at N = 16384 measured 76% of copy against 91% split. The weight (and the
-//   bias under SavePolicy::Output, where it is not in registers) is copied into shared memory once
-//   per block, ahead of the ring, so that a row's pass reads it there with one 16-byte load a
-//   vector instead of a global load, its address and its null-pointer test (bf16 backward +3-19
-//   points, save-output the most; f32 +1-15); all shapes but the 1024-thread one, whose one-slot
-//   ring leaves no room for two more rows of f32.
+//   (8192 < N <= 16384; 8 vectors of f32 spill) are split over a thread-block cluster of two blocks
+//   of 512 threads (sm_90 and later; see the kernel). Without clusters such rows take 4 vectors in
+//   blocks of 1024 threads, at 64 registers and without the weight in shared memory, where the
+//   LayerNorm's save-output backward at N = 16384 measured 76% of copy against 91% split. The
+//   weight (and the bias under SavePolicy::Output, where it is not in registers) is copied into
+//   shared memory once per block, ahead of the ring, so that a row's pass reads it there with one
+//   16-byte load a vector instead of a global load, its address and its null-pointer test (bf16
+//   backward +3-19 points, save-output the most; f32 +1-15); all shapes but the 1024-thread one,
+//   whose one-slot ring leaves no room for two more rows of f32.
 // Chosen with bench_norms on an H200 (docs/PERFORMANCE.md).
 struct Shape {
     int vecs, max_block, max_row_threads;
@@ -663,7 +663,8 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
             float d[E], g[E], xh[E], w[E], out[E];
             terms(k, c, d, g, xh, w);  // again, from shared memory: cheaper than holding them in registers
             if constexpr (OUTPUT) {
-                for (int e = 0; e < E; ++e) xh[e] = kInRegisters ? xh[e] * inv_w[k][e] : divide_approx<FLUSH>(xh[e], w[e]);
+                for (int e = 0; e < E; ++e)
+                    xh[e] = kInRegisters ? xh[e] * inv_w[k][e] : divide_approx<FLUSH>(xh[e], w[e]);
             }
             for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
             store_pack(dx + row * N + c * E, out);
@@ -724,9 +725,12 @@ struct FastLayout {
 // Threads per row: a multiple of 32, at most the shape's max_row_threads, each with at most the
 // shape's vectors of the row; of the budget's shapes, the one that leaves the fewest vector slots
 // idle, the earlier on a tie. A block holds as many rows as fit in kRowsThreads threads (at
-// most 4 rows of several warps: row_barrier's named barriers).
+// most 4 rows of several warps: row_barrier's named barriers). A shape of cluster > 1 splits the
+// row into that many equal slices, one a block (threads_per_row is then a slice's); it is taken
+// only where `clusters` (clusters_available) and no single-block shape before it holds the row.
 template <class T>
-FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<const void*> ptrs, bool clusters = false) {
+FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<const void*> ptrs,
+                       bool clusters = false) {
     static_assert(kRowsThreads / 64 <= 4);
     FastLayout l;
     constexpr int E = Pack<T>::E;
@@ -851,6 +855,25 @@ size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int sta
     return sizeof(float4) * kBackwardHeadFloat4s + std::max(rows, 2 * cols * sizeof(float));
 }
 
+// Whether the backward may split rows over thread-block clusters on `device`: it launches
+// clusters (sm_90 and later), and this file's kernels run there from code built for sm_90 or
+// later (a build for an earlier architecture, run through its PTX, has no cluster code and would
+// trap). Asked once per device.
+bool clusters_available(int device) {
+    static std::mutex mutex;
+    static std::vector<std::pair<int, bool>> known;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [d, available] : known)
+        if (d == device) return available;
+    (void)cuda::stream(device);  // makes `device` current for the kernel's attributes
+    int launch = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, device));
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, sum_partial_rows_kernel<float>));
+    known.push_back({device, launch != 0 && attributes.ptxVersion >= 90});
+    return known.back().second;
+}
+
 // Launches the backward of one shape; false where its shared memory does not fit on the GPU. The
 // ring takes two slots a row where they fit, else one (f32 at N = 16384: 2 x 64 KiB a slot).
 template <class T, bool OUTPUT, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
@@ -970,12 +993,11 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        int clusters = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+        const bool clusters = clusters_available(device);
         auto run_policy = [&](auto output) {
             constexpr bool OUTPUT = decltype(output)::value;
-            FastLayout l = fast_layout<T>(backward_budget<T, OUTPUT>(), N, {dx, dweight, dbias, dy, saved, weight, bias},
-                                          clusters);
+            FastLayout l = fast_layout<T>(backward_budget<T, OUTPUT>(), N,
+                                          {dx, dweight, dbias, dy, saved, weight, bias}, clusters);
             auto run = [&](auto shape) {
                 if constexpr (shape() < backward_budget<T, OUTPUT>().count) {
                     constexpr Shape s = backward_budget<T, OUTPUT>().shapes[shape()];
