@@ -875,7 +875,8 @@ bool clusters_available(int device) {
 }
 
 // Launches the backward of one shape; false where its shared memory does not fit on the GPU. The
-// ring takes two slots a row where they fit, else one (f32 at N = 16384: 2 x 64 KiB a slot).
+// ring takes two slots a row where they fit, else one (the f32 1024-thread shape at N = 16384:
+// 2 x 64 KiB a slot).
 template <class T, bool OUTPUT, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
 bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
                         const float* mean, const float* rstd, const T* weight, const T* bias, bool centered, int64_t M,
