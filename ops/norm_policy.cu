@@ -727,7 +727,7 @@ struct FastLayout {
 // idle, the earlier on a tie. A block holds as many rows as fit in kRowsThreads threads (at
 // most 4 rows of several warps: row_barrier's named barriers). A shape of cluster > 1 splits the
 // row into that many equal slices, one a block (threads_per_row is then a slice's); it is taken
-// only where `clusters` (clusters_available) and no single-block shape before it holds the row.
+// only where `clusters` (DeviceLimits) and no single-block shape before it holds the row.
 template <class T>
 FastLayout fast_layout(const Budget& budget, int64_t N, std::initializer_list<const void*> ptrs,
                        bool clusters = false) {
@@ -855,32 +855,40 @@ size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int sta
     return sizeof(float4) * kBackwardHeadFloat4s + std::max(rows, 2 * cols * sizeof(float));
 }
 
-// Whether the backward may split rows over thread-block clusters on `device`: it launches
-// clusters (sm_90 and later), and this file's kernels run there from code built for sm_90 or
-// later (a build for an earlier architecture, run through its PTX, has no cluster code and would
-// trap). Asked once per device.
-bool clusters_available(int device) {
+// What the backward needs to know of a device, asked once per device: the shared memory a block
+// may opt in to (bytes), and whether rows may be split over thread-block clusters, which needs a
+// device that launches them (sm_90 and later) running this file's kernels from code built for
+// sm_90 or later (a build for an earlier architecture, run through its PTX, has no cluster code
+// and would trap).
+struct DeviceLimits {
+    int shared_optin = 0;
+    bool clusters = false;
+};
+DeviceLimits device_limits(int device) {
     static std::mutex mutex;
-    static std::vector<std::pair<int, bool>> known;
+    static std::vector<std::pair<int, DeviceLimits>> known;
     std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& [d, available] : known)
-        if (d == device) return available;
+    for (const auto& [d, limits] : known)
+        if (d == device) return limits;
     (void)cuda::stream(device);  // makes `device` current for the kernel's attributes
+    DeviceLimits limits;
     int launch = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&limits.shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     CUDA_CHECK(cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, device));
     cudaFuncAttributes attributes{};
     CUDA_CHECK(cudaFuncGetAttributes(&attributes, sum_partial_rows_kernel<float>));
-    known.push_back({device, launch != 0 && attributes.ptxVersion >= 90});
-    return known.back().second;
+    limits.clusters = launch != 0 && attributes.ptxVersion >= 90;
+    known.push_back({device, limits});
+    return limits;
 }
 
 // Launches the backward of one shape; false where its shared memory does not fit on the GPU. The
 // ring takes two slots a row where they fit, else one (the f32 1024-thread shape at N = 16384:
 // 2 x 64 KiB a slot).
 template <class T, bool OUTPUT, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
-bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
-                        const float* mean, const float* rstd, const T* weight, const T* bias, bool centered, int64_t M,
-                        int64_t N, int device) {
+bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, T* dweight, T* dbias, const T* dy,
+                        const T* saved, const float* mean, const float* rstd, const T* weight, const T* bias,
+                        bool centered, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     // Under SavePolicy::Output, where 1 / weight is not in registers, the second pass divides by
     // the weight with subnormals flushed (divide_approx<true>), except in bf16 rows of two warps
@@ -893,11 +901,9 @@ bool norm_backward_fast(const FastLayout& l, T* dx, T* dweight, T* dbias, const 
     if constexpr (OUTPUT && std::is_same_v<T, bf16> && !affine_in_registers<T, VECS, MAX_BLOCK>())
         if (l.threads_per_row <= 64)
             kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false>;
-    int optin = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     const int affine = affine_arrays<T, VECS, MAX_BLOCK, SHARED_AFFINE, OUTPUT>();
     int stages = kMaxStages;
-    while (stages > 0 && backward_shared_bytes<T>(l, N, affine, stages) > size_t(optin)) --stages;
+    while (stages > 0 && backward_shared_bytes<T>(l, N, affine, stages) > size_t(limits.shared_optin)) --stages;
     if (stages == 0) return false;
     size_t shared = backward_shared_bytes<T>(l, N, affine, stages);
     if (shared > 48 * 1024)
@@ -994,16 +1000,16 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
                         int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        const bool clusters = clusters_available(device);
+        const DeviceLimits limits = device_limits(device);
         auto run_policy = [&](auto output) {
             constexpr bool OUTPUT = decltype(output)::value;
             FastLayout l = fast_layout<T>(backward_budget<T, OUTPUT>(), N,
-                                          {dx, dweight, dbias, dy, saved, weight, bias}, clusters);
+                                          {dx, dweight, dbias, dy, saved, weight, bias}, limits.clusters);
             auto run = [&](auto shape) {
                 if constexpr (shape() < backward_budget<T, OUTPUT>().count) {
                     constexpr Shape s = backward_budget<T, OUTPUT>().shapes[shape()];
                     return norm_backward_fast<T, OUTPUT, s.vecs, s.max_block, s.shared_affine, s.cluster>(
-                        l, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, M, N, device);
+                        l, limits, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, M, N, device);
                 }
                 return false;
             };
