@@ -7,7 +7,8 @@
 # profiled: 3 warm-ups and 20 runs per case, in this order: layer forward 0-22, layer backward
 # input 23-45, layer backward output 46-68, rms forward 69-91, rms backward input 92-114, rms
 # backward output 115-137. For each launch it prints time, DRAM throughput and bytes, achieved
-# occupancy, issue-slot use, instructions, registers, hit rates, the largest warp stall reasons
+# occupancy, issue-slot use, instructions, registers, hit rates, shared-memory loads, wavefronts
+# and bank conflicts, the L1's and the LSU and XU pipes' use, the largest warp stall reasons
 # (cycles per issued instruction), and ncu's occupancy limits. Raw CSV goes to $OUT/ncu.
 set -u
 [ $# -ge 2 ] || { echo "usage: scripts/gpu_profile.sh BENCH LABEL:DTYPE:N:SKIP..." >&2; exit 2; }
@@ -15,6 +16,9 @@ OUT="${OUT:-gpu_out}"; mkdir -p "$OUT/ncu"
 BIN="$1"; shift
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
 M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size,launch__block_size,lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M="$M,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+M="$M,smsp__inst_executed_op_shared_ld.sum,l1tex__throughput.avg.pct_of_peak_sustained_active"
+M="$M,smsp__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
 for spec in "$@"; do
   IFS=: read -r label dtype n skip <<< "$spec"
   timeout 120 "$NCU" --clock-control none -k regex:fast_kernel --launch-skip "$skip" --launch-count 1 --metrics "$M" \
@@ -41,6 +45,12 @@ for spec in sys.argv[2:]:
           f"rd={g('dram__bytes_read.sum')/2**20:6.0f}MiB wr={g('dram__bytes_write.sum')/2**20:6.0f}MiB occ={g('sm__warps_active.avg.pct_of_peak_sustained_active'):5.1f}% "
           f"issue={g('smsp__issue_active.avg.pct_of_peak_sustained_active'):5.1f}% inst={g('smsp__inst_executed.sum')/1e6:6.1f}M regs={g('launch__registers_per_thread'):.0f} "
           f"blk={g('launch__block_size'):.0f} grid={g('launch__grid_size'):.0f} L2hit={g('lts__t_sector_hit_rate.pct'):4.1f} L1hit={g('l1tex__t_sector_hit_rate.pct'):4.1f}")
+    print(f"    shared: {g('smsp__inst_executed_op_shared_ld.sum')/1e6:.1f}M loads, "
+          f"{g('l1tex__data_pipe_lsu_wavefronts_mem_shared.sum')/1e6:.1f}M wavefronts, "
+          f"{g('l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum')/1e6:.2f}M bank conflicts; "
+          f"L1 throughput {g('l1tex__throughput.avg.pct_of_peak_sustained_active'):.1f}%, "
+          f"LSU pipe {g('smsp__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active'):.1f}%, "
+          f"XU pipe {g('smsp__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active'):.1f}%")
     print("    stalls/issue: " + ", ".join(f"{n}={v:.2f}" for v, n in stalls[:7]))
 PY
 for spec in "$@"; do
