@@ -2,6 +2,7 @@
 // printing, the global generator, and the autograd nodes of the shape functions.
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -37,8 +38,20 @@ int64_t shape_numel(const Shape& shape) {
     return n;
 }
 
+// Throws ShapeError naming `op` unless the contiguous strides of `shape` (sizes >= 0) fit in
+// int64: the product of its sizes, a size of 0 counted as 1, bounds every stride. A shape with a
+// 0 has no elements but still has strides, as in PyTorch ({0, 2^62, 2^62}: 2^124).
+void check_strides_fit(const char* op, const Shape& shape) {
+    int64_t span = 1;
+    for (int64_t s : shape)
+        NT_CHECK_AS(ShapeError, !__builtin_mul_overflow(span, std::max<int64_t>(s, 1), &span), op, ": shape ",
+                    shape_str(shape), " has strides that overflow int64 (expected the product of its nonzero sizes ",
+                    "to fit in int64)");
+}
+
 // numel of a shape about to back new or reshaped data: throws ShapeError naming `op` when a
-// size is negative or numel * elem_size would not fit in int64 (so no product below can overflow).
+// size is negative, numel * elem_size would not fit in int64, or the strides would not
+// (check_strides_fit), so that no product below can overflow.
 int64_t checked_numel(const char* op, const Shape& shape, size_t elem_size = 8) {
     for (int64_t s : shape)
         NT_CHECK_AS(ShapeError, s >= 0, op, ": expected sizes >= 0, got shape ", shape_str(shape));
@@ -48,6 +61,7 @@ int64_t checked_numel(const char* op, const Shape& shape, size_t elem_size = 8) 
                     op, ": shape ", shape_str(shape), " has more elements than fit in memory (expected numel * ",
                     elem_size, " bytes to fit in int64, got an overflow)");
     }
+    check_strides_fit(op, shape);
     return n;
 }
 
@@ -118,6 +132,7 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel, const Shape
     }
     NT_CHECK_AS(ShapeError, shape_numel(out) == numel, op, ": expected a shape of ", numel, " elements (input of shape ",
                 shape_str(from), "), got ", shape_str(shape));
+    check_strides_fit(op, out);
     return out;
 }
 

@@ -115,6 +115,11 @@ TEST_CASE("errors: factories refuse negative sizes, bad dtypes and sizes whose b
     check_error<ShapeError>([] { empty({int64_t(1) << 61}); }, {"empty", "numel * 4 bytes to fit in int64", "got an overflow"});
     check_error<ShapeError>([] { zeros({int64_t(1) << 31, int64_t(1) << 31, 4}, TensorOptions().dtype(DType::F64)); },
                             {"zeros", "numel * 8 bytes to fit in int64"});
+    // no elements, but strides that overflow int64 (stride 0 of [0, 2^62, 2^62] is 2^124)
+    check_error<ShapeError>([&] { empty({0, big, big}); },
+                            {"empty", "strides that overflow int64", "[0, 4611686018427387904, 4611686018427387904]"});
+    check_error<ShapeError>([] { zeros({int64_t(1) << 40, 0, int64_t(1) << 30}); }, {"zeros", "strides that overflow"});
+    CHECK(empty({0, big, 1}).strides() == Shape{big, 1, 1});  // the largest stride that fits
 }
 
 TEST_CASE("errors: an allocation no host can satisfy throws OutOfMemoryError with the bytes, and leaks nothing") {
@@ -143,6 +148,8 @@ TEST_CASE("errors: view, reshape, transpose, size, item, data_ptr, to and undefi
     check_error<ShapeError>([&] { x.view({-2, 3}); }, {"view", "sizes >= 0 or -1", "[-2, 3]"});
     int64_t big = int64_t(1) << 62;
     check_error<ShapeError>([&] { x.view({big, big, 0}); }, {"view", "overflows", "6 elements"});
+    check_error<ShapeError>([&] { empty({0}).view({0, big, big}); }, {"view", "strides that overflow int64"});
+    check_error<ShapeError>([&] { empty({0}).reshape({0, big, big}); }, {"reshape", "strides that overflow"});
     check_error<ShapeError>([&] { x.transpose(0, 1).view({6}); }, {"view", "contiguous", "strides [1, 3]"});
     check_error<ShapeError>([&] { x.transpose(0, 2); }, {"transpose", "dimensions in [-2, 2)", "got (0, 2)"});
     check_error<ShapeError>([&] { x.size(2); }, {"Tensor::size", "[-2, 2)", "got 2"});
