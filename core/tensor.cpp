@@ -400,7 +400,7 @@ void check_device(const char* op, Device device) {
 }
 
 // empty() on behalf of the factory `op`, whose name the messages carry. Throws ShapeError on a
-// negative size or a byte count that overflows int64, DTypeError on requires_grad for i64,
+// negative size or a byte count or stride that overflows int64, DTypeError on requires_grad for i64,
 // DeviceError for a CUDA device this build or machine does not have, OutOfMemoryError when the
 // allocator cannot give the bytes (the message gives the shape, dtype and bytes).
 Tensor empty_for(const char* op, const Shape& shape, TensorOptions options) {

@@ -83,8 +83,8 @@ public:
     template <class T>
     std::vector<T> to_vector() const;
 
-    // Same storage, new shape; one dim may be -1. Throws ShapeError unless numel matches and the
-    // tensor is contiguous. Differentiable.
+    // Same storage, new shape; one dim may be -1. Throws ShapeError unless numel matches, the
+    // new strides fit in int64 and the tensor is contiguous. Differentiable.
     Tensor view(const Shape& shape) const;
     // view() when contiguous, else a contiguous copy reshaped. Differentiable.
     Tensor reshape(const Shape& shape) const;
@@ -144,7 +144,7 @@ private:
 
 // Factories. `shape` entries must be >= 0; a tensor of zero elements is allowed here (ops reject
 // it). Each throws, naming itself: ShapeError on a negative size or when numel * element_size
-// overflows int64; DTypeError on requires_grad with i64 (randn: any non-floating dtype);
+// or a contiguous stride overflows int64; DTypeError on requires_grad with i64 (randn: any non-floating dtype);
 // DeviceError for a CUDA device when this build has no CUDA backend or no GPU is visible;
 // OutOfMemoryError when the allocator cannot give the bytes (the message gives shape and bytes).
 Tensor empty(const Shape& shape, TensorOptions options = {});

@@ -96,7 +96,7 @@ TEST_CASE("errors: the kinds are all normtape::Error, and AnomalyError is one of
     CHECK_THROWS_WITH([] { NT_CHECK(false, "op: expected ", 3, ", got ", 2); }(), "op: expected 3, got 2");
 }
 
-TEST_CASE("errors: factories refuse negative sizes, bad dtypes and sizes whose bytes overflow") {
+TEST_CASE("errors: factories refuse negative sizes, bad dtypes and sizes whose bytes or strides overflow") {
     check_error<ShapeError>([] { empty({2, -1}); }, {"empty", "expected sizes >= 0", "[2, -1]"});
     check_error<ShapeError>([] { zeros({-3}); }, {"zeros", "expected sizes >= 0", "[-3]"});
     check_error<ShapeError>([] { ones({-3}); }, {"ones", "[-3]"});
