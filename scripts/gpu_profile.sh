@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/gpu_profile.sh: Nsight Compute's hardware counters for chosen launches of the fast norm
-# kernels in bench_norms, on the GPU machine (ncu reads counters there; see docs/PERFORMANCE.md).
+# kernels in bench_norms; needs an NVIDIA GPU and Nsight Compute's ncu (see docs/PERFORMANCE.md).
 #   scripts/gpu_profile.sh BENCH LABEL:DTYPE:N:SKIP...
 #   e.g. scripts/gpu_profile.sh build-gpu/bench_norms fwd3000:bf16:3000:3 bin1024:bf16:1024:26
 # SKIP counts the launches of *fast_kernel in `bench_norms --n N --dtype DTYPE` before the one
@@ -9,10 +9,11 @@
 # backward output 115-137. For each launch it prints time, DRAM throughput and bytes, achieved
 # occupancy, issue-slot use, instructions, registers, hit rates, shared-memory loads, wavefronts
 # and bank conflicts, the L1's and the LSU and XU pipes' use, the largest warp stall reasons
-# (cycles per issued instruction), and ncu's occupancy limits. Raw CSV goes to $OUT/ncu.
+# (cycles per issued instruction), and ncu's occupancy limits. Raw CSV goes to $GPU_OUT/ncu
+# (default gpu_out/ncu).
 set -u
 [ $# -ge 2 ] || { echo "usage: scripts/gpu_profile.sh BENCH LABEL:DTYPE:N:SKIP..." >&2; exit 2; }
-OUT="${OUT:-gpu_out}"; mkdir -p "$OUT/ncu"
+GPU_OUT="${GPU_OUT:-gpu_out}"; mkdir -p "$GPU_OUT/ncu"
 BIN="$1"; shift
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
 M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size,launch__block_size,lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
@@ -22,9 +23,9 @@ M="$M,smsp__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,smsp__inst_e
 for spec in "$@"; do
   IFS=: read -r label dtype n skip <<< "$spec"
   timeout 120 "$NCU" --clock-control none -k regex:fast_kernel --launch-skip "$skip" --launch-count 1 --metrics "$M" \
-    --csv --page raw --print-units base "$BIN" --n "$n" --dtype "$dtype" > "$OUT/ncu/$label.csv" 2> "$OUT/ncu/$label.err" || echo "ncu $label failed"
+    --csv --page raw --print-units base "$BIN" --n "$n" --dtype "$dtype" > "$GPU_OUT/ncu/$label.csv" 2> "$GPU_OUT/ncu/$label.err" || echo "ncu $label failed"
 done
-python3 - "$OUT/ncu" "$@" <<'PY'
+python3 - "$GPU_OUT/ncu" "$@" <<'PY'
 import csv, sys, os, io
 d = sys.argv[1]
 for spec in sys.argv[2:]:
