@@ -3,13 +3,14 @@
 way (CUDA events, 3 warm-ups, then the median of 20 runs queued back to back, each between its own
 pair of events, so that Python's launch overhead is not counted), printed beside normtape's figures from the same run.
 
-  python3 scripts/bench_torch_norms.py --ours bench.json [--out compare.json] [--quick]
+  python3 scripts/bench_torch_norms.py --ours bench.json [--out compare.json] [--markdown table.md] [--quick]
 
 Forward: y = F.layer_norm(x, [N], weight, bias, 1e-5) (RMSNorm: F.rms_norm(x, [N], weight, 1e-5)).
 Backward: torch.autograd.grad(y, (x, weight[, bias]), dy) through the graph of one forward:
 dx, dweight and dbias, as normtape's backward. Bytes moved are counted as normtape counts them
 (forward 2 M N, backward 3 M N elements), so the ratio ours/theirs is a ratio of times.
 PyTorch saves its input, so its one backward stands beside both of normtape's policies.
+--markdown writes the table of docs/PERFORMANCE.md: one row per dtype, norm and N.
 """
 import argparse
 import json
@@ -66,10 +67,28 @@ def torch_rows(total, cases):
     return rows
 
 
+def markdown_table(merged):
+    """One row per (dtype, norm, N): % of copy forward and backward under both policies, the
+    save-output backward's time over the save-input one's, and ours / PyTorch (for the backward,
+    the slower of our two policies)."""
+    by = {(r["dtype"], r["norm"], r["N"], r["pass"], r["policy"]): r for r in merged}
+    lines = ["| dtype | norm | N | forward % copy | backward input % | backward output % | output / input time "
+             "| PyTorch fwd % | PyTorch bwd % | ours / PyTorch fwd | ours / PyTorch bwd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for dtype, norm, N in sorted({(k[0], k[1], k[2]) for k in by}, key=lambda k: (k[0], k[1], k[2])):
+        f, bi, bo = by[(dtype, norm, N, "forward", "-")], by[(dtype, norm, N, "backward", "input")], \
+            by[(dtype, norm, N, "backward", "output")]
+        lines.append(f"| {dtype} | {norm} | {N} | {f['pct_copy']:.1f} | {bi['pct_copy']:.1f} | {bo['pct_copy']:.1f} "
+                     f"| {bo['ms'] / bi['ms']:.3f} | {f['torch_pct_copy']:.1f} | {bi['torch_pct_copy']:.1f} "
+                     f"| {f['speedup']:.2f} | {min(bi['speedup'], bo['speedup']):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ours", required=True, help="JSON written by bench_norms --json")
     parser.add_argument("--out", help="write the merged rows as JSON here")
+    parser.add_argument("--markdown", help="write the one-row-per-shape table (docs/PERFORMANCE.md) here")
     parser.add_argument("--quick", action="store_true", help="M = 2^20 / N, as bench_norms --quick")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -93,6 +112,8 @@ def main():
               f"{row['torch_pct_copy']:8.1f} {row['speedup']:10.2f}")
     if args.out:
         json.dump(merged, open(args.out, "w"), indent=1)
+    if args.markdown:
+        open(args.markdown, "w").write(markdown_table(merged))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     ./build-gpu/bench_norms --reference --json "$GPU_OUT/bench.json" --csv "$GPU_OUT/bench.csv" > "$GPU_OUT/bench.log" 2>&1
     summary+=("bench_norms: exit $?")
     PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" --out "$GPU_OUT/compare.json" \
+        --markdown "$GPU_OUT/table.md" \
         > "$GPU_OUT/compare.log" 2>&1
     summary+=("bench_torch_norms: exit $?")
     ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 4 --log-every 1 \
