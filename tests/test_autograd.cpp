@@ -51,11 +51,11 @@ TEST_CASE("autograd: a second backward through released nodes throws and says wh
     Tensor x = leaf({3});
     Tensor y = sum(gelu(x));
     y.backward();
-    CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("backward through the graph a second time"), Error);
+    CHECK_THROWS_KIND_WITH(y.backward(), Error, "backward through the graph a second time");
     // Nodes with nothing saved are refused too.
     Tensor z = sum(scale(x, 2.0));
     z.backward();
-    CHECK_THROWS_WITH_AS(z.backward(), doctest::Contains("retain_graph=true"), Error);
+    CHECK_THROWS_KIND_WITH(z.backward(), Error, "retain_graph=true");
 }
 
 TEST_CASE("autograd: retain_graph keeps saved tensors for a second backward") {
@@ -93,16 +93,16 @@ TEST_CASE("autograd: a tensor modified in place after being saved is detected on
         NoGradGuard no_grad;
         h.add_(ones({3}, TensorOptions().dtype(DType::F64)));
     }
-    CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("modified by an in-place operation"), Error);
+    CHECK_THROWS_KIND_WITH(y.backward(), Error, "modified by an in-place operation");
 }
 
 TEST_CASE("autograd: backward argument errors") {
     Tensor x = leaf({2, 2});
-    CHECK_THROWS_WITH_AS(gelu(x).backward(), doctest::Contains("one-element"), Error);
-    CHECK_THROWS_WITH_AS(gelu(x).backward(ones({3}, TensorOptions().dtype(DType::F64))),
-                         doctest::Contains("expected a gradient of shape [2, 2]"), Error);
+    CHECK_THROWS_KIND_WITH(gelu(x).backward(), Error, "one-element");
+    CHECK_THROWS_KIND_WITH(gelu(x).backward(ones({3}, TensorOptions().dtype(DType::F64))), Error,
+                           "expected a gradient of shape [2, 2]");
     Tensor c = ones({1});
-    CHECK_THROWS_WITH_AS(c.backward(), doctest::Contains("does not require grad"), Error);
+    CHECK_THROWS_KIND_WITH(c.backward(), Error, "does not require grad");
 }
 
 TEST_CASE("autograd: saved_bytes counts a storage saved by several nodes once, and skips parameters") {

@@ -1,63 +1,20 @@
 // tests/test_cli.cpp: train_gpt as a user runs it: bad flags and data give one line and exit 2;
 // a short run writes JSON whose measured saving equals the prediction.
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
-namespace {
-
-struct Result {
-    int code;
-    std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-// A path unique to this process (ctest runs test cases in parallel processes).
-std::string temp_path(const std::string& name) {
-    std::string unique = "normtape_test_cli_" + std::to_string(getpid()) + "_" + name;
-    return (std::filesystem::temp_directory_path() / unique).string();
-}
-
-Result run_train_gpt(const std::string& args) {
-    std::string out = temp_path("stdout"), err = temp_path("stderr");
-    std::string cmd = std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out + " 2> " + err;
-    int status = std::system(cmd.c_str());
-    Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-    std::remove(out.c_str());
-    std::remove(err.c_str());
-    return r;
-}
-
-int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
-
-}  // namespace
+using namespace normtape::testing;
 
 TEST_SUITE("train_gpt") {
 
 TEST_CASE("train_gpt: bad flags, values and data: one line on stderr, exit code 2") {
-    if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
-        MESSAGE("skipped: train_gpt was not built");
-        return;
-    }
-    std::string short_file = temp_path("short.txt");
-    {
-        std::ofstream f(short_file);
-        f << "tiny";
-    }
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    std::string short_file = dir / "short.txt";
+    write_bytes(short_file, "tiny");
     struct Case {
         std::string args, says;
     };
@@ -69,28 +26,26 @@ TEST_CASE("train_gpt: bad flags, values and data: one line on stderr, exit code 
                           Case{"--data " + short_file + " --seq 8", "needs at least 10"},
                           Case{"--detect-anomaly=maybe", "--detect-anomaly"}, Case{"--lr 1e7", "--lr"}}) {
         CAPTURE(c.args);
-        Result r = run_train_gpt(c.args);
+        RunResult r = run_train_gpt(dir, c.args);
         CAPTURE(r.err);
         CHECK(r.code == 2);
         CHECK(lines(r.err) == 1);
         CHECK(r.err.find(c.says) != std::string::npos);
     }
-    std::remove(short_file.c_str());
-    Result help = run_train_gpt("--help");
+    RunResult help = run_train_gpt(dir, "--help");
     CHECK(help.code == 0);
     CHECK(help.out.find("--policy") != std::string::npos);
 }
 
 TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted saving") {
-    if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
-        MESSAGE("skipped: train_gpt was not built");
-        return;
-    }
-    std::string json = temp_path("run.json"), chart = temp_path("chart.svg");
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    std::string json = dir / "run.json", chart = dir / "chart.svg";
     for (const char* norm : {"layer", "rms"}) {
         CAPTURE(norm);
-        Result r = run_train_gpt(std::string("--steps 3 --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --log-every 1 --norm ") +
-                                 norm + " --json " + json + " --chart " + chart);
+        RunResult r = run_train_gpt(dir, std::string("--steps 3 --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 "
+                                                     "--log-every 1 --norm ") +
+                                             norm + " --json " + json + " --chart " + chart);
         CAPTURE(r.err);
         REQUIRE(r.code == 0);
         CHECK(r.out.find("= measured, to the byte") != std::string::npos);
@@ -105,29 +60,25 @@ TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted 
               j["measured_saving_bytes"].get<int64_t>());
         CHECK(slurp(chart).find("<svg") == 0);
     }
-    std::remove(json.c_str());
-    std::remove(chart.c_str());
 }
 
 TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op that made a NaN or Inf, exit code 1") {
-    if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
-        MESSAGE("skipped: train_gpt was not built");
-        return;
-    }
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
     const std::string tiny = "--data random --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input --log-every 1";
     // A healthy run raises nothing.
-    Result healthy = run_train_gpt(tiny + " --steps 3 --detect-anomaly");
+    RunResult healthy = run_train_gpt(dir, tiny + " --steps 3 --detect-anomaly");
     CAPTURE(healthy.err);
     CHECK(healthy.code == 0);
     // lr 1e4 diverges (weight decay alone multiplies each matrix by 1 - lr * 0.1 per step): without
     // the flag the run ends "successfully" with a NaN loss...
     const std::string diverging = tiny + " --steps 30 --lr 1e4";
-    Result silent = run_train_gpt(diverging);
+    RunResult silent = run_train_gpt(dir, diverging);
     CAPTURE(silent.err);
     CHECK(silent.code == 0);
     CHECK(silent.out.find("nan") != std::string::npos);
     // ...with it, the run stops at the first non-finite value and says which op made it, and when.
-    Result r = run_train_gpt(diverging + " --detect-anomaly");
+    RunResult r = run_train_gpt(dir, diverging + " --detect-anomaly");
     CAPTURE(r.err);
     CHECK(r.code == 1);
     CHECK(lines(r.err) == 1);
@@ -146,11 +97,9 @@ TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op tha
 }
 
 TEST_CASE("train_gpt: an output file that cannot be written: one line naming the file, exit code 1") {
-    if (std::string(NORMTAPE_TRAIN_GPT).empty()) {
-        MESSAGE("skipped: train_gpt was not built");
-        return;
-    }
-    Result r = run_train_gpt("--data random --steps 1 --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input "
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    RunResult r = run_train_gpt(dir, "--data random --steps 1 --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input "
                              "--json /nonexistent-dir/run.json");
     CAPTURE(r.err);
     CHECK(r.code == 1);

@@ -1,7 +1,8 @@
 // tests/test_tensor.cpp: Tensor and its storage: factories, shapes, views and copies, dtype
 // conversion, element access and its errors, printing, the generator, the CPU allocator's
 // counters, in-place updates and their version counter, and the missing CUDA backend.
-// Not here: the engine (test_autograd.cpp) and the ops (test_ops.cpp).
+// Not here: the engine (test_autograd.cpp) and the ops (test_elementwise.cpp, test_reduce.cpp,
+// test_matmul.cpp, test_attention.cpp, test_embedding.cpp, test_cross_entropy.cpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -15,10 +16,6 @@ using namespace normtape;
 using namespace normtape::testing;
 
 namespace {
-
-int64_t cpu_allocated() { return memory_stats(Device::CPU).allocated_bytes; }
-
-TensorOptions opts(DType dtype) { return TensorOptions().dtype(dtype); }
 
 std::string printed(const Tensor& t) {
     std::ostringstream ss;
@@ -71,13 +68,12 @@ TEST_SUITE("tensor") {
     }
 
     TEST_CASE("tensor: factories: bad input") {
-        CHECK_THROWS_WITH_AS(from_vector<double>({1, 2, 3}, {2, 2}), doctest::Contains("from_vector"), normtape::Error);
-        CHECK_THROWS_WITH_AS(from_vector<double>({1, 2, 3}, {2, 2}), doctest::Contains("[2, 2]"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(from_vector<double>({1, 2, 3}, {2, 2}), normtape::Error, "from_vector", "[2, 2]");
         CHECK_THROWS_AS(empty({2, -1}), normtape::Error);
         CHECK_THROWS_AS(zeros({-3}), normtape::Error);
         CHECK_THROWS_AS(full({-1, 2}, 1.0), normtape::Error);
-        CHECK_THROWS_WITH_AS(randn({2}, opts(DType::I64)), doctest::Contains("randn"), normtape::Error);
-        CHECK_THROWS_WITH_AS(arange(-1), doctest::Contains("arange"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(randn({2}, opts(DType::I64)), normtape::Error, "randn");
+        CHECK_THROWS_KIND_WITH(arange(-1), normtape::Error, "arange");
         CHECK_THROWS_AS(empty({2}, opts(DType::I64).requires_grad(true)), normtape::Error);
         CHECK_THROWS_AS(from_vector<int64_t>({1, 2}, {}, TensorOptions().requires_grad(true)), normtape::Error);
     }
@@ -99,8 +95,7 @@ TEST_SUITE("tensor") {
         CHECK(t.size(-1) == 4);
         CHECK(t.size(-2) == 3);
         CHECK(t.size(-3) == 2);
-        CHECK_THROWS_WITH_AS(t.size(3), doctest::Contains("size"), normtape::Error);
-        CHECK_THROWS_WITH_AS(t.size(3), doctest::Contains("[2, 3, 4]"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(t.size(3), normtape::Error, "size", "[2, 3, 4]");
         CHECK_THROWS_AS(t.size(-4), normtape::Error);
 
         Tensor s = zeros({});
@@ -131,17 +126,16 @@ TEST_SUITE("tensor") {
         CHECK(t.reshape({24}).storage() == t.storage());
         CHECK(zeros({0, 4}).view({-1, 2}).shape() == Shape{0, 2});
 
-        CHECK_THROWS_WITH_AS(t.view({5, 5}), doctest::Contains("view"), normtape::Error);
-        CHECK_THROWS_WITH_AS(t.view({5, 5}), doctest::Contains("[5, 5]"), normtape::Error);
-        CHECK_THROWS_WITH_AS(t.view({-1, -1}), doctest::Contains("view"), normtape::Error);
-        CHECK_THROWS_WITH_AS(t.view({-1, 5}), doctest::Contains("view"), normtape::Error);
-        CHECK_THROWS_WITH_AS(t.view({-2, -12}), doctest::Contains("view"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(t.view({5, 5}), normtape::Error, "view", "[5, 5]");
+        CHECK_THROWS_KIND_WITH(t.view({-1, -1}), normtape::Error, "view");
+        CHECK_THROWS_KIND_WITH(t.view({-1, 5}), normtape::Error, "view");
+        CHECK_THROWS_KIND_WITH(t.view({-2, -12}), normtape::Error, "view");
         CHECK_THROWS_AS(t.reshape({7, -1}), normtape::Error);
 
         // A transposed tensor cannot be viewed; reshape copies it instead.
         Tensor m = arange(6, opts(DType::F64)).view({2, 3});
         Tensor mt = m.transpose(0, 1);
-        CHECK_THROWS_WITH_AS(mt.view({6}), doctest::Contains("view"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(mt.view({6}), normtape::Error, "view");
         Tensor r = mt.reshape({6});
         CHECK(r.is_contiguous());
         CHECK(r.storage() != m.storage());
@@ -158,7 +152,7 @@ TEST_SUITE("tensor") {
         CHECK(mt.storage() == m.storage());
         CHECK(m.transpose(-1, -2).shape() == Shape{3, 2});
         CHECK(mt.transpose(0, 1).is_contiguous());
-        CHECK_THROWS_WITH_AS(m.transpose(0, 2), doctest::Contains("transpose"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(m.transpose(0, 2), normtape::Error, "transpose");
         CHECK_THROWS_AS(m.transpose(-3, 0), normtape::Error);
 
         Tensor c = mt.contiguous();
@@ -232,8 +226,7 @@ TEST_SUITE("tensor") {
         CHECK(full({}, 3.5, opts(DType::F64)).item<double>() == 3.5);
         CHECK(full({1, 1}, -2.0).item<float>() == -2.0f);
         CHECK(full({1}, 9, opts(DType::I64)).item<int64_t>() == 9);
-        CHECK_THROWS_WITH_AS(zeros({2}).item<float>(), doctest::Contains("item"), normtape::Error);
-        CHECK_THROWS_WITH_AS(zeros({2}).item<float>(), doctest::Contains("[2]"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(zeros({2}).item<float>(), normtape::Error, "item", "[2]");
         CHECK_THROWS_AS(zeros({0}).item<float>(), normtape::Error);
         CHECK(full({}, 0.1).item<double>() == static_cast<double>(0.1f));  // converts, as libtorch's item<T>
         CHECK(full({}, 7, opts(DType::I64)).item<float>() == 7.0f);
@@ -241,16 +234,13 @@ TEST_SUITE("tensor") {
     }
 
     TEST_CASE("tensor: item<T> converting NaN to i64 names the conversion") {
-        CHECK_THROWS_WITH_AS(full({}, std::nan("")).item<int64_t>(), doctest::Contains("does not fit in i64"),
-                             normtape::Error);
+        CHECK_THROWS_KIND_WITH(full({}, std::nan("")).item<int64_t>(), normtape::Error, "does not fit in i64");
     }
 
     TEST_CASE("tensor: data_ptr<T> checks the dtype") {
         Tensor f = zeros({3});
         CHECK(f.data_ptr<float>() != nullptr);
-        CHECK_THROWS_WITH_AS(f.data_ptr<double>(), doctest::Contains("data_ptr"), normtape::Error);
-        CHECK_THROWS_WITH_AS(f.data_ptr<double>(), doctest::Contains("f64"), normtape::Error);
-        CHECK_THROWS_WITH_AS(f.data_ptr<double>(), doctest::Contains("f32"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(f.data_ptr<double>(), normtape::Error, "data_ptr", "f64", "f32");
         CHECK_THROWS_AS(f.data_ptr<int64_t>(), normtape::Error);
         CHECK_THROWS_AS(zeros({3}, opts(DType::I64)).data_ptr<float>(), normtape::Error);
         // A transposed view points at the same first element.
@@ -427,11 +417,10 @@ TEST_SUITE("tensor") {
 
     TEST_CASE("tensor: in-place: shape and dtype mismatches throw") {
         Tensor a = zeros({2, 2}, opts(DType::F64));
-        CHECK_THROWS_WITH_AS(a.add_(zeros({4}, opts(DType::F64))), doctest::Contains("add_"), normtape::Error);
-        CHECK_THROWS_WITH_AS(a.add_(zeros({2, 2})), doctest::Contains("add_"), normtape::Error);
-        CHECK_THROWS_WITH_AS(a.copy_(zeros({2, 3}, opts(DType::F64))), doctest::Contains("copy_"), normtape::Error);
-        CHECK_THROWS_WITH_AS(a.copy_(zeros({2, 3}, opts(DType::F64))), doctest::Contains("[2, 3]"), normtape::Error);
-        CHECK_THROWS_WITH_AS(a.copy_(zeros({2, 2})), doctest::Contains("copy_"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(a.add_(zeros({4}, opts(DType::F64))), normtape::Error, "add_");
+        CHECK_THROWS_KIND_WITH(a.add_(zeros({2, 2})), normtape::Error, "add_");
+        CHECK_THROWS_KIND_WITH(a.copy_(zeros({2, 3}, opts(DType::F64))), normtape::Error, "copy_", "[2, 3]");
+        CHECK_THROWS_KIND_WITH(a.copy_(zeros({2, 2})), normtape::Error, "copy_");
         // A failed update leaves values and version alone.
         uint64_t v = a.storage()->version();
         CHECK_THROWS_AS(a.add_(zeros({3}, opts(DType::F64))), normtape::Error);
@@ -441,10 +430,10 @@ TEST_SUITE("tensor") {
     TEST_CASE("tensor: in-place on a tensor that requires grad throws unless under NoGradGuard") {
         Tensor x = ones({3}, TensorOptions().dtype(DType::F64).requires_grad(true));
         Tensor y = ones({3}, opts(DType::F64));
-        CHECK_THROWS_WITH_AS(x.add_(y), doctest::Contains("add_"), normtape::Error);
-        CHECK_THROWS_WITH_AS(x.mul_(2.0), doctest::Contains("mul_"), normtape::Error);
-        CHECK_THROWS_WITH_AS(x.fill_(2.0), doctest::Contains("fill_"), normtape::Error);
-        CHECK_THROWS_WITH_AS(x.copy_(y), doctest::Contains("copy_"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(x.add_(y), normtape::Error, "add_");
+        CHECK_THROWS_KIND_WITH(x.mul_(2.0), normtape::Error, "mul_");
+        CHECK_THROWS_KIND_WITH(x.fill_(2.0), normtape::Error, "fill_");
+        CHECK_THROWS_KIND_WITH(x.copy_(y), normtape::Error, "copy_");
         CHECK(x.to_vector<double>() == std::vector<double>{1, 1, 1});
         {
             NoGradGuard no_grad;
@@ -467,8 +456,7 @@ TEST_SUITE("tensor") {
         f.requires_grad_(false);
         CHECK_FALSE(f.requires_grad());
         Tensor i = arange(3);
-        CHECK_THROWS_WITH_AS(i.requires_grad_(), doctest::Contains("requires_grad_"), normtape::Error);
-        CHECK_THROWS_WITH_AS(i.requires_grad_(), doctest::Contains("i64"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(i.requires_grad_(), normtape::Error, "requires_grad_", "i64");
         CHECK_FALSE(i.requires_grad());
         // A non-leaf cannot change it.
         Tensor x = ones({2}, TensorOptions().dtype(DType::F64).requires_grad(true));
@@ -478,22 +466,19 @@ TEST_SUITE("tensor") {
     }
 
     TEST_CASE("tensor: without a visible GPU, Device::CUDA factories throw an Error mentioning cuda") {
-        if (cuda_is_available()) {
-            MESSAGE("skipped: a CUDA GPU is visible");
-            return;
-        }
+        if (cuda_is_available()) SKIP_TEST("a CUDA GPU is visible (this case is about machines without one)");
         TensorOptions cuda = TensorOptions().device(Device::CUDA);
         int64_t before = cpu_allocated();
-        CHECK_THROWS_WITH_AS(empty({2, 3}, cuda), doctest::Contains("cuda"), normtape::Error);
-        CHECK_THROWS_WITH_AS(zeros({2}, cuda), doctest::Contains("cuda"), normtape::Error);
-        CHECK_THROWS_WITH_AS(ones({2}, cuda), doctest::Contains("cuda"), normtape::Error);
-        CHECK_THROWS_WITH_AS(full({2}, 1.0, cuda), doctest::Contains("cuda"), normtape::Error);
-        CHECK_THROWS_WITH_AS(randn({2}, cuda), doctest::Contains("cuda"), normtape::Error);
-        CHECK_THROWS_WITH_AS(arange(4, cuda.dtype(DType::I64)), doctest::Contains("cuda"), normtape::Error);
-        CHECK_THROWS_WITH_AS(from_vector<float>({1, 2}, {}, cuda), doctest::Contains("cuda"), normtape::Error);
+        CHECK_THROWS_KIND_WITH(empty({2, 3}, cuda), normtape::Error, "cuda");
+        CHECK_THROWS_KIND_WITH(zeros({2}, cuda), normtape::Error, "cuda");
+        CHECK_THROWS_KIND_WITH(ones({2}, cuda), normtape::Error, "cuda");
+        CHECK_THROWS_KIND_WITH(full({2}, 1.0, cuda), normtape::Error, "cuda");
+        CHECK_THROWS_KIND_WITH(randn({2}, cuda), normtape::Error, "cuda");
+        CHECK_THROWS_KIND_WITH(arange(4, cuda.dtype(DType::I64)), normtape::Error, "cuda");
+        CHECK_THROWS_KIND_WITH(from_vector<float>({1, 2}, {}, cuda), normtape::Error, "cuda");
         if (!cuda_is_built()) {  // with the backend built, the (empty) counters exist without a GPU
-            CHECK_THROWS_WITH_AS(memory_stats(Device::CUDA), doctest::Contains("cuda"), normtape::Error);
-            CHECK_THROWS_WITH_AS(reset_peak_memory_stats(Device::CUDA), doctest::Contains("cuda"), normtape::Error);
+            CHECK_THROWS_KIND_WITH(memory_stats(Device::CUDA), normtape::Error, "cuda");
+            CHECK_THROWS_KIND_WITH(reset_peak_memory_stats(Device::CUDA), normtape::Error, "cuda");
         }
         CHECK(cpu_allocated() == before);
     }
@@ -503,10 +488,10 @@ TEST_SUITE("tensor") {
 
 TEST_CASE("tensor: shapes whose bytes overflow are refused, not wrapped") {
     const int64_t big = int64_t(1) << 32;
-    CHECK_THROWS_WITH_AS(empty({big, big}), doctest::Contains("more elements than fit"), Error);
-    CHECK_THROWS_WITH_AS(zeros({(int64_t(1) << 61) - 1}, TensorOptions().dtype(DType::I64)),
-                         doctest::Contains("more elements than fit"), Error);
-    CHECK_THROWS_WITH_AS(zeros({0}).view({big, big, 0, big}), doctest::Contains("view"), Error);
+    CHECK_THROWS_KIND_WITH(empty({big, big}), Error, "more elements than fit");
+    CHECK_THROWS_KIND_WITH(zeros({(int64_t(1) << 61) - 1}, TensorOptions().dtype(DType::I64)), Error,
+                           "more elements than fit");
+    CHECK_THROWS_KIND_WITH(zeros({0}).view({big, big, 0, big}), Error, "view");
 }
 
 TEST_CASE("tensor: copy_ from an overlapping view copies the values it had") {
@@ -517,9 +502,8 @@ TEST_CASE("tensor: copy_ from an overlapping view copies the values it had") {
 
 TEST_CASE("tensor: converting NaN or huge floats to i64 throws") {
     Tensor x = from_vector(std::vector<double>{1.0, std::nan("")});
-    CHECK_THROWS_WITH_AS(x.to(DType::I64), doctest::Contains("does not fit in i64"), Error);
-    CHECK_THROWS_WITH_AS(zeros({2}, TensorOptions().dtype(DType::I64)).fill_(1e30),
-                         doctest::Contains("does not fit in i64"), Error);
+    CHECK_THROWS_KIND_WITH(x.to(DType::I64), Error, "does not fit in i64");
+    CHECK_THROWS_KIND_WITH(zeros({2}, TensorOptions().dtype(DType::I64)).fill_(1e30), Error, "does not fit in i64");
 }
 
 }  // TEST_SUITE

@@ -8,15 +8,14 @@
 // PyTorch and writes loss and gradients back. Loss: relative error; each gradient: normwise
 // relative error ||ours - torch|| / ||torch||; both within tolerance(dtype).rtol (tests/test_util.h).
 //
-// Not here: per-op gradchecks (test_layer_norm.cpp, test_rms_norm.cpp, test_ops.cpp). Skipped,
-// with a message, where Debian's /usr/bin/python3 cannot import torch. The eight scripts run in
-// parallel, one thread each (each spends about 1.5 s importing torch).
+// Not here: per-op gradchecks (test_layer_norm.cpp, test_rms_norm.cpp, test_elementwise.cpp and
+// the other op files). Skipped (SKIP_TEST) where the interpreter (Debian's /usr/bin/python3)
+// cannot import torch. The eight scripts run in parallel, one thread each (each spends about
+// 1.5 s importing torch).
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,7 +28,8 @@ using normtape::testing::tolerance;
 
 namespace {
 
-// Debian's python3-torch by default; NORMTAPE_PYTHON names another interpreter (the GPU machine's).
+// Debian's python3-torch by default; NORMTAPE_PYTHON names another interpreter (one
+// whose torch has CUDA, for the bf16 GPU cases).
 std::string python() {
     const char* p = std::getenv("NORMTAPE_PYTHON");
     return p && *p ? p : "/usr/bin/python3";
@@ -50,25 +50,9 @@ bool torch_cuda_available() {
     return available;
 }
 
-// Allowed error against PyTorch: the f32/f64 figures of the issue (1e-5, 1e-10); in bf16 the two
+// Allowed error against PyTorch: tolerance(dtype).rtol in f32 and f64 (1e-5, 1e-10); in bf16 the two
 // frameworks round intermediate values at different points, so a few bf16 ulps (3.9e-3 each).
 double torch_tolerance(DType dtype) { return dtype == DType::BF16 ? 3e-2 : tolerance(dtype).rtol; }
-
-// A fresh directory under the system temp directory, removed with everything in it on scope exit.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        std::random_device rd;
-        std::ostringstream name;
-        name << "normtape_torch_" << std::hex << rd() << rd();
-        path = fs::temp_directory_path() / name.str();
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 // A path as one word of /bin/sh (the temp and source paths hold no single quote).
 std::string shell_quote(const fs::path& p) {
@@ -76,13 +60,6 @@ std::string shell_quote(const fs::path& p) {
     quoted += p.string();
     quoted += "'";
     return quoted;
-}
-
-std::string read_text(const fs::path& p) {
-    std::ifstream f(p);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -129,12 +106,9 @@ struct Case {
 TEST_SUITE("torch_crosscheck") {
 
 TEST_CASE("torch_crosscheck: GPT loss and parameter gradients match PyTorch") {
-    if (!torch_available()) {
-        MESSAGE("skipped: Debian's python3-torch is not installed");
-        return;
-    }
+    if (!torch_available()) SKIP_TEST(python() << " cannot import torch (Debian: apt-get install python3-torch)");
     const int64_t B = 2, T = 12, n_head = 2;
-    TempDir dir;
+    testing::TempDir dir("torch");
 
     // One batch for every case.
     manual_seed(7);
@@ -146,7 +120,7 @@ TEST_CASE("torch_crosscheck: GPT loss and parameter gradients match PyTorch") {
     save_safetensors(batch.string(), {{"idx", idx}, {"targets", targets}});
 
     // Ours: a model per case, its checkpoint, loss and gradients. f64 and f32 on the cpu against
-    // Debian's torch; bf16 on the GPU against the GPU machine's torch where both see a GPU.
+    // Debian's torch; bf16 on the GPU against the interpreter's torch where both see a GPU.
     std::vector<std::pair<DType, Device>> runs = {{DType::F64, Device::CPU}, {DType::F32, Device::CPU}};
     if (torch_cuda_available()) runs.emplace_back(DType::BF16, Device::CUDA);
     else MESSAGE("bf16 on the GPU: skipped (no GPU visible to both normtape and torch)");
@@ -211,7 +185,7 @@ TEST_CASE("torch_crosscheck: GPT loss and parameter gradients match PyTorch") {
     summary << std::scientific << "errors against PyTorch (loss relative, worst gradient normwise):";
     for (const Case& c : cases) {
         INFO(c.label);
-        std::string rc = read_text(c.rc), log = read_text(c.log);
+        std::string rc = testing::slurp(c.rc), log = testing::slurp(c.log);
         if (!rc.empty() && rc.back() == '\n') rc.pop_back();
         INFO("torch_reference.py exit status ", rc, ", output:\n", log);
         if (rc != "0") {

@@ -4,17 +4,30 @@
 
 #include <doctest/doctest.h>
 
+#include <cxxabi.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <memory>
+#include <source_location>
 #include <sstream>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "normtape.h"
 
 namespace normtape::testing {
 
-// Tolerances, one place (STYLE.md habit 22). rtol/atol for comparing two computations of the
+// Tolerances, in one place for every test file. rtol/atol for comparing two computations of the
 // same value in a dtype; gradcheck's step and tolerance for f64 central differences.
 struct Tolerance {
     double rtol, atol;
@@ -39,15 +52,94 @@ constexpr double kGradcheckAtol = 1e-8;
 
 inline std::vector<double> as_f64(const Tensor& t) { return t.to(DType::F64).to_vector<double>(); }
 
-// Skips the rest of a test case, with a message, where no CUDA GPU is visible.
+// Skipping a test case at run time, where what it tests cannot run here (no GPU, no PyTorch):
+// SKIP_TEST("why") prints the reason, marks the running test case skipped and returns from it.
+// tests/main.cpp counts the skipped cases: it reports how many, and exits with kSkipExitCode when
+// every test case that ran was skipped and none failed, which ctest (SKIP_RETURN_CODE) shows as
+// "Skipped" rather than "Passed". A check that failed before the skip still fails the case.
+constexpr int kSkipExitCode = 77;
+// Whether the running test case has called SKIP_TEST (tests/main.cpp resets it per test case).
+inline bool& current_test_skipped() {
+    static bool skipped = false;
+    return skipped;
+}
+#define SKIP_TEST(reason)                                              \
+    do {                                                               \
+        MESSAGE("skipped: " << reason);                                \
+        ::normtape::testing::current_test_skipped() = true;            \
+        return;                                                        \
+    } while (0)
+
+// Skips the rest of a test case where no CUDA GPU is visible.
 #define REQUIRE_CUDA_OR_SKIP()                                                                 \
     do {                                                                                       \
-        if (!::normtape::cuda_is_available()) {                                                \
-            MESSAGE("skipped: no CUDA GPU is visible (CUDA backend built: "                    \
-                    << (::normtape::cuda_is_built() ? "yes" : "no") << ")");                   \
-            return;                                                                            \
-        }                                                                                      \
+        if (!::normtape::cuda_is_available())                                                  \
+            SKIP_TEST("no CUDA GPU is visible (CUDA backend built: "                           \
+                      << std::string(::normtape::cuda_is_built() ? "yes" : "no") << ")");    \
     } while (0)
+
+// Skips the rest of a test case where the build made no train_gpt (NORMTAPE_BUILD_EXAMPLES=OFF).
+#define REQUIRE_TRAIN_GPT_OR_SKIP()                                                            \
+    do {                                                                                       \
+        if (std::string(NORMTAPE_TRAIN_GPT).empty()) SKIP_TEST("train_gpt was not built");     \
+    } while (0)
+
+// The readable name of a type: "normtape::ShapeError".
+inline std::string type_name(const std::type_info& type) {
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
+    return status == 0 && name ? name.get() : type.name();
+}
+
+// Whether check_throws accepts only the kind named or also a kind derived from it.
+enum class KindMatch { OrDerived, Exactly };
+
+// check_throws<Kind>(fn, {"word", ...}): fn() throws a Kind (under KindMatch::Exactly, a Kind and
+// not a class derived from it) whose message contains every word given. A failure names the line
+// of the call, the kind expected and the kind and message thrown. CHECK_THROWS_KIND_WITH is the
+// same check for an expression.
+template <class Kind, class F>
+void check_throws(F&& fn, const std::vector<std::string>& words, KindMatch match = KindMatch::OrDerived,
+                  std::source_location where = std::source_location::current()) {
+    std::string thrown = "nothing", message;
+    bool kind_ok = false;
+    try {
+        fn();
+    } catch (const std::exception& e) {
+        thrown = type_name(typeid(e));
+        message = e.what();
+        kind_ok = match == KindMatch::Exactly ? typeid(e) == typeid(Kind) : dynamic_cast<const Kind*>(&e) != nullptr;
+    } catch (...) {
+        thrown = "an exception not derived from std::exception";
+    }
+    INFO("check_throws at " << where.file_name() << ":" << where.line() << ": expected " << type_name(typeid(Kind))
+                            << (match == KindMatch::Exactly ? "" : " or a kind derived from it") << ", got " << thrown
+                            << (message.empty() ? "" : ": ") << message);
+    CHECK(kind_ok);
+    for (const std::string& word : words) {
+        INFO("the message should contain \"" << word << "\"");
+        CHECK(message.find(word) != std::string::npos);
+    }
+}
+
+#define CHECK_THROWS_KIND_WITH(expr, Kind, ...) \
+    ::normtape::testing::check_throws<Kind>([&] { (void)(expr); }, {__VA_ARGS__})
+
+// Shorthands of the op and tensor tests.
+inline constexpr DType kFloatTypes[] = {DType::F64, DType::F32};
+inline int64_t cpu_allocated() { return memory_stats(Device::CPU).allocated_bytes; }
+inline TensorOptions opts(DType dtype) { return TensorOptions().dtype(dtype); }
+// Standard normals of `dtype`, times `scale`; no gradient.
+inline Tensor input(const Shape& shape, DType dtype, double scale = 1.0) {
+    Tensor t = randn(shape, opts(dtype));
+    t.mul_(scale);
+    return t;
+}
+// An expected result, in f64.
+inline Tensor expected(const std::vector<double>& values, const Shape& shape) {
+    return from_vector<double>(values, shape);
+}
+inline Tensor ids(const std::vector<int64_t>& values, const Shape& shape) { return from_vector<int64_t>(values, shape); }
 
 // Largest |a - b| and whether every element passes |a - b| <= atol + rtol * |b|.
 struct Comparison {
@@ -169,13 +261,69 @@ inline std::string gradcheck(const std::function<Tensor(const std::vector<Tensor
         CHECK(why_.empty());                                           \
     } while (0)
 
-// Path of the shared real text, or "" when absent (tests that need it skip with a message).
-inline std::string shakespeare_path() {
-    std::string p = std::string(NORMTAPE_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt";
-    std::FILE* f = std::fopen(p.c_str(), "rb");
-    if (!f) return "";
-    std::fclose(f);
-    return p;
+// Path of the real text the training tests learn, data/tinyshakespeare.txt in the repository.
+inline std::string shakespeare_path() { return std::string(NORMTAPE_SOURCE_DIR) + "/data/tinyshakespeare.txt"; }
+
+// ---------------------------------------------------------------- files and train_gpt
+
+// A fresh directory under the system temp directory, unique to this process (ctest runs test
+// cases in parallel processes) and to `name`; removed with everything in it on scope exit.
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(const std::string& name) {
+        namespace fs = std::filesystem;
+        path = fs::temp_directory_path() / ("normtape_test_" + name + "_" + std::to_string(getpid()));
+        fs::remove_all(path);
+        fs::create_directories(path);
+    }
+    ~TempDir() {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);  // a test may leave it read-only
+        fs::remove_all(path, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// The bytes of a file ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A safetensors file: 8-byte little-endian length of `header` (or `claimed_length`), `header`, `data`.
+inline std::string st_file(const std::string& header, const std::string& data = "",
+                           uint64_t claimed_length = UINT64_MAX) {
+    uint64_t n = claimed_length == UINT64_MAX ? header.size() : claimed_length;
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    return out + header + data;
+}
+
+inline int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+// What a run of train_gpt gave: its exit code (-1 when it did not exit), stdout and stderr.
+struct RunResult {
+    int code;
+    std::string out, err;
+};
+
+// Runs the train_gpt that this build made (NORMTAPE_TRAIN_GPT) with `args` (one /bin/sh command
+// line), its output going through files in `dir`.
+inline RunResult run_train_gpt(const TempDir& dir, const std::string& args) {
+    std::string out = dir / "stdout", err = dir / "stderr";
+    std::string cmd = std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out + " 2> " + err;
+    int status = std::system(cmd.c_str());
+    return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
 }
 
 }  // namespace normtape::testing
