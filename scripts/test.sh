@@ -10,8 +10,9 @@
 #                                (any finding fails the test that made it)
 # The flags combine (--sanitize --fast). A test that cannot run here (the CUDA tests without a
 # GPU, the PyTorch cross-check without torch) is reported by ctest as skipped, not passed. After
-# ctest's own summary the script prints one line of counts:
-#   normtape tests: 157 run, 147 passed, 0 failed, 10 skipped
+# ctest's own summary the script prints the counts:
+#   normtape tests: 157 ran
+#   normtape: 147 passed, 0 failed, 10 skipped
 # and exits non-zero when a test failed.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 CTEST_ARGS=()
@@ -43,7 +44,8 @@ ctest --output-on-failure -j "$(nproc)" --output-junit "$junit" "${CTEST_ARGS[@]
 count() { sed -n "s/^[[:space:]]*$1=\"\([0-9]*\)\".*/\1/p" "$junit" | head -n 1; }
 if [ -f "$junit" ]; then
     run=$(count tests) failed=$(count failures) skipped=$(count skipped)
-    echo "normtape tests: $run run, $((run - failed - skipped)) passed, $failed failed, $skipped skipped"
+    echo "normtape tests: $run ran"
+    echo "normtape: $((run - failed - skipped)) passed, $failed failed, $skipped skipped"
     [ "$failed" -eq 0 ] || status=1
 else
     echo "normtape tests: ctest wrote no report (exit status $status)"
