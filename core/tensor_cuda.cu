@@ -3,6 +3,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 
 namespace normtape::detail {
@@ -55,10 +56,6 @@ __global__ void from_float_kernel(T* __restrict__ dst, const float* __restrict__
         dst[i] = static_cast<T>(src[i]);
 }
 
-template <class T>
-T* ptr(const Tensor& t) {
-    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
-}
 
 }  // namespace
 
@@ -79,7 +76,7 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
         dispatch_all(src.dtype(), [&](auto src_tag) {
             using S = decltype(src_tag);
             copy_strided_kernel<D, S><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(
-                ptr<D>(dst), static_cast<const S*>(src.storage()->data()), layout, n);
+                device_ptr<D>(dst), static_cast<const S*>(src.storage()->data()), layout, n);
             CUDA_LAUNCH_CHECK();
         });
     });
@@ -91,7 +88,8 @@ void fill_cuda(const Tensor& dst, double value) {
     cudaStream_t stream = cuda::stream(dst.device().index);
     dispatch_all(dst.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        fill_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(dst), static_cast<T>(value), n);
+        fill_kernel<T>
+            <<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(device_ptr<T>(dst), static_cast<T>(value), n);
         CUDA_LAUNCH_CHECK();
     });
 }
@@ -102,7 +100,7 @@ void add_scaled_cuda(const Tensor& a, const Tensor& b, double alpha) {
     cudaStream_t stream = cuda::stream(a.device().index);
     dispatch_floating(a.dtype(), "add_", [&](auto tag) {
         using T = decltype(tag);
-        add_scaled_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(a), ptr<T>(b),
+        add_scaled_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(device_ptr<T>(a), device_ptr<T>(b),
                                                                                 static_cast<acc_t<T>>(alpha), n);
         CUDA_LAUNCH_CHECK();
     });
@@ -114,7 +112,8 @@ void mul_scalar_cuda(const Tensor& a, double value) {
     cudaStream_t stream = cuda::stream(a.device().index);
     dispatch_floating(a.dtype(), "mul_", [&](auto tag) {
         using T = decltype(tag);
-        mul_scalar_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(a), static_cast<acc_t<T>>(value), n);
+        mul_scalar_kernel<T>
+            <<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(device_ptr<T>(a), static_cast<acc_t<T>>(value), n);
         CUDA_LAUNCH_CHECK();
     });
 }
@@ -128,15 +127,17 @@ void randn_cuda(const Tensor& t) {
     cudaStream_t stream = cuda::stream(device);
     if (t.dtype() == DType::F64) {
         Tensor tmp = empty({even}, TensorOptions().dtype(DType::F64).device(t.device()));
-        CURAND_CHECK(curandGenerateNormalDouble(gen, ptr<double>(tmp), static_cast<size_t>(even), 0.0, 1.0));
-        CUDA_CHECK(cudaMemcpyAsync(ptr<double>(t), ptr<double>(tmp), n * sizeof(double), cudaMemcpyDeviceToDevice, stream));
+        CURAND_CHECK(curandGenerateNormalDouble(gen, device_ptr<double>(tmp), static_cast<size_t>(even), 0.0, 1.0));
+        CUDA_CHECK(cudaMemcpyAsync(device_ptr<double>(t), device_ptr<double>(tmp), n * sizeof(double),
+                                   cudaMemcpyDeviceToDevice, stream));
         return;
     }
     Tensor tmp = empty({even}, TensorOptions().dtype(DType::F32).device(t.device()));
-    CURAND_CHECK(curandGenerateNormal(gen, ptr<float>(tmp), static_cast<size_t>(even), 0.0f, 1.0f));
+    CURAND_CHECK(curandGenerateNormal(gen, device_ptr<float>(tmp), static_cast<size_t>(even), 0.0f, 1.0f));
     dispatch_floating(t.dtype(), "randn", [&](auto tag) {
         using T = decltype(tag);
-        from_float_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(ptr<T>(t), ptr<float>(tmp), n);
+        from_float_kernel<T>
+            <<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(device_ptr<T>(t), device_ptr<float>(tmp), n);
         CUDA_LAUNCH_CHECK();
     });
 }

@@ -29,6 +29,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/device_ptr.h"
 #include "normtape.h"
 #include "ops/cuda_launchers.h"
 
@@ -67,10 +68,7 @@ double time_ms(const std::function<void()>& fn, int warmup = 3, int repeats = 20
     return times[times.size() / 2];
 }
 
-template <class T>
-T* ptr(const Tensor& t) {
-    return t.defined() ? static_cast<T*>(t.storage()->data()) : nullptr;
-}
+using detail::device_ptr;
 
 template <class T>
 void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64_t>& sizes, bool reference,
@@ -85,8 +83,8 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
         Tensor dw = empty({N}, o), db = empty({N}, o), mean = empty({M}, so), rstd = empty({M}, so);
         const double bytes = static_cast<double>(M * N) * sizeof(T);
         double copy_ms = time_ms([&] {
-            CUDA_CHECK(cudaMemcpyAsync(ptr<T>(y), ptr<T>(x), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
-                                       cuda::stream(0)));
+            CUDA_CHECK(cudaMemcpyAsync(device_ptr<T>(y), device_ptr<T>(x), static_cast<size_t>(bytes),
+                                       cudaMemcpyDeviceToDevice, cuda::stream(0)));
         });
         double copy_gbps = 2 * bytes / copy_ms / 1e6;
         rows.push_back({dtype_name_, "-", "copy", "-", N, M, copy_ms, copy_gbps, 100.0});
@@ -101,18 +99,21 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
             std::string suffix = kernels == 0 ? "" : " (reference)";
             for (bool centered : {true, false}) {
                 std::string norm = std::string(centered ? "layer" : "rms") + suffix;
-                float* m = centered ? ptr<float>(mean) : nullptr;
-                T* bias = centered ? ptr<T>(b) : nullptr;
+                float* m = centered ? device_ptr<float>(mean) : nullptr;
+                T* bias = centered ? device_ptr<T>(b) : nullptr;
                 add_row(norm, "forward", "-", time_ms([&] {
-                            forward(ptr<T>(y), m, ptr<float>(rstd), ptr<T>(x), ptr<T>(w), bias, M, N, 1e-5, 0);
-                        }), 2 * bytes);
+                            forward(device_ptr<T>(y), m, device_ptr<float>(rstd), device_ptr<T>(x), device_ptr<T>(w),
+                                    bias, M, N, 1e-5, 0);
+                        }),
+                        2 * bytes);
                 for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
-                    const T* saved = policy == SavePolicy::Input ? ptr<T>(x) : ptr<T>(y);
+                    const T* saved = policy == SavePolicy::Input ? device_ptr<T>(x) : device_ptr<T>(y);
                     add_row(norm, "backward", policy_name(policy), time_ms([&] {
-                                backward(ptr<T>(dx), ptr<T>(dw), centered ? ptr<T>(db) : nullptr, ptr<T>(dy), saved,
-                                         policy == SavePolicy::Input ? m : nullptr, ptr<float>(rstd), ptr<T>(w), bias,
-                                         centered, policy, M, N, 0);
-                            }), 3 * bytes);
+                                backward(device_ptr<T>(dx), device_ptr<T>(dw), centered ? device_ptr<T>(db) : nullptr,
+                                         device_ptr<T>(dy), saved, policy == SavePolicy::Input ? m : nullptr,
+                                         device_ptr<float>(rstd), device_ptr<T>(w), bias, centered, policy, M, N, 0);
+                            }),
+                            3 * bytes);
                 }
             }
         }

@@ -5,6 +5,7 @@
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 #include "nn/adamw_update.h"
 
@@ -20,10 +21,7 @@ double sum_squares_cuda(const T* x, int64_t n, int device);
 }  // namespace detail
 
 namespace {
-template <class T>
-T* raw(const Tensor& t) {
-    return t.defined() ? static_cast<T*>(t.storage()->data()) + t.impl().offset : nullptr;
-}
+using detail::device_ptr;
 }  // namespace
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std::move(groups)), options_(options) {
@@ -75,14 +73,15 @@ void AdamW::step() {
                 using T = decltype(tag);
                 using A = acc_t<T>;
                 if (p.device().is_cuda()) {
-                    NT_CUDA(detail::adamw_step_cuda<T>(raw<T>(p), raw<A>(st.master), raw<T>(g), raw<A>(st.m),
-                                                       raw<A>(st.v), p.numel(), s, p.device().index));
+                    NT_CUDA(detail::adamw_step_cuda<T>(device_ptr<T>(p), device_ptr<A>(st.master), device_ptr<T>(g),
+                                                       device_ptr<A>(st.m), device_ptr<A>(st.v), p.numel(), s,
+                                                       p.device().index));
                     return;
                 }
-                T* pp = raw<T>(p);
-                A* master = raw<A>(st.master);
-                const T* pg = raw<T>(g);
-                A *pm = raw<A>(st.m), *pv = raw<A>(st.v);
+                T* pp = device_ptr<T>(p);
+                A* master = device_ptr<A>(st.master);
+                const T* pg = device_ptr<T>(g);
+                A *pm = device_ptr<A>(st.m), *pv = device_ptr<A>(st.v);
                 for (int64_t k = 0, end = p.numel(); k < end; ++k)
                     detail::adamw_update<T>(pp + k, master ? master + k : nullptr, pg[k], pm + k, pv + k, s);
             });
@@ -118,10 +117,10 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
         dispatch_floating(g.dtype(), "clip_grad_norm_", [&](auto tag) {
             using T = decltype(tag);
             if (g.device().is_cuda()) {
-                NT_CUDA(total += detail::sum_squares_cuda<T>(raw<T>(g), g.numel(), g.device().index));
+                NT_CUDA(total += detail::sum_squares_cuda<T>(device_ptr<T>(g), g.numel(), g.device().index));
                 return;
             }
-            const T* pg = raw<T>(g);
+            const T* pg = device_ptr<T>(g);
             for (int64_t k = 0, end = g.numel(); k < end; ++k) total += double(pg[k]) * double(pg[k]);
         });
     }

@@ -1,9 +1,13 @@
-// nn/adamw.cu: AdamW and the gradient norm on the GPU (formula: nn/adamw_update.h).
+// nn/adamw.cu: AdamW and the gradient norm on the GPU (formula: nn/adamw_update.h). block_sum and
+// the gradient norm's last pass (single_block_sum_cuda) are the ops' (ops/cuda_common.cuh,
+// ops/cuda_common.cu: nn may use ops).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/device_ptr.h"
 #include "core/tensor.h"
 #include "nn/adamw_update.h"
 #include "ops/cuda_common.cuh"
+#include "ops/cuda_launchers.h"
 
 namespace normtape::detail {
 
@@ -18,8 +22,8 @@ __global__ void adamw_kernel(T* __restrict__ p, acc_t<T>* __restrict__ master, c
 
 constexpr int kSumBlocks = 256, kSumThreads = 256;
 
-// partial[block] = sum of x^2 over a grid-stride slice, in double; then one block sums partials
-// in order: deterministic.
+// partial[block] = sum of x^2 over a grid-stride slice, in double; then one block sums the
+// partials in order (single_block_sum_cuda): deterministic.
 template <class T>
 __global__ void sum_squares_partial_kernel(double* __restrict__ partial, const T* __restrict__ x, int64_t n) {
     __shared__ double shared[32];
@@ -30,13 +34,6 @@ __global__ void sum_squares_partial_kernel(double* __restrict__ partial, const T
     }
     s = block_sum(s, shared);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
-
-__global__ void sum_partials_kernel(double* __restrict__ out, const double* __restrict__ partial, int n) {
-    __shared__ double shared[32];
-    double s = threadIdx.x < n ? partial[threadIdx.x] : 0.0;
-    s = block_sum(s, shared);
-    if (threadIdx.x == 0) out[0] = s;
 }
 
 }  // namespace
@@ -51,12 +48,11 @@ void adamw_step_cuda(T* p, acc_t<T>* master, const T* g, acc_t<T>* m, acc_t<T>* 
 template <class T>
 double sum_squares_cuda(const T* x, int64_t n, int device) {
     Tensor partial = empty({kSumBlocks + 1}, TensorOptions().dtype(DType::F64).device(Device::cuda(device)));
-    double* pp = static_cast<double*>(partial.storage()->data());
+    double* pp = device_ptr<double>(partial);
     cudaStream_t stream = cuda::stream(device);
     sum_squares_partial_kernel<T><<<kSumBlocks, kSumThreads, 0, stream>>>(pp, x, n);
     CUDA_LAUNCH_CHECK();
-    sum_partials_kernel<<<1, kSumBlocks, 0, stream>>>(pp + kSumBlocks, pp, kSumBlocks);
-    CUDA_LAUNCH_CHECK();
+    single_block_sum_cuda<double, double>(pp + kSumBlocks, pp, kSumBlocks, 1.0, device);
     double out = 0;
     CUDA_CHECK(cudaMemcpyAsync(&out, pp + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -8,6 +8,7 @@
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
@@ -97,10 +98,7 @@ void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* att, 
     for (size_t i = 0; i < grad.size(); ++i) dqkv[i] = static_cast<T>(grad[i]);
 }
 
-template <class T>
-T* raw(const Tensor& t) {
-    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
-}
+using detail::device_ptr;
 
 struct AttentionBackward : Node {
     SavedTensor qkv, att;
@@ -114,11 +112,12 @@ struct AttentionBackward : Node {
         dispatch_floating(q.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
             if (q.device().is_cuda()) {
-                NT_CUDA(detail::attention_backward_cuda<T>(raw<T>(dqkv), raw<T>(g), raw<T>(q), raw<T>(a), q.size(0),
-                                                           q.size(1), q.size(2) / 3, n_head, q.device().index));
+                NT_CUDA(detail::attention_backward_cuda<T>(device_ptr<T>(dqkv), device_ptr<T>(g), device_ptr<T>(q),
+                                                           device_ptr<T>(a), q.size(0), q.size(1), q.size(2) / 3,
+                                                           n_head, q.device().index));
             } else {
-                attention_backward_cpu<T>(raw<T>(dqkv), raw<T>(g), raw<T>(q), raw<T>(a), q.size(0), q.size(1),
-                                          q.size(2) / 3, n_head);
+                attention_backward_cpu<T>(device_ptr<T>(dqkv), device_ptr<T>(g), device_ptr<T>(q), device_ptr<T>(a),
+                                          q.size(0), q.size(1), q.size(2) / 3, n_head);
             }
         });
         return {dqkv};
@@ -150,10 +149,10 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
     dispatch_floating(qkv.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
         if (qkv.device().is_cuda()) {
-            NT_CUDA(detail::attention_forward_cuda<T>(raw<T>(out), raw<T>(att), raw<T>(qkv), B, Tn, C, n_head,
-                                                      qkv.device().index));
+            NT_CUDA(detail::attention_forward_cuda<T>(device_ptr<T>(out), device_ptr<T>(att), device_ptr<T>(qkv), B, Tn,
+                                                      C, n_head, qkv.device().index));
         } else {
-            attention_forward_cpu<T>(raw<T>(out), raw<T>(att), raw<T>(qkv), B, Tn, C, n_head);
+            attention_forward_cpu<T>(device_ptr<T>(out), device_ptr<T>(att), device_ptr<T>(qkv), B, Tn, C, n_head);
         }
     });
     if (should_record(qkv)) record(std::make_shared<AttentionBackward>(qkv, att, n_head), out, qkv);

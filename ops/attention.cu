@@ -6,6 +6,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/device_ptr.h"
 #include "core/tensor.h"
 #include "ops/cuda_common.cuh"
 #include "ops/cuda_launchers.h"
@@ -68,10 +69,6 @@ __global__ void causal_softmax_backward_kernel(T* __restrict__ dscores, const T*
         out[j] = static_cast<T>(j <= t ? scale * A(a[j]) * (d[j] - dot) : A(0));
 }
 
-template <class U>
-U* raw(const Tensor& t) {
-    return static_cast<U*>(t.storage()->data());
-}
 
 }  // namespace
 
@@ -85,10 +82,10 @@ void attention_forward_cuda(T* out, T* att, const T* qkv, int64_t B, int64_t Tn,
         const T* q = qkv + b * Tn * 3 * C;
         T* att_b = att + b * NH * Tn * Tn;
         // scores = scale * q @ k^T, per head: [T, hs] x [hs, T]
-        batched_gemm<T, A>(device, false, true, Tn, Tn, hs, scale, q, 3 * C, hs, q + C, 3 * C, hs, raw<A>(scores), Tn,
-                           Tn * Tn, NH);
+        batched_gemm<T, A>(device, false, true, Tn, Tn, hs, scale, q, 3 * C, hs, q + C, 3 * C, hs,
+                           device_ptr<A>(scores), Tn, Tn * Tn, NH);
         causal_softmax_kernel<T><<<static_cast<unsigned>(NH * Tn), kSoftmaxThreads, 0, cuda::stream(device)>>>(
-            att_b, raw<A>(scores), Tn);
+            att_b, device_ptr<A>(scores), Tn);
         CUDA_LAUNCH_CHECK();
         // out = att @ v: [T, T] x [T, hs], written into the head's columns of out
         batched_gemm<T, T>(device, false, false, Tn, hs, Tn, 1.0, att_b, Tn, Tn * Tn, q + 2 * C, 3 * C, hs,
@@ -111,19 +108,19 @@ void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* att,
         const T* dout_b = dout + b * Tn * C;
         T* dq = dqkv + b * Tn * 3 * C;
         // datt = dout @ v^T
-        batched_gemm<T, A>(device, false, true, Tn, Tn, hs, 1.0, dout_b, C, hs, q + 2 * C, 3 * C, hs, raw<A>(datt), Tn,
-                           Tn * Tn, NH);
+        batched_gemm<T, A>(device, false, true, Tn, Tn, hs, 1.0, dout_b, C, hs, q + 2 * C, 3 * C, hs,
+                           device_ptr<A>(datt), Tn, Tn * Tn, NH);
         // dv = att^T @ dout
         batched_gemm<T, T>(device, true, false, Tn, hs, Tn, 1.0, att_b, Tn, Tn * Tn, dout_b, C, hs, dq + 2 * C, 3 * C, hs,
                            NH);
         causal_softmax_backward_kernel<T><<<static_cast<unsigned>(NH * Tn), kSoftmaxThreads, 0, cuda::stream(device)>>>(
-            raw<T>(dscores), att_b, raw<A>(datt), Tn, static_cast<A>(scale));
+            device_ptr<T>(dscores), att_b, device_ptr<A>(datt), Tn, static_cast<A>(scale));
         CUDA_LAUNCH_CHECK();
         // dq = dscores @ k, dk = dscores^T @ q
-        batched_gemm<T, T>(device, false, false, Tn, hs, Tn, 1.0, raw<T>(dscores), Tn, Tn * Tn, q + C, 3 * C, hs, dq, 3 * C,
-                           hs, NH);
-        batched_gemm<T, T>(device, true, false, Tn, hs, Tn, 1.0, raw<T>(dscores), Tn, Tn * Tn, q, 3 * C, hs, dq + C, 3 * C,
-                           hs, NH);
+        batched_gemm<T, T>(device, false, false, Tn, hs, Tn, 1.0, device_ptr<T>(dscores), Tn, Tn * Tn, q + C, 3 * C, hs,
+                           dq, 3 * C, hs, NH);
+        batched_gemm<T, T>(device, true, false, Tn, hs, Tn, 1.0, device_ptr<T>(dscores), Tn, Tn * Tn, q, 3 * C, hs,
+                           dq + C, 3 * C, hs, NH);
     }
 }
 

@@ -10,8 +10,9 @@ namespace normtape {
 //   out[b,t,h] = sum_s att[b,h,t,s] v[b,s,h]
 // (Vaswani et al. 2017, arXiv:1706.03762; GPT-2's causal mask; matches
 // torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)).
-// qkv: [B, T, 3C] f32, f64 or bf16, cpu or CUDA (cuBLAS products, f32 accumulation), laid out as GPT-2's c_attn output: q = [..., 0:C],
-// k = [..., C:2C], v = [..., 2C:3C], head h owning columns h*hs .. (h+1)*hs, hs = C / n_head.
+// qkv: [B, T, 3C] f32, f64 or bf16, cpu or CUDA (cuBLAS products, f32 accumulation; f64 for
+// f64), laid out as GPT-2's c_attn output: q = [..., 0:C], k = [..., C:2C], v = [..., 2C:3C], head
+// h owning columns h*hs .. (h+1)*hs, hs = C / n_head.
 // Returns out: [B, T, C], heads concatenated.
 // Saves qkv and the softmax probabilities att [B, n_head, T, T] (saved, not recomputed, as
 // llm.c does: backward is then one pass). dqkv is returned fresh (=).

@@ -1,4 +1,5 @@
-// ops/checks.h: the argument checks every op starts with, and device_ptr for the CUDA branches.
+// ops/checks.h: the argument checks every op starts with. Internal. Not here: device_ptr, the data
+// pointer passed to the CUDA launchers (core/device_ptr.h).
 // Each check throws naming the op, the argument, what was expected and what was found: Error for
 // an undefined tensor or an index out of range, DTypeError, ShapeError (empty tensors, sizes too
 // large for the CUDA kernels' 32-bit arithmetic) and DeviceError as their names say.
@@ -50,14 +51,6 @@ inline void check_fits_int32(const char* op, const Tensor& t, const char* what, 
     if (!t.device().is_cuda()) return;
     NT_CHECK_AS(ShapeError, value <= INT32_MAX, op, ": expected ", what, " <= ", INT32_MAX,
                 " on cuda (32-bit kernel and cuBLAS sizes), got ", value, " for shape ", shape_str(t.shape()));
-}
-
-// Pointer to t's first element on whatever device t lives (Tensor::data_ptr refuses non-cpu
-// tensors): for passing device memory to a CUDA launcher. No dtype or device check: the caller
-// has dispatched on t.dtype(); dereference it only on t's device.
-template <class T>
-T* device_ptr(const Tensor& t) {
-    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
 }
 
 }  // namespace normtape::detail

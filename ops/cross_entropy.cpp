@@ -7,6 +7,7 @@
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"

@@ -1,10 +1,12 @@
 // ops/cross_entropy.cu: the CUDA kernels of cross_entropy. Forward: one block per row (max, sum
 // of exponentials and log-sum-exp in acc_t<T> with fixed-order block reductions), then one block
-// for the mean over rows; backward: elementwise softmax minus one-hot. No atomics.
+// for the mean over rows (single_block_sum_cuda, ops/cuda_common.cu); backward: elementwise
+// softmax minus one-hot. No atomics.
 #include <algorithm>
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/device_ptr.h"
 #include "core/tensor.h"
 #include "ops/cuda_common.cuh"
 #include "ops/cuda_launchers.h"
@@ -41,17 +43,6 @@ __global__ void cross_entropy_rows_kernel(acc_t<T>* __restrict__ lse, acc_t<T>* 
     }
 }
 
-// One block: loss[0] = (sum of term[0..M)) / M, in a fixed order (per thread, then block_sum).
-template <class T>
-__global__ void cross_entropy_mean_kernel(T* __restrict__ loss, const acc_t<T>* __restrict__ term, int64_t M) {
-    using A = acc_t<T>;
-    __shared__ A shared[32];
-    A s = 0;
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) s += term[i];
-    s = block_sum(s, shared);
-    if (threadIdx.x == 0) loss[0] = static_cast<T>(s / A(M));
-}
-
 // dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * g, g = grad / M.
 // logits, dlogits: [M, V]; lse, targets: [M].
 template <class T>
@@ -74,12 +65,11 @@ void cross_entropy_forward_cuda(T* loss, acc_t<T>* lse, const T* logits, const i
                                 int device) {
     cudaStream_t stream = cuda::stream(device);
     Tensor term = empty({M}, TensorOptions().dtype(stat_dtype(dtype_of<T>())).device(Device::cuda(device)));
-    acc_t<T>* pt = static_cast<acc_t<T>*>(term.storage()->data());
+    acc_t<T>* pt = device_ptr<acc_t<T>>(term);
     unsigned blocks = static_cast<unsigned>(std::min(M, kMaxRowBlocks));
     cross_entropy_rows_kernel<T><<<blocks, cuda::kThreads, 0, stream>>>(lse, pt, logits, targets, M, V);
     CUDA_LAUNCH_CHECK();
-    cross_entropy_mean_kernel<T><<<1, cuda::kThreads, 0, stream>>>(loss, pt, M);
-    CUDA_LAUNCH_CHECK();
+    single_block_sum_cuda<acc_t<T>, T>(loss, pt, M, 1.0 / static_cast<double>(M), device);
 }
 
 template <class T>

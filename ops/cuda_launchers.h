@@ -16,11 +16,16 @@
 
 namespace normtape::detail {
 
+// ops/cuda_common.cu: the reductions shared by ops and nn, accumulated in acc_t<Out>. In/Out:
+// column_sum_cuda <T, T> and <acc_t<T>, T>; single_block_sum_cuda <acc_t<T>, T> and <double, double>.
+template <class In, class Out>  // out[j] = sum over r < rows of in[r * n + j], j < n (0 where rows == 0)
+void column_sum_cuda(Out* out, const In* in, int64_t rows, int64_t n, int device);
+template <class In, class Out>  // out[0] = scale * sum of in[0..n), by one block
+void single_block_sum_cuda(Out* out, const In* in, int64_t n, double scale, int device);
+
 // ops/elementwise.cu
 template <class T>  // out[i] = a[i] + b[i % b_n]   (b broadcast over a's leading dimensions)
 void add_forward_cuda(T* out, const T* a, const T* b, int64_t n, int64_t b_n, int device);
-template <class T>  // out[j] = sum over r < rows of g[r * n + j], j < n
-void sum_rows_cuda(T* out, const T* g, int64_t rows, int64_t n, int device);
 template <class T>  // out[i] = a[i] * b[i]
 void mul_forward_cuda(T* out, const T* a, const T* b, int64_t n, int device);
 template <class T>  // out[i] = a[i] * s
@@ -64,9 +69,10 @@ void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a,
 template <class T>  // out[r, j] += bias[j], out [rows, N]
 void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
-// ops/norm_policy.cu: the norms (see ops/norm_policy.h); mean is nullptr when not centered,
-// weight/bias nullptr when absent; dx/dweight/dbias nullptr when not wanted. norm_*_cuda run the
-// fast kernels where they apply; norm_*_reference_cuda always run the plain ones (tests compare).
+// ops/norm_forward.cu, ops/norm_backward.cu, ops/norm_reference.cu: the norms (see
+// ops/norm_policy.h); mean is nullptr when not centered, weight/bias nullptr when absent;
+// dx/dweight/dbias nullptr when not wanted. norm_*_cuda run the fast kernels where they apply;
+// norm_*_reference_cuda always run the plain ones (tests compare).
 template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device);

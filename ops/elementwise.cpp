@@ -8,6 +8,7 @@
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
@@ -38,8 +39,8 @@ struct AddBackward : Node {
                     using T = decltype(tag);
                     int64_t n = db.numel(), rows = g.numel() / n;
                     if (g.device().is_cuda()) {
-                        NT_CUDA(detail::sum_rows_cuda<T>(detail::device_ptr<T>(db), detail::device_ptr<T>(g), rows, n,
-                                                         g.device().index));
+                        NT_CUDA(detail::column_sum_cuda<T, T>(detail::device_ptr<T>(db), detail::device_ptr<T>(g), rows,
+                                                              n, g.device().index));
                         return;
                     }
                     const T* pg = g.data_ptr<T>();

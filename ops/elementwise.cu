@@ -1,16 +1,14 @@
-// ops/elementwise.cu: the CUDA kernels of add, mul, scale and gelu, and the deterministic column
-// sum behind add's (and linear's) bias gradient. Arithmetic in acc_t<T>, as on the cpu; the
-// column sum adds in a fixed order (row chunks, then chunks in order), no atomics.
+// ops/elementwise.cu: the CUDA kernels of add, mul, scale and gelu. Arithmetic in acc_t<T>, as on
+// the cpu. Not here: the column sum behind add's (and linear's) bias gradient (column_sum_cuda,
+// ops/cuda_common.cu).
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
-#include "core/tensor.h"
 #include "ops/cuda_launchers.h"
 
 namespace normtape::detail {
 
 namespace {
 
-constexpr int64_t kRowsPerChunk = 64;
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCoeff = 0.044715;
 
@@ -20,33 +18,6 @@ __global__ void add_forward_kernel(T* __restrict__ out, const T* __restrict__ a,
                                    int64_t b_n) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         out[i] = static_cast<T>(acc_t<T>(a[i]) + acc_t<T>(b[i % b_n]));
-}
-
-// Pass 1 of sum_rows: partial[k, j] = sum of g[r, j] over the rows r of chunk k
-// ([k * kRowsPerChunk, (k + 1) * kRowsPerChunk) clipped to rows), in increasing r.
-// g: [rows, n]; partial: [chunks, n] in acc_t<T>.
-template <class T>
-__global__ void sum_rows_partial_kernel(acc_t<T>* __restrict__ partial, const T* __restrict__ g, int64_t rows,
-                                        int64_t n, int64_t chunks) {
-    for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < chunks * n;
-         idx += int64_t(gridDim.x) * blockDim.x) {
-        int64_t k = idx / n, j = idx % n;
-        int64_t end = min(rows, (k + 1) * kRowsPerChunk);
-        acc_t<T> s = 0;
-        for (int64_t r = k * kRowsPerChunk; r < end; ++r) s += acc_t<T>(g[r * n + j]);
-        partial[idx] = s;
-    }
-}
-
-// Pass 2 of sum_rows: out[j] = sum of partial[k, j] over k < chunks, in increasing k. out: [n].
-template <class T>
-__global__ void sum_rows_final_kernel(T* __restrict__ out, const acc_t<T>* __restrict__ partial, int64_t n,
-                                      int64_t chunks) {
-    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
-        acc_t<T> s = 0;
-        for (int64_t k = 0; k < chunks; ++k) s += partial[k * n + j];
-        out[j] = static_cast<T>(s);
-    }
 }
 
 // out[i] = a[i] * b[i]; all [n].
@@ -94,20 +65,6 @@ void add_forward_cuda(T* out, const T* a, const T* b, int64_t n, int64_t b_n, in
     CUDA_LAUNCH_CHECK();
 }
 
-// The partial sums live in a temporary [chunks, n] acc_t<T> tensor, freed on return: the caching
-// allocator may hand it out again at once, as later work is queued on the same stream.
-template <class T>
-void sum_rows_cuda(T* out, const T* g, int64_t rows, int64_t n, int device) {
-    cudaStream_t stream = cuda::stream(device);
-    int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
-    Tensor partial = empty({chunks, n}, TensorOptions().dtype(stat_dtype(dtype_of<T>())).device(Device::cuda(device)));
-    acc_t<T>* p = static_cast<acc_t<T>*>(partial.storage()->data());
-    sum_rows_partial_kernel<T><<<cuda::blocks_for(chunks * n), cuda::kThreads, 0, stream>>>(p, g, rows, n, chunks);
-    CUDA_LAUNCH_CHECK();
-    sum_rows_final_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(out, p, n, chunks);
-    CUDA_LAUNCH_CHECK();
-}
-
 template <class T>
 void mul_forward_cuda(T* out, const T* a, const T* b, int64_t n, int device) {
     mul_forward_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, cuda::stream(device)>>>(out, a, b, n);
@@ -134,7 +91,6 @@ void gelu_backward_cuda(T* dx, const T* dy, const T* x, int64_t n, int device) {
 
 #define NT_INSTANTIATE(T)                                                                                     \
     template void add_forward_cuda<T>(T*, const T*, const T*, int64_t, int64_t, int);                         \
-    template void sum_rows_cuda<T>(T*, const T*, int64_t, int64_t, int);                                      \
     template void mul_forward_cuda<T>(T*, const T*, const T*, int64_t, int);                                  \
     template void scale_forward_cuda<T>(T*, const T*, double, int64_t, int);                                  \
     template void gelu_forward_cuda<T>(T*, const T*, int64_t, int);                                           \

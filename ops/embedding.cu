@@ -4,6 +4,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/device_ptr.h"
 #include "core/tensor.h"
 #include "ops/cuda_launchers.h"
 
@@ -54,7 +55,6 @@ __global__ void embedding_backward_kernel(T* __restrict__ dweight, const int64_t
     }
 }
 
-int64_t* i64_ptr(const Tensor& t) { return static_cast<int64_t*>(t.storage()->data()); }
 
 }  // namespace
 
@@ -80,21 +80,23 @@ void embedding_backward_cuda(T* dweight, const int64_t* ids, const T* dout, int6
     TensorOptions i64 = TensorOptions().dtype(DType::I64).device(Device::cuda(device));
     Tensor order = empty({n_ids}, i64), sorted = empty({n_ids}, i64), positions = empty({n_ids}, i64);
     Tensor offsets = empty({V + 1}, i64);
-    iota_kernel<<<cuda::blocks_for(n_ids), cuda::kThreads, 0, stream>>>(i64_ptr(order), n_ids);
+    iota_kernel<<<cuda::blocks_for(n_ids), cuda::kThreads, 0, stream>>>(device_ptr<int64_t>(order), n_ids);
     CUDA_LAUNCH_CHECK();
     int end_bit = 1;  // ids lie in [0, V): only their low end_bit bits differ
     while ((int64_t(1) << end_bit) < V) ++end_bit;
     size_t scratch_bytes = 0;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, ids, i64_ptr(sorted), i64_ptr(order),
-                                               i64_ptr(positions), n_ids, 0, end_bit, stream));
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, ids, device_ptr<int64_t>(sorted),
+                                               device_ptr<int64_t>(order), device_ptr<int64_t>(positions), n_ids, 0,
+                                               end_bit, stream));
     Tensor scratch = empty({static_cast<int64_t>(scratch_bytes / 8 + 1)}, i64);  // never empty: nullptr means "query"
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.storage()->data(), scratch_bytes, ids, i64_ptr(sorted),
-                                               i64_ptr(order), i64_ptr(positions), n_ids, 0, end_bit, stream));
-    row_offsets_kernel<<<cuda::blocks_for(V + 1), cuda::kThreads, 0, stream>>>(i64_ptr(offsets), i64_ptr(sorted),
-                                                                               n_ids, V);
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(device_ptr<int64_t>(scratch), scratch_bytes, ids,
+                                               device_ptr<int64_t>(sorted), device_ptr<int64_t>(order),
+                                               device_ptr<int64_t>(positions), n_ids, 0, end_bit, stream));
+    row_offsets_kernel<<<cuda::blocks_for(V + 1), cuda::kThreads, 0, stream>>>(device_ptr<int64_t>(offsets),
+                                                                               device_ptr<int64_t>(sorted), n_ids, V);
     CUDA_LAUNCH_CHECK();
     embedding_backward_kernel<T><<<cuda::blocks_for(V * C), cuda::kThreads, 0, stream>>>(
-        dweight, i64_ptr(offsets), i64_ptr(positions), dout, V, C);
+        dweight, device_ptr<int64_t>(offsets), device_ptr<int64_t>(positions), dout, V, C);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -1,6 +1,8 @@
 // ops/layer_norm.cpp: layer_norm; the kernels and node are shared with rms_norm
-// (ops/norm_policy.cpp), which differs only in not centering.
+// (ops/norm.cpp), which differs only in not centering.
 #include "ops/layer_norm.h"
+
+#include "ops/norm.h"
 
 namespace normtape {
 

@@ -7,6 +7,7 @@
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
@@ -27,10 +28,7 @@ ConstMatrixMap<T> as_matrix(const Tensor& t) {
     return ConstMatrixMap<T>(t.data_ptr<T>(), t.numel() / cols, cols);
 }
 
-template <class T>
-T* raw(const Tensor& t) {
-    return static_cast<T*>(t.storage()->data()) + t.impl().offset;
-}
+using detail::device_ptr;
 
 // out = op(a) @ op(b), op(m) = m^T when its flag is set; every tensor is a contiguous row-major
 // matrix whose columns are its last dimension, all of one dtype and device. out is overwritten.
@@ -38,8 +36,9 @@ void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, boo
     if (a.device().is_cuda()) {
         dispatch_floating(a.dtype(), "matmul", [&]([[maybe_unused]] auto tag) {
             using T [[maybe_unused]] = decltype(tag);
-            NT_CUDA(detail::gemm_cuda<T>(raw<T>(out), raw<T>(a), a.numel() / a.size(-1), a.size(-1), trans_a, raw<T>(b),
-                                         b.numel() / b.size(-1), b.size(-1), trans_b, a.device().index));
+            NT_CUDA(detail::gemm_cuda<T>(device_ptr<T>(out), device_ptr<T>(a), a.numel() / a.size(-1), a.size(-1),
+                                         trans_a, device_ptr<T>(b), b.numel() / b.size(-1), b.size(-1), trans_b,
+                                         a.device().index));
         });
         return;
     }
@@ -70,7 +69,7 @@ void add_bias_rows(const Tensor& out, const Tensor& bias) {
         using T = decltype(tag);
         int64_t N = bias.numel(), rows = out.numel() / N;
         if (out.device().is_cuda()) {
-            NT_CUDA(detail::add_bias_rows_cuda<T>(raw<T>(out), raw<T>(bias), rows, N, out.device().index));
+            NT_CUDA(detail::add_bias_rows_cuda<T>(device_ptr<T>(out), device_ptr<T>(bias), rows, N, out.device().index));
             return;
         }
         T* po = out.data_ptr<T>();
@@ -87,7 +86,7 @@ Tensor sum_rows(const Tensor& g) {
     dispatch_floating(g.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
         if (g.device().is_cuda()) {
-            NT_CUDA(detail::sum_rows_cuda<T>(raw<T>(out), raw<T>(g), rows, N, g.device().index));
+            NT_CUDA(detail::column_sum_cuda<T, T>(device_ptr<T>(out), device_ptr<T>(g), rows, N, g.device().index));
             return;
         }
         std::vector<double> acc(N, 0.0);

@@ -1,6 +1,7 @@
-// ops/norm_policy.h: what LayerNorm and RMSNorm save for backward, the rule for weights near
-// zero, and the forward/backward shared by both norms (RMSNorm is LayerNorm without centering).
-// The public ops are layer_norm() (ops/layer_norm.h) and rms_norm() (ops/rms_norm.h).
+// ops/norm_policy.h: what LayerNorm and RMSNorm save for backward (SavePolicy), the rule for
+// weights near zero, and x_hat_from_saved(), the one function where the policy matters. Public.
+// Not here: the ops, layer_norm() (ops/layer_norm.h) and rms_norm() (ops/rms_norm.h); the forward,
+// node and kernels they share (ops/norm.h, ops/norm.cpp, ops/norm_*.cu).
 //
 // Note [Why saving y saves memory]
 // Both policies save rstd ([M] statistics), weight and bias. SavePolicy::Input also saves x and
@@ -26,7 +27,7 @@
 
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "core/bf16.h"
 
 namespace normtape {
 
@@ -52,14 +53,5 @@ NT_HOST_DEVICE inline S x_hat_from_saved(SavePolicy policy, T saved, S mean, S r
     S shifted = bias ? S(saved) - S(bias[j]) : S(saved);
     return weight ? shifted / S(weight[j]) : shifted;
 }
-
-namespace detail {
-
-// The norm both public ops call after checking their arguments. `centered` is true for
-// LayerNorm, false for RMSNorm; `op` names the op in messages and the node ("LayerNormBackward").
-Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x, const Tensor& weight,
-                 const Tensor& bias, double eps, SavePolicy policy);
-
-}  // namespace detail
 
 }  // namespace normtape

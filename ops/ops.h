@@ -1,5 +1,6 @@
-// ops/ops.h: the index of ops. Each op is one unit: ops/<op>.h (API and contract) and
-// ops/<op>.cpp (checks, CPU kernel, autograd node).
+// ops/ops.h: the index of ops. Each op is one unit: ops/<op>.h (API and contract), ops/<op>.cpp
+// (checks, CPU kernel, autograd node) and ops/<op>.cu (CUDA kernels); layer_norm and rms_norm
+// share ops/norm.cpp and ops/norm_*.cu, and ops/norm_policy.h holds their save policy.
 #pragma once
 
 #include "ops/attention.h"

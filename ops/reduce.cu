@@ -1,9 +1,11 @@
 // ops/reduce.cu: the CUDA kernel of sum and mean: a deterministic two-pass reduction in
-// acc_t<T> (block partial sums in a fixed order, then one block over the partials), no atomics.
+// acc_t<T> (block partial sums in a fixed order, then one block over the partials:
+// single_block_sum_cuda, ops/cuda_common.cu), no atomics.
 #include <algorithm>
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/device_ptr.h"
 #include "core/tensor.h"
 #include "ops/cuda_common.cuh"
 #include "ops/cuda_launchers.h"
@@ -29,18 +31,6 @@ __global__ void sum_partial_kernel(acc_t<T>* __restrict__ partial, const T* __re
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// Pass 2, one block: out[0] = factor * sum of partial[0..count).
-template <class T>
-__global__ void sum_final_kernel(T* __restrict__ out, const acc_t<T>* __restrict__ partial, int64_t count,
-                                 acc_t<T> factor) {
-    using A = acc_t<T>;
-    __shared__ A shared[32];
-    A s = 0;
-    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) s += partial[k];
-    s = block_sum(s, shared);
-    if (threadIdx.x == 0) out[0] = static_cast<T>(s * factor);
-}
-
 }  // namespace
 
 // The number of pass-1 blocks depends on n only (not on the GPU), so the order of additions,
@@ -50,11 +40,10 @@ void sum_cuda(T* out, const T* x, int64_t n, double factor, int device) {
     cudaStream_t stream = cuda::stream(device);
     int64_t blocks = std::min<int64_t>(cuda::blocks_for(n), kMaxPartials);
     Tensor partial = empty({blocks}, TensorOptions().dtype(stat_dtype(dtype_of<T>())).device(Device::cuda(device)));
-    acc_t<T>* p = static_cast<acc_t<T>*>(partial.storage()->data());
+    acc_t<T>* p = device_ptr<acc_t<T>>(partial);
     sum_partial_kernel<T><<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(p, x, n);
     CUDA_LAUNCH_CHECK();
-    sum_final_kernel<T><<<1, cuda::kThreads, 0, stream>>>(out, p, blocks, acc_t<T>(factor));
-    CUDA_LAUNCH_CHECK();
+    single_block_sum_cuda<acc_t<T>, T>(out, p, blocks, factor, device);
 }
 
 template void sum_cuda<float>(float*, const float*, int64_t, double, int);

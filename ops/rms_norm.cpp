@@ -1,6 +1,8 @@
 // ops/rms_norm.cpp: rms_norm; the kernels and node are shared with layer_norm
-// (ops/norm_policy.cpp): RMSNorm is LayerNorm with mean fixed at 0 and no bias.
+// (ops/norm.cpp): RMSNorm is LayerNorm with mean fixed at 0 and no bias.
 #include "ops/rms_norm.h"
+
+#include "ops/norm.h"
 
 namespace normtape {
 

@@ -1,19 +1,24 @@
-// ops/norm_policy.cpp: argument checks, the CPU reference kernels and the backward node shared
-// by layer_norm and rms_norm. Plain loops, written to be read: this is the reference that the
-// CUDA kernels are tested against.
-#include "ops/norm_policy.h"
+// ops/norm.cpp: the forward, argument checks, CPU kernels and backward node shared by layer_norm
+// and rms_norm, and the policy's counter (output_policy_fallbacks, ops/norm_policy.h). The CPU
+// kernels are plain loops, written to be read: the reference that the CUDA kernels are tested
+// against. Not here: the public contracts (ops/layer_norm.h, ops/rms_norm.h), the CUDA kernels
+// (ops/norm_reference.cu, ops/norm_forward.cu, ops/norm_backward.cu).
+#include "ops/norm.h"
 
 #include <cmath>
 
 #include "core/autograd.h"
-#include "core/dispatch.h"
 #include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
+#include "core/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 
 namespace normtape {
 
 namespace {
+
+using detail::device_ptr;
 
 int64_t fallback_count = 0;
 
@@ -82,12 +87,6 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
     for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(db[j]);
 }
 
-// The data of t, or nullptr for an undefined tensor; any device.
-template <class T>
-T* ptr_or_null(const Tensor& t) {
-    return t.defined() ? static_cast<T*>(t.storage()->data()) + t.impl().offset : nullptr;
-}
-
 // Saved: x (Input) or y (Output) [M, N]; mean [M] (LayerNorm under Input), rstd [M]; weight,
 // bias [N] when present. Gradients: dx [.., N], dweight, dbias [N].
 struct NormBackward : Node {
@@ -117,14 +116,14 @@ struct NormBackward : Node {
             using T = decltype(tag);
             using S = acc_t<T>;
             if (s.device().is_cuda()) {
-                NT_CUDA(detail::norm_backward_cuda<T>(ptr_or_null<T>(dx), ptr_or_null<T>(dw), ptr_or_null<T>(db),
-                                                      ptr_or_null<T>(dy), ptr_or_null<T>(s), ptr_or_null<S>(m),
-                                                      ptr_or_null<S>(r), ptr_or_null<T>(w), ptr_or_null<T>(b), centered,
+                NT_CUDA(detail::norm_backward_cuda<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db),
+                                                      device_ptr<T>(dy), device_ptr<T>(s), device_ptr<S>(m),
+                                                      device_ptr<S>(r), device_ptr<T>(w), device_ptr<T>(b), centered,
                                                       policy, M, N, s.device().index));
             } else {
-                norm_backward_cpu<T>(ptr_or_null<T>(dx), ptr_or_null<T>(dw), ptr_or_null<T>(db), ptr_or_null<T>(dy),
-                                     ptr_or_null<T>(s), ptr_or_null<S>(m), ptr_or_null<S>(r), ptr_or_null<T>(w),
-                                     ptr_or_null<T>(b), centered, policy, M, N);
+                norm_backward_cpu<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db), device_ptr<T>(dy),
+                                     device_ptr<T>(s), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(w),
+                                     device_ptr<T>(b), centered, policy, M, N);
             }
         });
         if (dx.defined()) dx = dx.view(grad_output.shape());
@@ -162,7 +161,7 @@ int64_t output_policy_fallbacks() { return fallback_count; }
 namespace detail {
 
 Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x_in, const Tensor& weight_in,
-                 const Tensor& bias_in, double eps, SavePolicy policy) {
+                    const Tensor& bias_in, double eps, SavePolicy policy) {
     detail::check_floating_input(op, "x", x_in);
     NT_CHECK_AS(ShapeError, x_in.dim() >= 1, op,
                 ": expected x of shape [..., N] with at least one dimension, got a scalar (shape [])");
@@ -187,12 +186,12 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
         using T = decltype(tag);
         using S = acc_t<T>;
         if (x.device().is_cuda()) {
-            NT_CUDA(detail::norm_forward_cuda<T>(ptr_or_null<T>(y), ptr_or_null<S>(mean), ptr_or_null<S>(rstd),
-                                                 ptr_or_null<T>(x), ptr_or_null<T>(weight), ptr_or_null<T>(bias), M, N,
+            NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd),
+                                                 device_ptr<T>(x), device_ptr<T>(weight), device_ptr<T>(bias), M, N,
                                                  eps, x.device().index));
         } else {
-            norm_forward_cpu<T>(ptr_or_null<T>(y), ptr_or_null<S>(mean), ptr_or_null<S>(rstd), ptr_or_null<T>(x),
-                                ptr_or_null<T>(weight), ptr_or_null<T>(bias), M, N, eps);
+            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
+                                device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
         }
     });
 

@@ -1,0 +1,105 @@
+// ops/cuda_common.cu: the deterministic reductions shared by the CUDA code of ops/ and nn/ (fixed
+// order of additions, no floating-point atomics), declared in ops/cuda_launchers.h:
+// - column_sum_cuda: out[j] = sum over rows of in[r, j] (add's and linear's bias gradients, the
+//   norms' dweight and dbias from their per-block or per-chunk partial rows);
+// - single_block_sum_cuda: out[0] = scale * sum of a short vector, by one block (the last pass of
+//   sum/mean, cross-entropy's mean over rows, the gradient norm's partials).
+// Not here: reductions that compute what they add (the norms' partial rows, sum's first pass,
+// sum_squares_cuda), which stay beside their op.
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "core/device_ptr.h"
+#include "core/tensor.h"
+#include "ops/cuda_common.cuh"
+#include "ops/cuda_launchers.h"
+
+namespace normtape::detail {
+
+namespace {
+
+// A thread of column_sum_kernel adds at most this many rows of a chunk; a chunk is 32 times that.
+constexpr int64_t kColumnSumRowsPerThread = 64;
+constexpr int64_t kColumnSumChunkRows = 32 * kColumnSumRowsPerThread;
+
+// out[c, j] = sum of in[r, j] over the rows r of chunk c, [c * chunk_rows, (c + 1) * chunk_rows)
+// clipped to rows, for c < chunks; in: [rows, n], out: [chunks, n]. A block of 32 x 32 threads
+// takes 32 columns of a chunk: thread (x, y) adds rows y, y + 32, ... of column x, then the 32
+// sums of a column are added in order. Deterministic, and each row of 32 columns is read by a
+// warp at once. Blocks step over chunks gridDim.y apart (gridDim.y is capped at 65535).
+template <class In, class Out>
+__global__ void column_sum_kernel(Out* __restrict__ out, const In* __restrict__ in, int64_t rows, int64_t n,
+                                  int64_t chunk_rows, int64_t chunks) {
+    using A = acc_t<Out>;
+    __shared__ A sums[32][33];
+    const int64_t j = blockIdx.x * int64_t(32) + threadIdx.x;
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+        const int64_t end = min(rows, (c + 1) * chunk_rows);
+        A s = 0;
+        if (j < n)
+            for (int64_t r = c * chunk_rows + threadIdx.y; r < end; r += 32) s += A(in[r * n + j]);
+        sums[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && j < n) {
+            A total = 0;
+            for (int y = 0; y < 32; ++y) total += sums[y][threadIdx.x];
+            out[c * n + j] = static_cast<Out>(total);
+        }
+        __syncthreads();
+    }
+}
+
+// out[0] = scale * sum of in[0..n), by one block: thread t adds in[t], in[t + blockDim.x], ... in
+// order, then block_sum adds the threads' sums in a fixed order.
+template <class In, class Out>
+__global__ void single_block_sum_kernel(Out* __restrict__ out, const In* __restrict__ in, int64_t n, acc_t<Out> scale) {
+    using A = acc_t<Out>;
+    __shared__ A shared[32];
+    A s = 0;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += A(in[k]);
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) out[0] = static_cast<Out>(s * scale);
+}
+
+}  // namespace
+
+// Up to kColumnSumChunkRows rows in one pass; more are summed per chunk of that many rows into a
+// temporary [chunks, n] acc_t<Out> tensor, whose rows are then summed the same way. The temporary
+// is freed on return: the caching allocator may hand it out again at once, as later work is queued
+// on the same stream.
+template <class In, class Out>
+void column_sum_cuda(Out* out, const In* in, int64_t rows, int64_t n, int device) {
+    using A = acc_t<Out>;
+    if (n == 0) return;
+    cudaStream_t stream = cuda::stream(device);
+    const unsigned columns = static_cast<unsigned>((n + 31) / 32);
+    if (rows <= kColumnSumChunkRows) {
+        column_sum_kernel<In, Out><<<dim3(columns, 1), dim3(32, 32), 0, stream>>>(out, in, rows, n, rows, 1);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
+    const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
+    Tensor partial = empty({chunks, n}, TensorOptions().dtype(dtype_of<A>()).device(Device::cuda(device)));
+    const dim3 grid(columns, static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+    column_sum_kernel<In, A><<<grid, dim3(32, 32), 0, stream>>>(device_ptr<A>(partial), in, rows, n,
+                                                                kColumnSumChunkRows, chunks);
+    CUDA_LAUNCH_CHECK();
+    column_sum_cuda<A, Out>(out, device_ptr<A>(partial), chunks, n, device);
+}
+
+template <class In, class Out>
+void single_block_sum_cuda(Out* out, const In* in, int64_t n, double scale, int device) {
+    single_block_sum_kernel<In, Out><<<1, cuda::kThreads, 0, cuda::stream(device)>>>(out, in, n, acc_t<Out>(scale));
+    CUDA_LAUNCH_CHECK();
+}
+
+template void column_sum_cuda<float, float>(float*, const float*, int64_t, int64_t, int);
+template void column_sum_cuda<double, double>(double*, const double*, int64_t, int64_t, int);
+template void column_sum_cuda<bf16, bf16>(bf16*, const bf16*, int64_t, int64_t, int);
+template void column_sum_cuda<float, bf16>(bf16*, const float*, int64_t, int64_t, int);
+template void single_block_sum_cuda<float, float>(float*, const float*, int64_t, double, int);
+template void single_block_sum_cuda<double, double>(double*, const double*, int64_t, double, int);
+template void single_block_sum_cuda<float, bf16>(bf16*, const float*, int64_t, double, int);
+
+}  // namespace normtape::detail

@@ -1,0 +1,19 @@
+// ops/norm.h: the forward that layer_norm (ops/layer_norm.cpp) and rms_norm (ops/rms_norm.cpp)
+// share: RMSNorm is LayerNorm with the mean fixed at 0 and no bias. Internal: not installed, not
+// included by include/normtape.h. Not here: the public contracts (ops/layer_norm.h,
+// ops/rms_norm.h), the policy (ops/norm_policy.h), the CUDA kernels (ops/norm_*.cu).
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/norm_policy.h"
+
+namespace normtape::detail {
+
+// The norm both public ops call: checks the arguments, computes y (and mean, rstd) on x's device,
+// records a NormBackward node that saves what `policy` asks (ops/norm.cpp), and returns y.
+// `centered` is true for LayerNorm, false for RMSNorm; `op` names the op in messages, `node_name`
+// the node ("LayerNormBackward"). Contracts and what is thrown: ops/layer_norm.h, ops/rms_norm.h.
+Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x, const Tensor& weight,
+                    const Tensor& bias, double eps, SavePolicy policy);
+
+}  // namespace normtape::detail
