@@ -4,6 +4,7 @@
 // skips with a message where no GPU is visible.
 #include <functional>
 
+#include "core/device_ptr.h"
 #include "ops/cuda_launchers.h"
 #include "test_util.h"
 
@@ -211,8 +212,8 @@ TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benc
                     Tensor y[2], mean[2], rstd[2], dx[2], dw[2], db[2];
                     auto run = [&](auto tag) {  // k = 0: the fast kernels, k = 1: the reference
                         using T = decltype(tag);
-                        auto p = [](const Tensor& t) { return t.defined() ? static_cast<T*>(t.storage()->data()) : nullptr; };
-                        auto f = [](const Tensor& t) { return t.defined() ? static_cast<float*>(t.storage()->data()) : nullptr; };
+                        auto p = detail::device_ptr<T>;
+                        auto f = detail::device_ptr<float>;
                         for (int k = 0; k < 2; ++k) {
                             y[k] = empty({M, N}, o), dx[k] = empty({M, N}, o), dw[k] = empty({N}, o);
                             db[k] = centered ? empty({N}, o) : Tensor();
