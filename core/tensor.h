@@ -5,6 +5,8 @@
 // and transpose() share storage with their input, contiguous() and clone() copy. Copying a Tensor
 // copies the handle, never the data (as in libtorch). Not here: any op's math (ops/), the engine
 // (core/autograd.h). The library is single-threaded: tensors are not shared between threads.
+// Defined in core/tensor.cpp (Tensor's methods), core/factories.cpp (the factories),
+// core/random.cpp (the global generator) and core/print.cpp (shape_str, operator<<).
 #pragma once
 
 #include <cstdint>
