@@ -124,7 +124,7 @@ public:
     // `retain_graph`, the saved tensors of every node run are released. Throws Error if this tensor
     // does not require grad or on a second backward through released nodes; ShapeError, DTypeError
     // or DeviceError when `gradient` does not match this tensor (or is omitted for numel() != 1);
-    // AnomalyError under anomaly detection (core/autograd.h).
+    // AnomalyError under anomaly detection (core/anomaly.h).
     void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
 
     // In-place, never recorded by autograd; each bumps the storage version. Throw Error if this

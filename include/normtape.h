@@ -1,5 +1,6 @@
 // normtape.h: the umbrella header. Everything public, in namespace normtape:
-//   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes)
+//   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes),
+//          anomaly detection
 //   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
 //   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, checkpoints
@@ -17,6 +18,7 @@
 #pragma GCC visibility push(default)
 
 #include "core/allocator.h"
+#include "core/anomaly.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/tensor.h"
