@@ -160,6 +160,12 @@ void check_inplace(const Tensor& t, const char* op) {
              "while grad mode is on; wrap the update in NoGradGuard");
 }
 
+// In-place ops write contiguous tensors only: throws ShapeError naming `op` otherwise.
+void check_contiguous_destination(const Tensor& dst, const char* op) {
+    NT_CHECK_AS(ShapeError, dst.is_contiguous(), op, ": expected a contiguous destination, got shape ",
+                shape_str(dst.shape()), " with strides ", shape_str(dst.strides()));
+}
+
 // What an in-place op that reads `src` (named `arg`) element for element into `dst` expects: the
 // same shape, dtype and device, and a contiguous destination. Throws ShapeError, DTypeError or
 // DeviceError naming `op`.
@@ -168,8 +174,7 @@ void check_inplace_operand(const Tensor& dst, const Tensor& src, const char* op,
                 ", got ", shape_str(src.shape()));
     NT_CHECK_AS(DTypeError, src.dtype() == dst.dtype(), op, ": expected ", arg, " of dtype ", dtype_name(dst.dtype()),
                 ", got ", dtype_name(src.dtype()));
-    NT_CHECK_AS(ShapeError, dst.is_contiguous(), op, ": expected a contiguous destination, got shape ",
-                shape_str(dst.shape()), " with strides ", shape_str(dst.strides()));
+    check_contiguous_destination(dst, op);
     NT_CHECK_AS(DeviceError, src.device() == dst.device(), op, ": expected ", arg, " on ", device_name(dst.device()),
                 ", got ", device_name(src.device()), "; use to(Device)");
 }
@@ -323,8 +328,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(double value) {
     check_inplace(*this, "mul_");
-    NT_CHECK_AS(ShapeError, is_contiguous(), "mul_: expected a contiguous destination, got shape ", shape_str(shape()),
-                " with strides ", shape_str(strides()));
+    check_contiguous_destination(*this, "mul_");
     storage()->bump_version();
     if (device().is_cuda()) {
         NT_CUDA(detail::mul_scalar_cuda(*this, value));
@@ -342,8 +346,7 @@ Tensor& Tensor::fill_(double value) {
     check_inplace(*this, "fill_");
     NT_CHECK(is_floating(dtype()) || (value >= -0x1p63 && value < 0x1p63), "fill_: value ", value, " does not fit in ",
              dtype_name(dtype()), " (expected a value in [-2^63, 2^63))");
-    NT_CHECK_AS(ShapeError, is_contiguous(), "fill_: expected a contiguous destination, got shape ", shape_str(shape()),
-                " with strides ", shape_str(strides()));
+    check_contiguous_destination(*this, "fill_");
     storage()->bump_version();
     if (device().is_cuda()) {
         NT_CUDA(detail::fill_cuda(*this, value));
