@@ -1,21 +1,16 @@
 // core/autograd.cpp: SavedTensor, the tape of live nodes, grad mode, and the backward engine.
+// Not here: anomaly detection, whose backward check the engine calls (core/anomaly.cpp).
 #include "core/autograd.h"
 
 #include <algorithm>
-#include <cmath>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
-
-#include "core/dispatch.h"
 
 namespace normtape {
 
 namespace {
 
 thread_local bool grad_mode = true;
-bool anomaly_mode = false;  // Note [Anomaly detection]
-bool in_backward = false;   // run_backward is running: forward checks are left to the engine
 
 // The tape: every recorded node in recording order, held weakly so that a graph nobody
 // references any more is freed at once. Expired entries are compacted away as the tape grows.
@@ -82,10 +77,6 @@ void add_to_tape(const std::shared_ptr<Node>& node) {
 
 bool grad_mode_enabled() { return grad_mode; }
 
-void set_detect_anomaly(bool enabled) { anomaly_mode = enabled; }
-bool is_anomaly_enabled() { return anomaly_mode; }
-DetectAnomalyGuard::DetectAnomalyGuard(bool enabled) : previous_(anomaly_mode) { anomaly_mode = enabled; }
-DetectAnomalyGuard::~DetectAnomalyGuard() { anomaly_mode = previous_; }
 NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
 
@@ -111,55 +102,6 @@ int64_t saved_bytes() {
 }
 
 namespace {
-
-// The NaN and Inf values of a tensor: how many, and the first in row-major order.
-struct NonFinite {
-    int64_t count = 0;
-    int64_t first_index = -1;
-    double first_value = 0.0;
-};
-
-NonFinite find_non_finite(const Tensor& t) {
-    NonFinite r;
-    if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return r;
-    Tensor host = t.device().is_cuda() ? t.to(Device::CPU) : t.detach().contiguous();  // CUDA: waits for the device
-    dispatch_floating(host.dtype(), "detect_anomaly", [&](auto tag) {
-        using T = decltype(tag);
-        const T* p = host.data_ptr<T>();
-        for (int64_t i = 0, end = host.numel(); i < end; ++i) {
-            double v = static_cast<double>(static_cast<acc_t<T>>(p[i]));
-            if (std::isfinite(v)) continue;
-            if (r.count++ == 0) {
-                r.first_index = i;
-                r.first_value = v;
-            }
-        }
-    });
-    return r;
-}
-
-// "expected finite values in <what> [2, 4] f32, found 3 non-finite (NaN or Inf), the first at flat index 1 (nan)"
-std::string describe_non_finite(const std::string& what, const Tensor& t, const NonFinite& nf) {
-    std::ostringstream ss;
-    ss << "expected finite values in " << what << " " << shape_str(t.shape()) << " " << dtype_name(t.dtype())
-       << " on " << device_name(t.device()) << ", found " << nf.count << " non-finite (NaN or Inf), the first at flat index "
-       << nf.first_index << " (" << (std::isnan(nf.first_value) ? "nan" : nf.first_value > 0 ? "inf" : "-inf") << ")";
-    return ss.str();
-}
-
-// Under anomaly detection: throws AnomalyError when the gradient a node returned for its input
-// `i` is not finite, saying whether grad_output already was.
-void check_backward_anomaly(const Node& node, size_t i, const Tensor& grad_input, const Tensor& grad_output) {
-    NonFinite nf = find_non_finite(grad_input);
-    if (nf.count == 0) return;
-    NonFinite upstream = find_non_finite(grad_output);
-    detail::throw_error<AnomalyError>(
-        node.name(), ": anomaly in backward: ",
-        describe_non_finite("the gradient for input " + std::to_string(i), grad_input, nf),
-        upstream.count == 0 ? std::string("; grad_output was finite, so ") + node.name() + " produced them"
-                            : "; grad_output already held " + std::to_string(upstream.count) +
-                                  " non-finite values, so they came from a later op");
-}
 
 // Adds `grad` into the slot: the first gradient is taken as is, later ones are summed into a
 // fresh tensor (the first may alias storage that a node still reads).
@@ -189,24 +131,6 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
 
 }  // namespace
 
-void detail::check_forward_anomaly(const char* op, const char* output_name, const Tensor& output,
-                                   std::initializer_list<NamedInput> inputs) {
-    if (!anomaly_mode || in_backward) return;
-    NonFinite nf = find_non_finite(output);
-    if (nf.count == 0) return;
-    std::string upstream;
-    for (const NamedInput& in : inputs) {
-        NonFinite n = find_non_finite(in.second);
-        if (n.count == 0) continue;
-        upstream += std::string(upstream.empty() ? "" : ", ") + in.first + " (" + std::to_string(n.count) +
-                    ", the first at flat index " + std::to_string(n.first_index) + ")";
-    }
-    detail::throw_error<AnomalyError>(op, ": anomaly in forward: ",
-                                      describe_non_finite(std::string("its output ") + output_name, output, nf),
-                                      upstream.empty() ? std::string("; its inputs were finite, so ") + op + " produced them"
-                                                       : "; non-finite values were already in its input " + upstream);
-}
-
 void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
     NT_CHECK(root.requires_grad(), "backward: expected a tensor that requires grad, got one that does not require grad "
              "and has no grad_fn");
@@ -225,11 +149,8 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
                 device_name(root.device()), ", got ", device_name(g.device()));
 
     NoGradGuard no_grad;  // backward builds no graph of its own
-    struct InBackward {    // Note [Anomaly detection]: nodes are checked here, not their inner ops
-        bool previous = in_backward;
-        InBackward() { in_backward = true; }
-        ~InBackward() { in_backward = previous; }
-    } in_backward_scope;
+    // Note [Anomaly detection]: the nodes are checked here, not the ops they call.
+    detail::BackwardAnomalyScope in_backward;
     if (root.is_leaf()) {
         accumulate_into_leaf(root.impl(), g);
         return;
@@ -262,7 +183,7 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
                  " gradients (one per input), got ", grad_inputs.size());
         for (size_t i = 0; i < edges.size(); ++i) {
             if (!edges[i].valid() || !grad_inputs[i].defined()) continue;
-            if (anomaly_mode) check_backward_anomaly(*node, i, grad_inputs[i], grad_output);
+            if (is_anomaly_enabled()) detail::check_backward_anomaly(node->name(), i, grad_inputs[i], grad_output);
             if (edges[i].node) accumulate(pending[edges[i].node.get()], grad_inputs[i]);
             else accumulate_into_leaf(*edges[i].leaf, grad_inputs[i]);
         }

@@ -48,7 +48,7 @@ public:
     using Error::Error;
 };
 // A NaN or Inf produced by an op's forward or a backward node while anomaly detection is on
-// (set_detect_anomaly, core/autograd.h); the message names the op or node and where the value is.
+// (set_detect_anomaly, core/anomaly.h); the message names the op or node and where the value is.
 class AnomalyError : public Error {
 public:
     using Error::Error;

@@ -1,28 +1,22 @@
-// core/tensor.cpp: Tensor's shape functions, factories, element access, in-place updates,
-// printing, the global generator, and the autograd nodes of the shape functions.
+// core/tensor.cpp: Tensor's methods: shape functions (view, reshape, transpose, contiguous,
+// clone) and their autograd nodes, element access, copies across dtypes and devices, in-place
+// updates. Not here: the factories (core/factories.cpp), the global generator (core/random.cpp),
+// printing and shape_str (core/print.cpp).
 #include "core/tensor.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <iomanip>
-#include <ostream>
-#include <random>
-#include <sstream>
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
-#include "core/tensor_cuda.h"
 #include "core/dispatch.h"
+#include "core/tensor_cuda.h"
+#include "core/tensor_internal.h"
 
 namespace normtape {
 
-namespace {
-
-Tensor empty_for(const char* op, const Shape& shape, TensorOptions options);  // below, beside empty()
-
-Shape contiguous_strides(const Shape& shape) {
+Shape detail::contiguous_strides(const Shape& shape) {
     Shape strides(shape.size());
     int64_t s = 1;
     for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
@@ -32,16 +26,7 @@ Shape contiguous_strides(const Shape& shape) {
     return strides;
 }
 
-int64_t shape_numel(const Shape& shape) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    return n;
-}
-
-// Throws ShapeError naming `op` unless the contiguous strides of `shape` (sizes >= 0) fit in
-// int64: the product of its sizes, a size of 0 counted as 1, bounds every stride. A shape with a
-// 0 has no elements but still has strides, as in PyTorch ({0, 2^62, 2^62}: 2^124).
-void check_strides_fit(const char* op, const Shape& shape) {
+void detail::check_strides_fit(const char* op, const Shape& shape) {
     int64_t span = 1;
     for (int64_t s : shape)
         NT_CHECK_AS(ShapeError, !__builtin_mul_overflow(span, std::max<int64_t>(s, 1), &span), op, ": shape ",
@@ -49,19 +34,15 @@ void check_strides_fit(const char* op, const Shape& shape) {
                     "to fit in int64)");
 }
 
-// numel of a shape about to back new or reshaped data: throws ShapeError naming `op` when a
-// size is negative, numel * elem_size would not fit in int64, or the strides would not
-// (check_strides_fit), so that no product below can overflow.
-int64_t checked_numel(const char* op, const Shape& shape, size_t elem_size = 8) {
-    for (int64_t s : shape)
-        NT_CHECK_AS(ShapeError, s >= 0, op, ": expected sizes >= 0, got shape ", shape_str(shape));
+using detail::check_strides_fit;
+using detail::contiguous_strides;
+using detail::empty_for;
+
+namespace {
+
+int64_t shape_numel(const Shape& shape) {
     int64_t n = 1;
-    for (int64_t s : shape) {
-        NT_CHECK_AS(ShapeError, !__builtin_mul_overflow(n, s, &n) && n <= INT64_MAX / static_cast<int64_t>(elem_size),
-                    op, ": shape ", shape_str(shape), " has more elements than fit in memory (expected numel * ",
-                    elem_size, " bytes to fit in int64, got an overflow)");
-    }
-    check_strides_fit(op, shape);
+    for (int64_t s : shape) n *= s;
     return n;
 }
 
@@ -173,15 +154,16 @@ struct CloneBackward : Node {
     std::vector<Tensor> apply(const Tensor& grad_output) override { return {grad_output}; }
 };
 
-std::mt19937_64& generator() {
-    static std::mt19937_64 gen(0);
-    return gen;
-}
-
 void check_inplace(const Tensor& t, const char* op) {
     NT_CHECK(!(grad_mode_enabled() && t.requires_grad()), op,
              ": expected a tensor that does not require grad, got one that does: it cannot be modified in place "
              "while grad mode is on; wrap the update in NoGradGuard");
+}
+
+// In-place ops write contiguous tensors only: throws ShapeError naming `op` otherwise.
+void check_contiguous_destination(const Tensor& dst, const char* op) {
+    NT_CHECK_AS(ShapeError, dst.is_contiguous(), op, ": expected a contiguous destination, got shape ",
+                shape_str(dst.shape()), " with strides ", shape_str(dst.strides()));
 }
 
 // What an in-place op that reads `src` (named `arg`) element for element into `dst` expects: the
@@ -192,8 +174,7 @@ void check_inplace_operand(const Tensor& dst, const Tensor& src, const char* op,
                 ", got ", shape_str(src.shape()));
     NT_CHECK_AS(DTypeError, src.dtype() == dst.dtype(), op, ": expected ", arg, " of dtype ", dtype_name(dst.dtype()),
                 ", got ", dtype_name(src.dtype()));
-    NT_CHECK_AS(ShapeError, dst.is_contiguous(), op, ": expected a contiguous destination, got shape ",
-                shape_str(dst.shape()), " with strides ", shape_str(dst.strides()));
+    check_contiguous_destination(dst, op);
     NT_CHECK_AS(DeviceError, src.device() == dst.device(), op, ": expected ", arg, " on ", device_name(dst.device()),
                 ", got ", device_name(src.device()), "; use to(Device)");
 }
@@ -347,8 +328,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(double value) {
     check_inplace(*this, "mul_");
-    NT_CHECK_AS(ShapeError, is_contiguous(), "mul_: expected a contiguous destination, got shape ", shape_str(shape()),
-                " with strides ", shape_str(strides()));
+    check_contiguous_destination(*this, "mul_");
     storage()->bump_version();
     if (device().is_cuda()) {
         NT_CUDA(detail::mul_scalar_cuda(*this, value));
@@ -366,8 +346,7 @@ Tensor& Tensor::fill_(double value) {
     check_inplace(*this, "fill_");
     NT_CHECK(is_floating(dtype()) || (value >= -0x1p63 && value < 0x1p63), "fill_: value ", value, " does not fit in ",
              dtype_name(dtype()), " (expected a value in [-2^63, 2^63))");
-    NT_CHECK_AS(ShapeError, is_contiguous(), "fill_: expected a contiguous destination, got shape ", shape_str(shape()),
-                " with strides ", shape_str(strides()));
+    check_contiguous_destination(*this, "fill_");
     storage()->bump_version();
     if (device().is_cuda()) {
         NT_CUDA(detail::fill_cuda(*this, value));
@@ -387,171 +366,6 @@ Tensor& Tensor::copy_(const Tensor& src) {
     copy_elements(*this, src.storage() == storage() ? src.clone() : src);  // overlapping: copy through a temporary
     storage()->bump_version();
     return *this;
-}
-
-namespace {
-
-// Throws DeviceError naming `op` when `device` is a GPU that this build or this machine lacks.
-void check_device(const char* op, Device device) {
-    NT_CHECK_AS(DeviceError, device.is_cpu() || cuda_is_built(), op, ": expected device cpu, got ",
-                device_name(device), ", which needs the CUDA backend that this build of normtape does not have");
-    NT_CHECK_AS(DeviceError, device.is_cpu() || cuda_is_available(), op, ": expected a visible CUDA GPU for ",
-                device_name(device), ", got none");
-}
-
-// empty() on behalf of the factory `op`, whose name the messages carry. Throws ShapeError on a
-// negative size or a byte count or stride that overflows int64, DTypeError on requires_grad for i64,
-// DeviceError for a CUDA device this build or machine does not have, OutOfMemoryError when the
-// allocator cannot give the bytes (the message gives the shape, dtype and bytes).
-Tensor empty_for(const char* op, const Shape& shape, TensorOptions options) {
-    int64_t n = checked_numel(op, shape, element_size(options.dtype_));
-    NT_CHECK_AS(DTypeError, !options.requires_grad_ || is_floating(options.dtype_), op,
-                ": expected a floating dtype with requires_grad (only floating tensors can require grad), got ",
-                dtype_name(options.dtype_));
-    check_device(op, options.device_);
-    size_t nbytes = static_cast<size_t>(n) * element_size(options.dtype_);
-    auto impl = std::make_shared<TensorImpl>();
-    try {
-        impl->storage = std::make_shared<Storage>(nbytes, options.device_);
-    } catch (const OutOfMemoryError& e) {
-        detail::throw_error<OutOfMemoryError>(op, ": cannot allocate a tensor of shape ", shape_str(shape), " ",
-                                              dtype_name(options.dtype_), " (", nbytes, " bytes) on ",
-                                              device_name(options.device_), ": ", e.what());
-    }
-    impl->shape = shape;
-    impl->strides = contiguous_strides(shape);
-    impl->dtype = options.dtype_;
-    impl->device = options.device_;
-    impl->requires_grad = options.requires_grad_;
-    if (options.requires_grad_) impl->storage->mark_parameter();
-    return Tensor(impl);
-}
-
-Tensor full_for(const char* op, const Shape& shape, double value, TensorOptions options) {
-    NT_CHECK_AS(DTypeError, !options.requires_grad_ || is_floating(options.dtype_), op,
-                ": expected a floating dtype with requires_grad (only floating tensors can require grad), got ",
-                dtype_name(options.dtype_));
-    Tensor t = empty_for(op, shape, options.requires_grad(false));
-    t.fill_(value);
-    return t.requires_grad_(options.requires_grad_);
-}
-
-}  // namespace
-
-Tensor empty(const Shape& shape, TensorOptions options) { return empty_for("empty", shape, options); }
-Tensor full(const Shape& shape, double value, TensorOptions options) { return full_for("full", shape, value, options); }
-Tensor zeros(const Shape& shape, TensorOptions options) { return full_for("zeros", shape, 0.0, options); }
-Tensor ones(const Shape& shape, TensorOptions options) { return full_for("ones", shape, 1.0, options); }
-
-Tensor randn(const Shape& shape, TensorOptions options) {
-    NT_CHECK_AS(DTypeError, is_floating(options.dtype_), "randn: expected a floating dtype, got ",
-                dtype_name(options.dtype_));
-    Tensor t = empty_for("randn", shape, options);
-    if (t.device().is_cuda()) {
-        NT_CUDA(detail::randn_cuda(t));
-        return t;
-    }
-    dispatch_floating(t.dtype(), "randn", [&](auto tag) {
-        using T = decltype(tag);
-        T* p = t.data_ptr<T>();
-        for (int64_t i = 0, end = t.numel(); i < end; ++i) p[i] = static_cast<T>(randn_scalar());
-    });
-    return t;
-}
-
-Tensor arange(int64_t end, TensorOptions options) {
-    NT_CHECK_AS(ShapeError, end >= 0, "arange: expected end >= 0, got ", end);
-    if (options.device_.is_cuda()) {
-        check_device("arange", options.device_);
-        return arange(end, options.device(Device::CPU)).to(options.device_);
-    }
-    Tensor t = empty_for("arange", {end}, options);
-    dispatch_all(t.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        T* p = t.data_ptr<T>();
-        for (int64_t i = 0; i < end; ++i) p[i] = static_cast<T>(i);
-    });
-    return t;
-}
-
-template <class T>
-Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions options) {
-    Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
-    int64_t n = checked_numel("from_vector", s);
-    NT_CHECK_AS(ShapeError, n == static_cast<int64_t>(values.size()), "from_vector: expected ", n,
-                " values for shape ", shape_str(s), ", got ", values.size());
-    check_device("from_vector", options.device_);
-    Tensor t = empty_for("from_vector", s, options.dtype(dtype_of<T>()).device(Device::CPU));
-    std::copy(values.begin(), values.end(), t.data_ptr<T>());
-    return options.device_.is_cuda() ? t.to(options.device_).requires_grad_(options.requires_grad_) : t;
-}
-template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
-template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
-template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
-template Tensor from_vector<bf16>(const std::vector<bf16>&, const Shape&, TensorOptions);
-
-void manual_seed(uint64_t seed) {
-    generator().seed(seed);
-#if NORMTAPE_WITH_CUDA
-    detail::cuda_manual_seed(seed);
-#endif
-}
-
-double rand_scalar() {
-    // 53 random bits -> [0, 1), identical on every platform (std::uniform_real_distribution is not).
-    return static_cast<double>(generator()() >> 11) * 0x1.0p-53;
-}
-
-double randn_scalar() {
-    // Box-Muller; one sample per call keeps the stream simple to reproduce.
-    double u1 = rand_scalar(), u2 = rand_scalar();
-    return std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(2.0 * M_PI * u2);
-}
-
-std::string shape_str(const Shape& shape) {
-    std::ostringstream ss;
-    ss << "[";
-    for (size_t i = 0; i < shape.size(); ++i) ss << (i ? ", " : "") << shape[i];
-    ss << "]";
-    return ss.str();
-}
-
-namespace {
-template <class T>
-void print_values(std::ostream& os, const T* p, const Shape& shape, size_t d, int64_t offset) {
-    const int64_t edge = 3;
-    int64_t n = shape[d];
-    int64_t inner = 1;
-    for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
-    os << "[";
-    for (int64_t i = 0; i < n; ++i) {
-        if (n > 2 * edge && i == edge) {
-            os << "..., ";
-            i = n - edge;
-        }
-        if (d + 1 == shape.size()) os << p[offset + i];
-        else print_values(os, p, shape, d + 1, offset + i * inner);
-        if (i + 1 < n) os << ", ";
-    }
-    os << "]";
-}
-}  // namespace
-
-std::ostream& operator<<(std::ostream& os, const Tensor& t) {
-    if (!t.defined()) return os << "Tensor(undefined)";
-    os << "tensor(";
-    Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.contiguous();
-    dispatch_all(c.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        const T* p = static_cast<const T*>(c.storage()->data()) + c.impl().offset;
-        if (c.dim() == 0) os << p[0];
-        else print_values(os, p, c.shape(), 0, 0);
-    });
-    os << ", shape=" << shape_str(t.shape()) << ", dtype=" << dtype_name(t.dtype());
-    if (t.device().is_cuda()) os << ", device=" << device_name(t.device());
-    if (t.grad_fn()) os << ", grad_fn=<" << t.grad_fn()->name() << ">";
-    else if (t.requires_grad()) os << ", requires_grad=true";
-    return os << ")";
 }
 
 }  // namespace normtape

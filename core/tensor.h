@@ -5,6 +5,8 @@
 // and transpose() share storage with their input, contiguous() and clone() copy. Copying a Tensor
 // copies the handle, never the data (as in libtorch). Not here: any op's math (ops/), the engine
 // (core/autograd.h). The library is single-threaded: tensors are not shared between threads.
+// Defined in core/tensor.cpp (Tensor's methods), core/factories.cpp (the factories),
+// core/random.cpp (the global generator) and core/print.cpp (shape_str, operator<<).
 #pragma once
 
 #include <cstdint>
@@ -122,7 +124,7 @@ public:
     // `retain_graph`, the saved tensors of every node run are released. Throws Error if this tensor
     // does not require grad or on a second backward through released nodes; ShapeError, DTypeError
     // or DeviceError when `gradient` does not match this tensor (or is omitted for numel() != 1);
-    // AnomalyError under anomaly detection (core/autograd.h).
+    // AnomalyError under anomaly detection (core/anomaly.h).
     void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
 
     // In-place, never recorded by autograd; each bumps the storage version. Throw Error if this

@@ -1,6 +1,7 @@
 // core/tensor_cuda.h: the CUDA side of Tensor's own operations (copies, fills, in-place updates,
-// random fill). Internal: called by core/tensor.cpp through NT_CUDA. Every function queues its
-// work on the tensor's device stream and checks its launch; none synchronizes unless it says so.
+// random fill). Internal: called by core/tensor.cpp, core/factories.cpp (randn) and core/random.cpp
+// (manual_seed). Every function queues its work on the tensor's device stream and checks its
+// launch; none synchronizes unless it says so.
 #pragma once
 
 #include "core/tensor.h"

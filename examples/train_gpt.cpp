@@ -9,141 +9,35 @@
 // Checkpoints: --save FILE writes the model, the AdamW state, the step, the batch generator's state
 // and the run's config into one safetensors file (at the end, at --stop-at, and every
 // --save-every steps); --resume FILE continues that run so that it trains exactly as the run that
-// never stopped (bit for bit on the cpu). See Note [Resuming a run] below.
+// never stopped (bit for bit on the cpu). See Note [Resuming a run] in examples/resume.h.
 //
 // Exit codes: 0 done; 1 a runtime error (with --detect-anomaly: the first op or backward node
 // that produced a NaN or Inf, and the step), or measured saving != predicted saving; 2 bad
 // flags, bad values, unreadable data or a checkpoint that cannot resume this run (one line on
 // stderr).
+//
+// This file: the flags, their checks, and the training loop. The data and its batches are in
+// examples/batcher.h, the checks of --resume in examples/resume.h, the table, JSON and chart in
+// examples/report.h.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
-#include <clocale>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <optional>
-#include <random>
-#include <sstream>
+#include <string>
+#include <vector>
 
+#include "batcher.h"
 #include "normtape.h"
-#include "svg_chart.h"
+#include "report.h"
+#include "resume.h"
+#include "train_args.h"
 
 using namespace normtape;
-namespace fs = std::filesystem;
 
 namespace {
-
-struct Args {
-    std::string data;  // empty: the project's own documentation and sources; "random": random tokens
-    int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
-    std::string norm = "layer", policy = "both", device, dtype, preset;
-    double lr = 3e-3;
-    uint64_t seed = 1337;
-    int64_t log_every = 50;
-    std::string json, save, chart = "train_gpt.svg";
-    bool detect_anomaly = false;
-    std::string resume;      // checkpoint to continue from
-    int64_t save_every = 0;  // also save every this many steps (0: only at the end)
-    int64_t stop_at = 0;     // stop after this step of the --steps schedule (0: at --steps)
-};
-
-// Thrown for a bad flag value found after parsing; main prints it and exits 2.
-struct UsageError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw UsageError("cannot read data file " + path);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-// The default corpus: the project's README, docs and sources, found from the source tree, so
-// that the demo runs offline on real text.
-std::string default_corpus(std::string* description) {
-    fs::path root = NORMTAPE_SOURCE_DIR;
-    std::vector<fs::path> files;
-    if (fs::exists(root / "README.md")) files.push_back(root / "README.md");
-    for (const char* dir : {"docs", "core", "ops", "nn", "examples", "tests"}) {
-        if (!fs::is_directory(root / dir)) continue;
-        std::vector<fs::path> in_dir;
-        for (const auto& e : fs::directory_iterator(root / dir))
-            if (e.is_regular_file()) in_dir.push_back(e.path());
-        std::sort(in_dir.begin(), in_dir.end());
-        files.insert(files.end(), in_dir.begin(), in_dir.end());
-    }
-    std::string text;
-    for (const fs::path& p : files) text += read_file(p.string());
-    *description = "the project's README, docs and sources (" + std::to_string(files.size()) + " files in " +
-                   root.string() + ")";
-    return text;
-}
-
-// Random windows of the text: idx = text[s : s + T], targets = text[s + 1 : s + T + 1]; with an
-// empty text, random tokens in [0, V). Batches are made on the host and copied to `device`.
-class Batcher {
-public:
-    Batcher(const std::string& text, int64_t B, int64_t T, int64_t V, uint64_t seed, Device device)
-        : text_(text), B_(B), T_(T), V_(V), rng_(seed), device_(device) {}
-    // The generator's state (the standard text form of std::mt19937_64): where the run is in the
-    // data, since every batch's windows are drawn from it.
-    std::string state() const {
-        std::ostringstream ss;
-        ss << rng_;
-        return ss.str();
-    }
-    // Throws UsageError when `s` is not a state written by state().
-    void set_state(const std::string& s) {
-        std::istringstream ss(s);
-        std::mt19937_64 rng;
-        ss >> rng;
-        if (ss.fail()) throw UsageError("the checkpoint's batch generator state is malformed");
-        rng_ = rng;
-    }
-    void next(Tensor* idx, Tensor* targets) {
-        std::vector<int64_t> x(B_ * T_), y(B_ * T_);
-        for (int64_t b = 0; b < B_; ++b) {
-            if (text_.empty()) {
-                for (int64_t t = 0; t < T_; ++t) {
-                    x[b * T_ + t] = static_cast<int64_t>(rng_() % static_cast<uint64_t>(V_));
-                    y[b * T_ + t] = static_cast<int64_t>(rng_() % static_cast<uint64_t>(V_));
-                }
-                continue;
-            }
-            uint64_t s = rng_() % (text_.size() - static_cast<uint64_t>(T_));
-            for (int64_t t = 0; t < T_; ++t) {
-                x[b * T_ + t] = static_cast<unsigned char>(text_[s + t]);
-                y[b * T_ + t] = static_cast<unsigned char>(text_[s + t + 1]);
-            }
-        }
-        TensorOptions opts = TensorOptions().device(device_);
-        *idx = from_vector(x, {B_, T_}, opts);
-        *targets = from_vector(y, {B_, T_}, opts);
-    }
-
-private:
-    const std::string& text_;
-    int64_t B_, T_, V_;
-    std::mt19937_64 rng_;
-    Device device_;
-};
-
-struct RunResult {
-    SavePolicy policy;
-    int64_t first_step = 0;  // > 0 when resumed: losses and step_ms start there
-    int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
-    std::vector<double> losses, step_ms;
-    double step_ms_median = 0, tokens_per_s = 0;
-    std::vector<MemoryEvent> memory_trace;  // allocator events of one step (step 2)
-    int64_t forward_allocs = 0;             // allocations of that step's forward
-};
 
 Device device_of(const Args& a) { return a.device == "cuda" ? Device::CUDA : Device::CPU; }
 DType dtype_of(const Args& a) { return a.dtype == "bf16" ? DType::BF16 : DType::F32; }
@@ -168,131 +62,6 @@ double lr_at(const Args& a, int64_t step) {
     if (step < warmup) return a.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
     double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, a.steps - warmup));
     return a.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
-}
-
-// Note [Resuming a run]
-// A resumed run trains bit for bit as the run that never stopped (on the cpu; CUDA kernels that
-// sum with atomics are not bit-reproducible run to run) because everything that decides a step is
-// restored from the checkpoint:
-//  - the parameters, and AdamW's moments, step count and f32 master copies of bf16 parameters
-//    (save_checkpoint / load_checkpoint with the optimizer, nn/checkpoint.h);
-//  - the learning rate: lr_at() is a function of the step and --steps, so the step is saved and
-//    --steps is part of the config (--stop-at ends a run early without changing its schedule);
-//  - the batches: Batcher draws every window from its own std::mt19937_64, so that generator's
-//    state is the position in the data; it is saved in the standard text form of the engine;
-//  - the data: its size and FNV-1a hash are saved, and a resume on other data is refused.
-// The global generator (manual_seed) only initializes weights, which the checkpoint replaces;
-// nothing in a training step draws from it (no dropout). The run's config (data, steps, batch,
-// seq, model, norm, policy, dtype, lr, seed) is saved as JSON in the metadata entry
-// "train_gpt.config"; on --resume a flag left out takes the saved value and a flag given with
-// another value is refused, naming both. The device is not part of it (a run may move to another
-// device; bit for bit only on the same one). A checkpoint holds one run, so --resume, --stop-at
-// and --save-every need --policy input or output.
-
-uint64_t fnv1a64(const std::string& s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-    return h;
-}
-
-std::string hex(uint64_t v) {
-    char buf[20];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-    return buf;
-}
-
-// The config that identifies a run, saved in its checkpoints.
-nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& text) {
-    return {{"data", a.data},     {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
-            {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
-            {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
-            {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
-            {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed}};
-}
-
-// A train_gpt checkpoint read for --resume: its tensors (dropped once loaded), metadata, config
-// and step.
-struct ResumeState {
-    std::string path;
-    NamedTensors tensors;
-    std::map<std::string, std::string> metadata;
-    nlohmann::json config;
-    int64_t step = 0;
-};
-
-ResumeState read_resume(const std::string& path) {
-    ResumeState r;
-    r.path = path;
-    try {
-        r.tensors = load_safetensors(path, &r.metadata);
-    } catch (const IOError& e) {
-        throw UsageError(std::string("--resume: ") + e.what());
-    } catch (const FormatError& e) {
-        throw UsageError(std::string("--resume: ") + e.what());
-    }
-    const std::string not_ours = "--resume " + path + ": not a train_gpt checkpoint with training state (one written by "
-                                 "train_gpt --save)";
-    for (const char* key : {"train_gpt.config", "train_gpt.step", "train_gpt.batcher", "optimizer"})
-        if (r.metadata.count(key) == 0) throw UsageError(not_ours + ": no \"" + key + "\" metadata");
-    r.config = nlohmann::json::parse(r.metadata["train_gpt.config"], nullptr, /*allow_exceptions=*/false);
-    const std::string& step = r.metadata["train_gpt.step"];
-    if (!r.config.is_object() || step.empty() || step.size() > 18 ||
-        step.find_first_not_of("0123456789") != std::string::npos)
-        throw UsageError(not_ours + ": malformed train_gpt.config or train_gpt.step");
-    r.step = std::stoll(step);
-    return r;
-}
-
-// Fills the flags the user left out from the checkpoint's config and refuses those given with
-// another value (Note [Resuming a run]).
-void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
-    auto take = [&](const char* flag, auto& field) {
-        using T = std::decay_t<decltype(field)>;
-        const char* key = flag + 2;
-        T saved;
-        try {
-            saved = r.config.at(key).get<T>();
-        } catch (const nlohmann::json::exception&) {
-            throw UsageError("--resume " + r.path + ": the checkpoint's config has no valid \"" + key + "\"");
-        }
-        if (app.count(flag) == 0) field = saved;
-        else if (field != saved)
-            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + nlohmann::json(saved).dump() +
-                             ", this one asks for " + nlohmann::json(field).dump() +
-                             " (a resumed run must be the same run: leave the flag out to take the checkpoint's)");
-    };
-    if (app.count("--policy") && a.policy == "both")
-        throw UsageError("--resume continues one run: give --policy input or output (the checkpoint's is " +
-                         r.config.value("policy", std::string("?")) + "), not both");
-    take("--steps", a.steps);
-    take("--batch", a.batch);
-    take("--seq", a.seq);
-    take("--layers", a.layers);
-    take("--heads", a.heads);
-    take("--embd", a.embd);
-    take("--vocab", a.vocab);
-    take("--norm", a.norm);
-    take("--policy", a.policy);
-    take("--dtype", a.dtype);
-    take("--lr", a.lr);
-    take("--seed", a.seed);
-    // --data may name the same bytes by another path: run() compares the bytes' size and hash.
-    if (app.count("--data") == 0) take("--data", a.data);
-}
-
-std::string mib(int64_t bytes) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-    return buf;
-}
-
-std::string with_commas(int64_t v) {
-    std::string s = std::to_string(v < 0 ? -v : v), out;
-    for (size_t i = 0; i < s.size(); ++i) {
-        if (i && (s.size() - i) % 3 == 0) out += ',';
-        out += s[i];
-    }
-    return v < 0 ? "-" + out : out;
 }
 
 // Records the device allocator's events into `trace` for its lifetime (stops even if the step
@@ -406,100 +175,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     return r;
 }
 
-void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
-    const RunResult &in = runs[0], &out = runs[1];
-    std::printf("\nNorm save policies side by side (%s norm, L=%lld, B=%lld, T=%lld, C=%lld, V=%lld, %s on %s)\n",
-                a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.batch),
-                static_cast<long long>(a.seq), static_cast<long long>(a.embd), static_cast<long long>(a.vocab),
-                a.dtype.c_str(), a.device.c_str());
-    std::printf("%-34s %16s %16s %16s\n", "", "save input", "save output", "saving");
-    auto row = [](const char* name, int64_t x, int64_t y) {
-        std::printf("%-34s %16s %16s %16s\n", name, with_commas(x).c_str(), with_commas(y).c_str(),
-                    with_commas(x - y).c_str());
-    };
-    row("saved activation bytes (tape)", in.saved_activation_bytes, out.saved_activation_bytes);
-    std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
-                predicted == in.saved_activation_bytes - out.saved_activation_bytes ? "= measured, to the byte"
-                                                                                      : "!= measured");
-    row("peak allocated bytes", in.peak_allocated_bytes, out.peak_allocated_bytes);
-    if (a.device == "cuda") row("peak reserved bytes", in.peak_reserved_bytes, out.peak_reserved_bytes);
-    double peak_ratio = static_cast<double>(in.peak_allocated_bytes - out.peak_allocated_bytes) / static_cast<double>(predicted);
-    std::printf("%-34s %16s %16s %15.2f%%\n", "peak saving / predicted saving", "", "", 100.0 * peak_ratio);
-    std::printf("%-34s %16.4f %16.4f\n", "final loss (nats)", in.losses.back(), out.losses.back());
-    std::printf("%-34s %16.1f %16.1f\n", "median step time (ms)", in.step_ms_median, out.step_ms_median);
-    std::printf("%-34s %16.0f %16.0f\n", "tokens/s", in.tokens_per_s, out.tokens_per_s);
-    double worst = 0;
-    for (size_t i = 0; i < in.losses.size(); ++i)
-        worst = std::max(worst, std::abs(in.losses[i] - out.losses[i]) / std::abs(in.losses[i]));
-    std::printf("largest relative difference between the two loss curves: %.2e\n", worst);
-}
-
-void write_chart(const Args& a, const std::vector<RunResult>& runs) {
-    ChartPanel loss{"Training loss", "step", "loss (nats)", {}, {}};
-    ChartPanel mem{"Allocated memory during one training step", "tensors allocated so far in the step", "allocated MiB",
-                   {}, {}};
-    const char* colors[] = {"#1f77b4", "#d62728"};
-    for (size_t k = 0; k < runs.size(); ++k) {
-        const RunResult& r = runs[k];
-        std::string name = std::string("save ") + policy_name(r.policy);
-        ChartSeries ls{name, colors[r.policy == SavePolicy::Output], {}, {}, r.policy == SavePolicy::Output};
-        for (size_t i = 0; i < r.losses.size(); ++i) {
-            ls.x.push_back(static_cast<double>(i + 1));
-            ls.y.push_back(r.losses[i]);
-        }
-        loss.series.push_back(ls);
-        ChartSeries ms{name, colors[r.policy == SavePolicy::Output], {}, {}, false};
-        for (const MemoryEvent& e : r.memory_trace) {
-            ms.x.push_back(static_cast<double>(e.num_allocs));
-            ms.y.push_back(static_cast<double>(e.allocated_bytes) / (1 << 20));
-        }
-        mem.series.push_back(ms);
-    }
-    mem.markers.push_back({static_cast<double>(runs[0].forward_allocs), "forward | backward"});
-    std::ofstream f(a.chart);
-    if (!f) throw IOError("--chart: cannot open " + a.chart + " for writing");
-    f << render_svg({loss, mem});
-    std::printf("chart: %s\n", a.chart.c_str());
-}
-
-void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predicted, const std::string& data_desc,
-                int64_t params) {
-    nlohmann::json j;
-    j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
-                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
-                   {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset},
-                   {"parameters", params}, {"resume", a.resume}, {"stop_at", a.stop_at}};
-    j["predicted_saving_bytes"] = predicted;
-    if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
-    j["runs"] = nlohmann::json::array();
-    for (const RunResult& r : runs)
-        j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm}, {"first_step", r.first_step},
-                             {"saved_activation_bytes", r.saved_activation_bytes},
-                             {"peak_allocated_bytes", r.peak_allocated_bytes},
-                             {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
-                             {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
-    std::ofstream f(a.json);
-    if (!f) throw IOError("--json: cannot open " + a.json + " for writing");
-    f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-}
-
 int run(const Args& a, ResumeState* resume) {
     std::string desc;
-    std::string text;
-    if (a.data == "random") desc = "random tokens in [0, " + std::to_string(a.vocab) + ")";
-    else if (a.data.empty()) text = default_corpus(&desc);
-    else text = read_file(desc = a.data);
-    if (a.data != "random" && static_cast<int64_t>(text.size()) < a.seq + 2)
-        throw UsageError("data " + desc + " has " + std::to_string(text.size()) + " bytes; --seq " +
-                         std::to_string(a.seq) + " needs at least " + std::to_string(a.seq + 2));
-    if (resume) {
-        uint64_t want_bytes = resume->config.value("data_bytes", uint64_t{0});
-        std::string want_hash = resume->config.value("data_fnv1a64", std::string());
-        if (want_bytes != text.size() || want_hash != hex(fnv1a64(text)))
-            throw UsageError("--resume " + resume->path + ": the data (" + desc + ", " + std::to_string(text.size()) +
-                             " bytes, FNV-1a " + hex(fnv1a64(text)) + ") is not the checkpoint's run's (" +
-                             std::to_string(want_bytes) + " bytes, FNV-1a " + want_hash + ")");
-    }
+    std::string text = load_text(a, &desc);
+    if (resume) check_resume_data(*resume, text, desc);
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
     std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g, "
                 "%s on %s\n",
@@ -516,11 +195,7 @@ int run(const Args& a, ResumeState* resume) {
     for (SavePolicy p : policies) runs.push_back(train(a, text, p, resume));
 
     int64_t predicted = predicted_saving_bytes(make_config(a, SavePolicy::Input), a.batch, a.seq);
-    if (a.preset == "gpt2-medium-ish" && runs.size() == 2)
-        std::printf("reference (PyTorch, same model in pure bf16, same GPU model, Apex memory-efficient LayerNorm): "
-                    "peak 801.6 MiB lower, predicted 800 MiB; ours: predicted %.1f MiB, peak %.1f MiB lower\n",
-                    static_cast<double>(predicted) / (1 << 20),
-                    static_cast<double>(runs[0].peak_allocated_bytes - runs[1].peak_allocated_bytes) / (1 << 20));
+    print_preset_reference(a, runs, predicted);
     if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
     if (runs.size() < 2) return 0;
     print_table(a, runs, predicted);

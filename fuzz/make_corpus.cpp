@@ -4,7 +4,8 @@
 #include <cstdio>
 #include <string>
 
-#include "normtape.h"
+#include "core/tensor.h"
+#include "nn/safetensors.h"
 
 using namespace normtape;
 

@@ -1,8 +1,10 @@
 // normtape.h: the umbrella header. Everything public, in namespace normtape:
-//   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes)
+//   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes),
+//          anomaly detection
 //   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
-//   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, checkpoints
+//   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, safetensors,
+//          checkpoints
 //   NORMTAPE_VERSION (and _MAJOR, _MINOR, _PATCH), version()
 // Include this header, not the ones below: it is what a consumer of the installed package writes.
 //
@@ -17,6 +19,7 @@
 #pragma GCC visibility push(default)
 
 #include "core/allocator.h"
+#include "core/anomaly.h"
 #include "core/autograd.h"
 #include "core/check.h"
 #include "core/tensor.h"
@@ -26,6 +29,7 @@
 #include "nn/gpt.h"
 #include "nn/module.h"
 #include "nn/norm.h"
+#include "nn/safetensors.h"
 #include "ops/ops.h"
 
 #pragma GCC visibility pop

@@ -1,14 +1,8 @@
-// nn/checkpoint.h: tensors to and from files in the safetensors format, and module checkpoints
-// (parameters, optionally with the optimizer's state so that training can resume).
+// nn/checkpoint.h: module checkpoints: a module's parameters, optionally with the optimizer's
+// state so that training can resume, in one safetensors file. Not here: the format, its reader and
+// writer (nn/safetensors.h, included here, so that this header gives both).
 //
-// The format (huggingface/safetensors): 8 bytes little-endian header length n, n bytes of UTF-8
-// JSON, then the data:
-//   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
-//    "__metadata__": {"key": "value", ...}}
-// Offsets are bytes relative to the start of the data; the data is the raw little-endian
-// elements, row-major. dtypes: F32, F64, BF16, I64 (normtape's; others are refused). PyTorch reads
-// these files (tests/torch_reference.py does, with the standard library only). Parameter names
-// are GPT-2 / nanoGPT style state_dict keys: "wte.weight", "h.0.ln_1.weight".
+// Parameter names are GPT-2 / nanoGPT style state_dict keys: "wte.weight", "h.0.ln_1.weight".
 //
 // A checkpoint with optimizer state adds, for each parameter P, the AdamW tensors
 // "optimizer.exp_avg.P" (m), "optimizer.exp_avg_sq.P" (v) and, for a bf16 parameter,
@@ -16,47 +10,21 @@
 // {"type": "AdamW", "step": t, "beta1", "beta2", "eps", "groups": [{"size", "weight_decay"}]}.
 // (Torch's own state_dict names the moments the same way.)
 //
-// Errors: every function here throws IOError when a file cannot be opened, read, written or
-// renamed, and FormatError when a file's contents are not a valid safetensors file or lack what a
-// checkpoint needs; ShapeError / DTypeError when a file's tensor does not match the module's
-// parameter. The message always names the file, and the tensor and what was expected and found.
+// Errors: every function here throws as save_safetensors / load_safetensors do (IOError when a
+// file cannot be opened, read, written or renamed, FormatError when it is not a valid safetensors
+// file), FormatError when a file lacks what a checkpoint needs, and ShapeError / DTypeError when a
+// file's tensor does not match the module's parameter. The message always names the file, and the
+// tensor and what was expected and found.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
 #include <map>
 #include <string>
 
 #include "nn/adamw.h"
 #include "nn/module.h"
+#include "nn/safetensors.h"
 
 namespace normtape {
-
-// Writes `tensors` (any device and dtype; copied to the host, contiguous; data in the order given)
-// and string `metadata` to `path`, atomically: the bytes go to a temporary
-// file beside it ("<path>.tmp.<pid>.<n>"), which is flushed to disk (fsync) and renamed over
-// `path`; the directory is then synced. On any failure the temporary file is removed, `path` is
-// left as it was, and IOError names the file and the reason. Throws Error on two tensors of one
-// name, an empty name or the name "__metadata__" (nothing is written then).
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
-
-// Reads every tensor of `path` onto the cpu, sorted by name. `metadata`, when given, receives the
-// "__metadata__" entries (only on success). The whole file is validated before any tensor is
-// allocated, so a hostile header cannot make it allocate more than the file holds:
-//  - size >= 8; header length n with 2 <= n <= 100,000,000 (the reference implementation's bound)
-//    and 8 + n <= file size;
-//  - the header is valid UTF-8 JSON, an object, no object holds a key twice, nesting depth <= 3;
-//  - "__metadata__", if present, is an object of strings;
-//  - every other key is a non-empty tensor name whose value is an object with exactly "dtype"
-//    (F32, F64, BF16 or I64), "shape" (at most 64 integers >= 0 whose product, zeros counted as
-//    1, is below 2^60, so that no size, stride or byte count overflows) and "data_offsets"
-//    ([begin, end] integers, begin <= end <= data size, end - begin == elements * element size);
-//  - the tensors tile the data exactly, as the format requires: no overlap, no gap, no trailing
-//    bytes.
-// Throws IOError when the file is missing, not a regular file or cannot be read; FormatError for
-// anything above, naming the file, the tensor and what was expected and found.
-NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 // Saves every parameter of `module` under its named_parameters() name and, with `optimizer`, its
 // state (the names above); `metadata` is written as the file's "__metadata__" (the key
@@ -80,13 +48,5 @@ void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer =
 // messages): lets a caller read a checkpoint's metadata before it builds the module.
 void load_checkpoint(const std::string& path, const NamedTensors& file, const std::map<std::string, std::string>& metadata,
                      Module& module, AdamW* optimizer = nullptr);
-
-namespace detail {
-// The parser under load_safetensors, over a whole file held in memory (`size` bytes at `data`),
-// with the same checks and errors; `name` stands for the file in messages. For the fuzz target
-// (fuzz/fuzz_safetensors.cpp) and tests.
-NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::string& name,
-                               std::map<std::string, std::string>* metadata = nullptr);
-}  // namespace detail
 
 }  // namespace normtape

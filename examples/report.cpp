@@ -1,0 +1,114 @@
+// examples/report.cpp: train_gpt's report (examples/report.h): the side-by-side table, the JSON
+// file and the chart's panels. Not here: the SVG writer (examples/svg_chart.cpp).
+#include "report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "svg_chart.h"
+
+using namespace normtape;
+
+std::string mib(int64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+    return buf;
+}
+
+std::string with_commas(int64_t v) {
+    std::string s = std::to_string(v < 0 ? -v : v), out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (i && (s.size() - i) % 3 == 0) out += ',';
+        out += s[i];
+    }
+    return v < 0 ? "-" + out : out;
+}
+
+void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
+    if (a.preset == "gpt2-medium-ish" && runs.size() == 2)
+        std::printf("reference (PyTorch, same model in pure bf16, same GPU model, Apex memory-efficient LayerNorm): "
+                    "peak 801.6 MiB lower, predicted 800 MiB; ours: predicted %.1f MiB, peak %.1f MiB lower\n",
+                    static_cast<double>(predicted) / (1 << 20),
+                    static_cast<double>(runs[0].peak_allocated_bytes - runs[1].peak_allocated_bytes) / (1 << 20));
+}
+
+void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
+    const RunResult &in = runs[0], &out = runs[1];
+    std::printf("\nNorm save policies side by side (%s norm, L=%lld, B=%lld, T=%lld, C=%lld, V=%lld, %s on %s)\n",
+                a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.batch),
+                static_cast<long long>(a.seq), static_cast<long long>(a.embd), static_cast<long long>(a.vocab),
+                a.dtype.c_str(), a.device.c_str());
+    std::printf("%-34s %16s %16s %16s\n", "", "save input", "save output", "saving");
+    auto row = [](const char* name, int64_t x, int64_t y) {
+        std::printf("%-34s %16s %16s %16s\n", name, with_commas(x).c_str(), with_commas(y).c_str(),
+                    with_commas(x - y).c_str());
+    };
+    row("saved activation bytes (tape)", in.saved_activation_bytes, out.saved_activation_bytes);
+    std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
+                predicted == in.saved_activation_bytes - out.saved_activation_bytes ? "= measured, to the byte"
+                                                                                      : "!= measured");
+    row("peak allocated bytes", in.peak_allocated_bytes, out.peak_allocated_bytes);
+    if (a.device == "cuda") row("peak reserved bytes", in.peak_reserved_bytes, out.peak_reserved_bytes);
+    double peak_ratio = static_cast<double>(in.peak_allocated_bytes - out.peak_allocated_bytes) / static_cast<double>(predicted);
+    std::printf("%-34s %16s %16s %15.2f%%\n", "peak saving / predicted saving", "", "", 100.0 * peak_ratio);
+    std::printf("%-34s %16.4f %16.4f\n", "final loss (nats)", in.losses.back(), out.losses.back());
+    std::printf("%-34s %16.1f %16.1f\n", "median step time (ms)", in.step_ms_median, out.step_ms_median);
+    std::printf("%-34s %16.0f %16.0f\n", "tokens/s", in.tokens_per_s, out.tokens_per_s);
+    double worst = 0;
+    for (size_t i = 0; i < in.losses.size(); ++i)
+        worst = std::max(worst, std::abs(in.losses[i] - out.losses[i]) / std::abs(in.losses[i]));
+    std::printf("largest relative difference between the two loss curves: %.2e\n", worst);
+}
+
+void write_chart(const Args& a, const std::vector<RunResult>& runs) {
+    ChartPanel loss{"Training loss", "step", "loss (nats)", {}, {}};
+    ChartPanel mem{"Allocated memory during one training step", "tensors allocated so far in the step", "allocated MiB",
+                   {}, {}};
+    const char* colors[] = {"#1f77b4", "#d62728"};
+    for (size_t k = 0; k < runs.size(); ++k) {
+        const RunResult& r = runs[k];
+        std::string name = std::string("save ") + policy_name(r.policy);
+        ChartSeries ls{name, colors[r.policy == SavePolicy::Output], {}, {}, r.policy == SavePolicy::Output};
+        for (size_t i = 0; i < r.losses.size(); ++i) {
+            ls.x.push_back(static_cast<double>(i + 1));
+            ls.y.push_back(r.losses[i]);
+        }
+        loss.series.push_back(ls);
+        ChartSeries ms{name, colors[r.policy == SavePolicy::Output], {}, {}, false};
+        for (const MemoryEvent& e : r.memory_trace) {
+            ms.x.push_back(static_cast<double>(e.num_allocs));
+            ms.y.push_back(static_cast<double>(e.allocated_bytes) / (1 << 20));
+        }
+        mem.series.push_back(ms);
+    }
+    mem.markers.push_back({static_cast<double>(runs[0].forward_allocs), "forward | backward"});
+    std::ofstream f(a.chart);
+    if (!f) throw IOError("--chart: cannot open " + a.chart + " for writing");
+    f << render_svg({loss, mem});
+    std::printf("chart: %s\n", a.chart.c_str());
+}
+
+void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predicted, const std::string& data_desc,
+                int64_t params) {
+    nlohmann::json j;
+    j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
+                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
+                   {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset},
+                   {"parameters", params}, {"resume", a.resume}, {"stop_at", a.stop_at}};
+    j["predicted_saving_bytes"] = predicted;
+    if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
+    j["runs"] = nlohmann::json::array();
+    for (const RunResult& r : runs)
+        j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm}, {"first_step", r.first_step},
+                             {"saved_activation_bytes", r.saved_activation_bytes},
+                             {"peak_allocated_bytes", r.peak_allocated_bytes},
+                             {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
+                             {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
+    std::ofstream f(a.json);
+    if (!f) throw IOError("--json: cannot open " + a.json + " for writing");
+    f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}

@@ -1,0 +1,42 @@
+// examples/report.h: train_gpt's results: RunResult, what one training run measured, and the
+// report made of them: the two policies side by side on stdout, the JSON file (--json) and the
+// SVG chart (--chart), with the number formats they share. Not here: the measuring
+// (examples/train_gpt.cpp), the drawing of the chart (examples/svg_chart.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "normtape.h"
+#include "train_args.h"
+
+struct RunResult {
+    normtape::SavePolicy policy;
+    int64_t first_step = 0;  // > 0 when resumed: losses and step_ms start there
+    int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
+    std::vector<double> losses, step_ms;
+    double step_ms_median = 0, tokens_per_s = 0;
+    std::vector<normtape::MemoryEvent> memory_trace;  // allocator events of one step (step 2)
+    int64_t forward_allocs = 0;                       // allocations of that step's forward
+};
+
+// "1.50 MiB"
+std::string mib(int64_t bytes);
+// "-1,234,567"
+std::string with_commas(int64_t v);
+
+// With --preset gpt2-medium-ish and both runs: PyTorch's figures for the same model beside ours.
+void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
+// The two runs (input, then output policy) side by side: saved activation bytes, the predicted
+// saving and whether it equals the measured one, peak bytes, final loss, step time, tokens/s,
+// and the largest relative difference between the loss curves.
+void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
+// Writes a.chart: the loss of each run per step, and the allocated bytes during one step. Throws
+// normtape::IOError when the file cannot be opened.
+void write_chart(const Args& a, const std::vector<RunResult>& runs);
+// Writes a.json: the config (`data_desc` for the data, `params` parameters), the predicted and
+// (with two runs) measured saving, and each run's figures and losses. Throws normtape::IOError
+// when the file cannot be opened.
+void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predicted, const std::string& data_desc,
+                int64_t params);

@@ -1,0 +1,103 @@
+// examples/resume.cpp: --resume (examples/resume.h): the run's config, reading a checkpoint and
+// checking that the resumed run is the checkpoint's. Not here: the restoring itself
+// (examples/train_gpt.cpp).
+#include "resume.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <type_traits>
+
+using namespace normtape;
+
+namespace {
+
+uint64_t fnv1a64(const std::string& s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+}
+
+std::string hex(uint64_t v) {
+    char buf[20];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+}  // namespace
+
+nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& text) {
+    return {{"data", a.data},     {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
+            {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
+            {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
+            {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
+            {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed}};
+}
+
+ResumeState read_resume(const std::string& path) {
+    ResumeState r;
+    r.path = path;
+    try {
+        r.tensors = load_safetensors(path, &r.metadata);
+    } catch (const IOError& e) {
+        throw UsageError(std::string("--resume: ") + e.what());
+    } catch (const FormatError& e) {
+        throw UsageError(std::string("--resume: ") + e.what());
+    }
+    const std::string not_ours = "--resume " + path + ": not a train_gpt checkpoint with training state (one written by "
+                                 "train_gpt --save)";
+    for (const char* key : {"train_gpt.config", "train_gpt.step", "train_gpt.batcher", "optimizer"})
+        if (r.metadata.count(key) == 0) throw UsageError(not_ours + ": no \"" + key + "\" metadata");
+    r.config = nlohmann::json::parse(r.metadata["train_gpt.config"], nullptr, /*allow_exceptions=*/false);
+    const std::string& step = r.metadata["train_gpt.step"];
+    if (!r.config.is_object() || step.empty() || step.size() > 18 ||
+        step.find_first_not_of("0123456789") != std::string::npos)
+        throw UsageError(not_ours + ": malformed train_gpt.config or train_gpt.step");
+    r.step = std::stoll(step);
+    return r;
+}
+
+void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
+    auto take = [&](const char* flag, auto& field) {
+        using T = std::decay_t<decltype(field)>;
+        const char* key = flag + 2;
+        T saved;
+        try {
+            saved = r.config.at(key).get<T>();
+        } catch (const nlohmann::json::exception&) {
+            throw UsageError("--resume " + r.path + ": the checkpoint's config has no valid \"" + key + "\"");
+        }
+        if (app.count(flag) == 0) field = saved;
+        else if (field != saved)
+            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + nlohmann::json(saved).dump() +
+                             ", this one asks for " + nlohmann::json(field).dump() +
+                             " (a resumed run must be the same run: leave the flag out to take the checkpoint's)");
+    };
+    if (app.count("--policy") && a.policy == "both")
+        throw UsageError("--resume continues one run: give --policy input or output (the checkpoint's is " +
+                         r.config.value("policy", std::string("?")) + "), not both");
+    take("--steps", a.steps);
+    take("--batch", a.batch);
+    take("--seq", a.seq);
+    take("--layers", a.layers);
+    take("--heads", a.heads);
+    take("--embd", a.embd);
+    take("--vocab", a.vocab);
+    take("--norm", a.norm);
+    take("--policy", a.policy);
+    take("--dtype", a.dtype);
+    take("--lr", a.lr);
+    take("--seed", a.seed);
+    // --data may name the same bytes by another path: check_resume_data compares the bytes' size
+    // and hash.
+    if (app.count("--data") == 0) take("--data", a.data);
+}
+
+void check_resume_data(const ResumeState& r, const std::string& text, const std::string& description) {
+    uint64_t want_bytes = r.config.value("data_bytes", uint64_t{0});
+    std::string want_hash = r.config.value("data_fnv1a64", std::string());
+    if (want_bytes != text.size() || want_hash != hex(fnv1a64(text)))
+        throw UsageError("--resume " + r.path + ": the data (" + description + ", " + std::to_string(text.size()) +
+                         " bytes, FNV-1a " + hex(fnv1a64(text)) + ") is not the checkpoint's run's (" +
+                         std::to_string(want_bytes) + " bytes, FNV-1a " + want_hash + ")");
+}
