@@ -13,8 +13,6 @@
 
 namespace normtape {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
 class Module {
 public:
     virtual ~Module() = default;

@@ -26,11 +26,6 @@
 
 namespace normtape {
 
-// Tensors with their names, in order. The same alias as nn/module.h's (C++ allows redeclaring an
-// alias to the same type; a different one would not compile), declared here too so that this
-// header needs nothing from nn/.
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
 // Writes `tensors` (any device and dtype; copied to the host, contiguous; data in the order given)
 // and string `metadata` to `path`, atomically: the bytes go to a temporary
 // file beside it ("<path>.tmp.<pid>.<n>"), which is flushed to disk (fsync) and renamed over
