@@ -3,7 +3,8 @@
 // skipped. Its exit code is doctest's, except that a run in which every test case that ran was
 // skipped, and none failed, exits with kSkipExitCode (77): ctest runs one test case per process
 // and shows such a test as "Skipped" (SKIP_RETURN_CODE in CMakeLists.txt). A run of several
-// test cases of which some were skipped and the rest passed exits 0.
+// test cases of which some were skipped and the rest passed exits 0; a run in which no test case
+// matched the filters exits 1.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -52,6 +53,10 @@ int main(int argc, char** argv) {
     int code = context.run();
     if (context.shouldExit()) return code;  // --help, --list-test-cases and the like
     const SkipCount& count = skip_count();
+    if (count.ran == 0) {  // a filter that matches no test case is a mistake, not a pass
+        std::fprintf(stderr, "[doctest] no test case matched the filters\n");
+        return 1;
+    }
     if (count.skipped > 0)
         std::printf("[doctest] skipped: %d of the %d test cases that ran (counted as passed above; reasons in "
                     "their \"skipped:\" messages)\n",
