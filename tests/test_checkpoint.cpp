@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/device_ptr.h"
 #include "test_util.h"
 
 using namespace normtape;
@@ -65,8 +66,7 @@ void train_step(GPT& model, AdamW& optimizer, uint64_t seed) {
 // The raw bytes of a cpu tensor, to compare bit for bit (NaN-safe, -0 != +0).
 std::string bytes_of(const Tensor& t) {
     Tensor c = t.contiguous();
-    return std::string(static_cast<const char*>(c.storage()->data()) + c.impl().offset * element_size(c.dtype()),
-                       static_cast<size_t>(c.nbytes()));
+    return std::string(detail::byte_ptr(c), static_cast<size_t>(c.nbytes()));
 }
 
 // The losses of the single run in train_gpt's JSON, and the step of the first one.
@@ -289,18 +289,15 @@ TEST_CASE("checkpoint: a failed save leaves the previous file intact and no temp
         struct rlimit small = old_limit;
         small.rlim_cur = 4096;
         REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
-        bool threw_io = false;
-        std::string what;
-        try {
-            save_checkpoint(path, bigger);
-        } catch (const IOError& e) {
-            threw_io = true;
-            what = e.what();
-        }
-        setrlimit(RLIMIT_FSIZE, &old_limit);
-        signal(SIGXFSZ, old_handler);
-        CHECK(threw_io);
-        CHECK(what.find(path) != std::string::npos);
+        struct Restore {  // the limit and the handler come back even if the check throws
+            rlimit limit;
+            void (*handler)(int);
+            ~Restore() {
+                setrlimit(RLIMIT_FSIZE, &limit);
+                signal(SIGXFSZ, handler);
+            }
+        } restore{old_limit, old_handler};
+        check_throws<IOError>([&] { save_checkpoint(path, bigger); }, {path});
     }
     SUBCASE("the target is a directory: the rename fails") {
         std::string d = dir / "a_directory";

@@ -2,7 +2,7 @@
 // normtape::Error that names the fault (exactly that class, not merely a subclass of Error), with
 // a message that names the op, what it expected and what it got; leave the cpu allocator's
 // allocated bytes where they were; and leave the library usable. Also: absurd sizes, anomaly
-// detection (core/autograd.h, Note [Anomaly detection]). train_gpt's error exits: tests/test_cli.cpp.
+// detection (core/anomaly.h, Note [Anomaly detection]). train_gpt's error exits: tests/test_cli.cpp.
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -145,6 +145,8 @@ TEST_CASE("errors: CUDA tensors without a GPU throw DeviceError, naming the op")
     check_error<DeviceError>([&] { empty({2}, cuda); }, {"empty", "cuda"});
     check_error<DeviceError>([&] { empty({0}, cuda); }, {"empty", "cuda"});
     check_error<DeviceError>([&] { zeros({2}, cuda); }, {"zeros", "cuda"});
+    check_error<DeviceError>([&] { ones({2}, cuda); }, {"ones", "cuda"});
+    check_error<DeviceError>([&] { full({2}, 1.0, cuda); }, {"full", "cuda"});
     check_error<DeviceError>([&] { randn({2}, cuda); }, {"randn", "cuda"});
     check_error<DeviceError>([&] { arange(3, cuda); }, {"arange", "cuda"});
     check_error<DeviceError>([&] { from_vector<float>({1, 2}, {}, cuda); }, {"from_vector", "cuda"});
@@ -162,6 +164,7 @@ TEST_CASE("errors: CUDA tensors without a GPU throw DeviceError, naming the op")
     if (!cuda_is_built()) {
         check_error<DeviceError>([] { memory_stats(Device::CUDA); }, {"memory_stats", "expected device cpu", "got cuda"});
         check_error<DeviceError>([] { empty_cache(Device::CUDA); }, {"empty_cache", "CUDA backend"});
+        check_error<DeviceError>([] { reset_peak_memory_stats(Device::CUDA); }, {"cuda"});
         check_error<DeviceError>([] { ones({2}).to(Device::CUDA); }, {"to", "expected device cpu", "got cuda", "CUDA backend"});
     }
 }

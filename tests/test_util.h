@@ -1,5 +1,7 @@
 // tests/test_util.h: what every test file shares: tolerances named per dtype, allclose with the
-// largest difference in the message, a finite-difference gradient check in f64, seeded inputs.
+// largest difference in the message, a finite-difference gradient check in f64, seeded inputs,
+// SKIP_TEST and the REQUIRE_*_OR_SKIP guards, check_throws (the exception's kind and the words of
+// its message), TempDir, and running train_gpt.
 #pragma once
 
 #include <doctest/doctest.h>
