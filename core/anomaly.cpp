@@ -1,7 +1,7 @@
 // core/anomaly.cpp: anomaly detection (Note [Anomaly detection], core/anomaly.h): its switch, the
 // scan for NaN and Inf, and the forward and backward checks with their messages. Not here: the
 // engine that runs the backward check on every node's gradients (core/autograd.cpp).
-#include "core/anomaly.h"
+#include "core/anomaly_internal.h"
 
 #include <cmath>
 #include <sstream>

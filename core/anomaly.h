@@ -1,6 +1,7 @@
 // core/anomaly.h: anomaly detection, a check for NaN and Inf in every op's outputs and in every
 // gradient a backward node returns (as torch.autograd.set_detect_anomaly); off by default. Not
-// here: the engine, which calls the backward check (core/autograd.h).
+// here: the engine, which calls the backward check (core/autograd.cpp, through the internal
+// core/anomaly_internal.h).
 //
 // Note [Anomaly detection]
 // set_detect_anomaly(true) (or a DetectAnomalyGuard) turns on, for the whole process, a check
@@ -16,7 +17,6 @@
 // a bad value, not to train.
 #pragma once
 
-#include <cstddef>
 #include <initializer_list>
 #include <utility>
 
@@ -49,23 +49,6 @@ using NamedInput = std::pair<const char*, Tensor>;
 // Undefined inputs are skipped; i64 tensors are never non-finite.
 void check_forward_anomaly(const char* op, const char* output_name, const Tensor& output,
                            std::initializer_list<NamedInput> inputs = {});
-
-// The engine's side (core/autograd.cpp). Throws AnomalyError when the gradient that the node
-// `node_name` returned for its input `i` holds a NaN or Inf, saying whether `grad_output` already
-// did. Checks whether or not anomaly detection is on: the engine calls it only when it is.
-void check_backward_anomaly(const char* node_name, size_t i, const Tensor& grad_input, const Tensor& grad_output);
-// Marks a backward as running for its scope (nested scopes restore the outer state):
-// check_forward_anomaly does nothing inside it, since the engine checks the nodes.
-class BackwardAnomalyScope {
-public:
-    BackwardAnomalyScope();
-    ~BackwardAnomalyScope();
-    BackwardAnomalyScope(const BackwardAnomalyScope&) = delete;
-    BackwardAnomalyScope& operator=(const BackwardAnomalyScope&) = delete;
-
-private:
-    bool previous_;
-};
 }  // namespace detail
 
 }  // namespace normtape

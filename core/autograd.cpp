@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/anomaly_internal.h"
+
 namespace normtape {
 
 namespace {
