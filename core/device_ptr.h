@@ -16,4 +16,9 @@ T* device_ptr(const Tensor& t) {
     return t.defined() ? static_cast<T*>(t.storage()->data()) + t.impl().offset : nullptr;
 }
 
+// The same pointer as bytes, for code that moves bytes whatever the dtype (copies, file I/O).
+inline char* byte_ptr(const Tensor& t) {
+    return t.defined() ? static_cast<char*>(t.storage()->data()) + t.impl().offset * element_size(t.dtype()) : nullptr;
+}
+
 }  // namespace normtape::detail

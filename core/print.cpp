@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/autograd.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 
 namespace normtape {
@@ -46,7 +47,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.contiguous();
     dispatch_all(c.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        const T* p = static_cast<const T*>(c.storage()->data()) + c.impl().offset;
+        const T* p = detail::device_ptr<T>(c);
         if (c.dim() == 0) os << p[0];
         else print_values(os, p, c.shape(), 0, 0);
     });

@@ -10,6 +10,7 @@
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
 #include "core/dispatch.h"
 #include "core/tensor_cuda.h"
 #include "core/tensor_internal.h"
@@ -73,7 +74,7 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
     }
     dispatch_all(dst.dtype(), [&](auto dst_tag) {
         using D = decltype(dst_tag);
-        D* out = static_cast<D*>(dst.storage()->data()) + dst.impl().offset;
+        D* out = detail::device_ptr<D>(dst);
         dispatch_all(src.dtype(), [&](auto src_tag) {
             using S = decltype(src_tag);
             const S* in = static_cast<const S*>(src.storage()->data());
@@ -203,7 +204,7 @@ T* Tensor::data_ptr() const {
                 dtype_name(dtype()), ", got a request for ", dtype_name(dtype_of<T>()));
     NT_CHECK_AS(DeviceError, device() == Device::CPU, "Tensor::data_ptr: expected a cpu tensor (host access), got ",
                 device_name(device()), "; use to(Device::CPU)");
-    return static_cast<T*>(storage()->data()) + impl().offset;
+    return detail::device_ptr<T>(*this);
 }
 
 template <class T>

@@ -148,9 +148,7 @@ void copy_bytes_across(const Tensor& dst, const Tensor& src) {
     const Device d = dst.device().is_cuda() ? dst.device() : src.device();
     if (src.device().is_cuda() && src.device() != d) CUDA_CHECK(cudaStreamSynchronize(cuda::stream(src.device().index)));
     cudaStream_t stream = cuda::stream(d.index);
-    char* to = static_cast<char*>(dst.storage()->data()) + dst.impl().offset * element_size(dst.dtype());
-    const char* from = static_cast<const char*>(src.storage()->data()) + src.impl().offset * element_size(src.dtype());
-    CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream));
+    CUDA_CHECK(cudaMemcpyAsync(byte_ptr(dst), byte_ptr(src), bytes, cudaMemcpyDefault, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/device_ptr.h"
 
 namespace normtape {
 
@@ -320,8 +321,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     write_all(tmp.file.fd, text.data(), text.size(), path, tmp.path);
     for (const Tensor& c : data)
         if (c.nbytes() > 0)
-            write_all(tmp.file.fd, static_cast<const char*>(c.storage()->data()) + c.impl().offset * element_size(c.dtype()),
-                      static_cast<size_t>(c.nbytes()), path, tmp.path);
+            write_all(tmp.file.fd, detail::byte_ptr(c), static_cast<size_t>(c.nbytes()), path, tmp.path);
     if (::fsync(tmp.file.fd) != 0)
         detail::throw_error<IOError>("save_safetensors: cannot write ", path, " (fsync of ", tmp.path, "): ", errno_str(errno));
     int fd = tmp.file.fd;
