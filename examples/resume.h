@@ -4,9 +4,10 @@
 // which the training loop does (examples/train_gpt.cpp).
 //
 // Note [Resuming a run]
-// A resumed run trains bit for bit as the run that never stopped (on the cpu; CUDA kernels that
-// sum with atomics are not bit-reproducible run to run) because everything that decides a step is
-// restored from the checkpoint:
+// A resumed run trains bit for bit as the run that never stopped (on the cpu, and on CUDA on the
+// same GPU model: the CUDA reductions have a fixed order, but the fast norm backward's depends on
+// how many blocks fit on the GPU) because everything that decides a step is restored from the
+// checkpoint:
 //  - the parameters, and AdamW's moments, step count and f32 master copies of bf16 parameters
 //    (save_checkpoint / load_checkpoint with the optimizer, nn/checkpoint.h);
 //  - the learning rate: lr_at() (examples/train_gpt.cpp) is a function of the step and --steps,

@@ -69,7 +69,6 @@ __global__ void causal_softmax_backward_kernel(T* __restrict__ dscores, const T*
         out[j] = static_cast<T>(j <= t ? scale * A(a[j]) * (d[j] - dot) : A(0));
 }
 
-
 }  // namespace
 
 template <class T>

@@ -2,7 +2,7 @@
 // outputs contiguous, of the inputs' dtype and device. Each throws, naming the op: Error on an
 // undefined input; ShapeError on an empty input or mismatched shapes; DTypeError on a
 // non-floating input or mismatched dtypes; DeviceError on mismatched devices; AnomalyError on a
-// non-finite output under anomaly detection (core/autograd.h). Gradients are written (=), add's
+// non-finite output under anomaly detection (core/anomaly.h). Gradients are written (=), add's
 // passing the output gradient through, and the engine adds them into leaves (+=).
 #pragma once
 

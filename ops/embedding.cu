@@ -55,7 +55,6 @@ __global__ void embedding_backward_kernel(T* __restrict__ dweight, const int64_t
     }
 }
 
-
 }  // namespace
 
 template <class T>

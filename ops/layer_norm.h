@@ -11,8 +11,8 @@ namespace normtape {
 // Ba et al. 2016, arXiv:1607.06450; matches torch.nn.functional.layer_norm(x, [N], weight, bias, eps).
 // x: [..., N] f32, f64 or bf16, on the cpu or a CUDA device, M = numel / N rows; weight, bias:
 // [N], same dtype and device as x, each may be undefined (no affine / no bias). Returns y: shape,
-// dtype and device of x. The statistics mean and rstd [M] are f32 for f32 and bf16 x (bf16 is
-// computed in f32 and rounded once), f64 for f64.
+// dtype and device of x. The statistics mean and rstd [M] are f32 for f32 and bf16 x, f64 for
+// f64 (the cpu sums in f64, CUDA in f32; y is rounded to x's dtype once).
 // Saves rstd, weight, bias, and x + mean under SavePolicy::Input or y under SavePolicy::Output,
 // except that a forward under Output whose weight has an |element| < kOutputPolicyMinWeight saves
 // as Input does and is counted by output_policy_fallbacks() (see Note [Why saving y saves memory]
@@ -23,7 +23,7 @@ namespace normtape {
 // (normalized_shape), or on CUDA N or M above INT32_MAX; DTypeError for a non-floating x or
 // weight/bias of another dtype; DeviceError for weight/bias on another device; Error for an
 // undefined x or eps <= 0 or not finite; AnomalyError for a non-finite y under anomaly
-// detection (core/autograd.h).
+// detection (core/anomaly.h).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   SavePolicy policy = SavePolicy::Input);
 

@@ -10,7 +10,8 @@ namespace normtape {
 // Zhang & Sennrich 2019, arXiv:1910.07467; matches torch.nn.functional.rms_norm(x, [N], weight, eps).
 // x: [..., N] f32, f64 or bf16, on the cpu or a CUDA device, M = numel / N rows; weight: [N], same
 // dtype and device as x, or undefined (no affine). Returns y: shape, dtype and device of x. rstd
-// [M] is f32 for f32 and bf16 x (bf16 is computed in f32 and rounded once), f64 for f64.
+// [M] is f32 for f32 and bf16 x, f64 for f64 (the cpu sums in f64, CUDA in f32; y is
+// rounded to x's dtype once).
 // Saves rstd, weight, and x under SavePolicy::Input or y under SavePolicy::Output (backward then
 // uses x_hat = y / weight), except that a forward under Output whose weight has an |element| <
 // kOutputPolicyMinWeight saves x and is counted by output_policy_fallbacks() (see the notes in
