@@ -2,14 +2,11 @@
 // batches. Not here: what is done with a batch (examples/train_gpt.cpp).
 #include "batcher.h"
 
-#include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 using namespace normtape;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -21,35 +18,13 @@ std::string read_file(const std::string& path) {
     return ss.str();
 }
 
-// The default corpus: the project's README, docs and sources, found from the source tree, so
-// that the demo runs offline on real text.
-std::string default_corpus(std::string* description) {
-    fs::path root = NORMTAPE_SOURCE_DIR;
-    std::vector<fs::path> files;
-    if (fs::exists(root / "README.md")) files.push_back(root / "README.md");
-    for (const char* dir : {"docs", "core", "ops", "nn", "examples", "tests"}) {
-        if (!fs::is_directory(root / dir)) continue;
-        std::vector<fs::path> in_dir;
-        for (const auto& e : fs::directory_iterator(root / dir))
-            if (e.is_regular_file()) in_dir.push_back(e.path());
-        std::sort(in_dir.begin(), in_dir.end());
-        files.insert(files.end(), in_dir.begin(), in_dir.end());
-    }
-    std::string text;
-    for (const fs::path& p : files) text += read_file(p.string());
-    *description = "the project's README, docs and sources (" + std::to_string(files.size()) + " files in " +
-                   root.string() + ")";
-    return text;
-}
-
 }  // namespace
 
 std::string load_text(const Args& a, std::string* description) {
     std::string& desc = *description;
     std::string text;
     if (a.data == "random") desc = "random tokens in [0, " + std::to_string(a.vocab) + ")";
-    else if (a.data.empty()) text = default_corpus(&desc);
-    else text = read_file(desc = a.data);
+    else text = read_file(desc = a.data.empty() ? kDefaultData : a.data);
     if (a.data != "random" && static_cast<int64_t>(text.size()) < a.seq + 2)
         throw UsageError("data " + desc + " has " + std::to_string(text.size()) + " bytes; --seq " +
                          std::to_string(a.seq) + " needs at least " + std::to_string(a.seq + 2));

@@ -1,5 +1,5 @@
-// examples/batcher.h: train_gpt's data: the text it trains on (a file, the project's own sources,
-// or none for random tokens) and Batcher, which draws each batch's windows from it. Not here: the
+// examples/batcher.h: train_gpt's data: the text it trains on (a file, by default the project's
+// data/tinyshakespeare.txt, or none for random tokens) and Batcher, which draws each batch's windows from it. Not here: the
 // training step that uses a batch (examples/train_gpt.cpp), the checkpoint that saves Batcher's
 // state (examples/resume.h).
 #pragma once
@@ -11,8 +11,11 @@
 #include "normtape.h"
 #include "train_args.h"
 
-// The text `a` asks for: --data FILE's bytes, the project's README, docs and sources (no --data,
-// so that the demo runs offline on real text), or "" for --data random. Sets `description` to
+// The text that --data names, by default kDefaultData.
+inline const char* const kDefaultData = NORMTAPE_SOURCE_DIR "/data/tinyshakespeare.txt";
+
+// The text `a` asks for: --data FILE's bytes (kDefaultData without --data), or "" for --data
+// random. Sets `description` to
 // what was read, for the report. Throws UsageError when a file cannot be read or the text is
 // shorter than --seq + 2 bytes.
 std::string load_text(const Args& a, std::string* description);

@@ -212,7 +212,7 @@ int run(const Args& a, ResumeState* resume) {
 int main(int argc, char** argv) {
     Args a;
     CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
-    app.add_option("--data", a.data, "UTF-8 text file, or 'random' for random tokens (default: the project's README and sources)");
+    app.add_option("--data", a.data, "UTF-8 text file, or 'random' for random tokens (default: the source tree's data/tinyshakespeare.txt)");
     app.add_option("--steps", a.steps, "training steps per policy")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
     app.add_option("--batch", a.batch, "sequences per batch (B)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     app.add_option("--seq", a.seq, "sequence length (T)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
