@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh: everything that needs an NVIDIA GPU, in one command. Configures build-gpu/
-# for the GPU's architecture (CUDA_ARCH, default 90: Hopper), builds, runs every test with the GPU
-# visible (the PyTorch cross-check needs a python3 with CUDA torch), the CUDA tests once more under
-# compute-sanitizer's memcheck and racecheck, the norm kernels' benchmark beside PyTorch's, the
-# memory comparison of the gpt2-medium-ish preset in bf16, and a bf16 run on
+# for the architecture CUDA_ARCH (default 90: Hopper; set it for another GPU), builds, runs every
+# test with the GPU visible (the PyTorch cross-check needs a python3 with CUDA torch), the CUDA
+# tests once more under compute-sanitizer's memcheck and racecheck, the norm kernels' benchmark
+# beside PyTorch's, the memory comparison of the gpt2-medium-ish preset in bf16, and a bf16 run on
 # data/tinyshakespeare.txt. Logs, JSON and charts go to $GPU_OUT (default gpu_out/); a short
-# summary is printed last. Exits 1 if a test or a sanitizer run fails.
+# summary is printed last. Exits 1 if a test, a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|bench|sanitize]   (default all)
 #     tests: the tests and the sanitizers; bench: the benchmarks and training runs only;
 #     sanitize: the sanitizers only.
@@ -29,7 +29,7 @@ if cmake --build build-gpu -j "$(nproc)" > "$GPU_OUT/build.log" 2>&1; then summa
 
 export NORMTAPE_PYTHON=python3
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
-    (cd build-gpu && ctest -j 8 --output-on-failure > "$GPU_OUT/ctest.log" 2>&1)
+    (cd build-gpu && ctest -j "$(nproc)" --output-on-failure > "$GPU_OUT/ctest.log" 2>&1)
     summary+=("tests: $(grep -E 'tests passed|tests failed' "$GPU_OUT/ctest.log" | tail -1)")
     grep -q "100% tests passed" "$GPU_OUT/ctest.log" || failed=1
     grep -E "Failed|\*\*\*Exception|Not Run|Skipped" "$GPU_OUT/ctest.log" | head -20
@@ -63,18 +63,24 @@ if [ "$MODE" != bench ]; then
 fi
 
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-    ./build-gpu/bench_norms --reference --json "$GPU_OUT/bench.json" --csv "$GPU_OUT/bench.csv" > "$GPU_OUT/bench.log" 2>&1
-    summary+=("bench_norms: exit $?")
-    PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" --out "$GPU_OUT/compare.json" \
-        --markdown "$GPU_OUT/table.md" \
-        > "$GPU_OUT/compare.log" 2>&1
-    summary+=("bench_torch_norms: exit $?")
-    ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 4 --log-every 1 \
+    # step LABEL COMMAND...: runs the command, notes its exit status, and fails the script if it failed
+    # (train_gpt exits 1 when the measured saving differs from the prediction).
+    step() {
+        local label=$1; shift
+        "$@"
+        local rc=$?
+        summary+=("$label: exit $rc")
+        [ $rc -eq 0 ] || failed=1
+    }
+    step bench_norms ./build-gpu/bench_norms --reference --json "$GPU_OUT/bench.json" --csv "$GPU_OUT/bench.csv" \
+        > "$GPU_OUT/bench.log" 2>&1
+    step bench_torch_norms env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" \
+        --out "$GPU_OUT/compare.json" --markdown "$GPU_OUT/table.md" > "$GPU_OUT/compare.log" 2>&1
+    step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 4 --log-every 1 \
         --json "$GPU_OUT/medium.json" --chart "$GPU_OUT/medium.svg" > "$GPU_OUT/medium.log" 2>&1
-    summary+=("medium preset: exit $?")
-    ./build-gpu/train_gpt --device cuda --data data/tinyshakespeare.txt --policy both --steps 300 \
-        --log-every 50 --json "$GPU_OUT/shakespeare.json" --chart "$GPU_OUT/shakespeare.svg" > "$GPU_OUT/shakespeare.log" 2>&1
-    summary+=("tinyshakespeare bf16: exit $?")
+    step "tinyshakespeare bf16" ./build-gpu/train_gpt --device cuda --data data/tinyshakespeare.txt --policy both \
+        --steps 300 --log-every 50 --json "$GPU_OUT/shakespeare.json" --chart "$GPU_OUT/shakespeare.svg" \
+        > "$GPU_OUT/shakespeare.log" 2>&1
 fi
 
 echo "==================== summary"

@@ -10,10 +10,10 @@
 # occupancy, issue-slot use, instructions, registers, hit rates, shared-memory loads, wavefronts
 # and bank conflicts, the L1's and the LSU and XU pipes' use, the largest warp stall reasons
 # (cycles per issued instruction), and ncu's occupancy limits. Raw CSV goes to $GPU_OUT/ncu
-# (default gpu_out/ncu).
+# (default gpu_out/ncu in the repository).
 set -u
 [ $# -ge 2 ] || { echo "usage: scripts/gpu_profile.sh BENCH LABEL:DTYPE:N:SKIP..." >&2; exit 2; }
-GPU_OUT="${GPU_OUT:-gpu_out}"; mkdir -p "$GPU_OUT/ncu"
+GPU_OUT="${GPU_OUT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/gpu_out}"; mkdir -p "$GPU_OUT/ncu"
 BIN="$1"; shift
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
 M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size,launch__block_size,lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
