@@ -88,7 +88,7 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
                     ": holds no optimizer state (no \"optimizer\" metadata; was it saved with the optimizer?)");
         nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
         const AdamWOptions& o = optimizer->options();
-        bool well_formed = j.is_object() && j.value("type", "") == "AdamW" && j.contains("step") &&
+        bool well_formed = j.is_object() && j.contains("type") && j["type"] == "AdamW" && j.contains("step") &&
                            j["step"].is_number_unsigned() && j["step"].get<uint64_t>() <= uint64_t(INT64_MAX) &&
                            j.contains("beta1") && j["beta1"].is_number() && j.contains("beta2") &&
                            j["beta2"].is_number() && j.contains("eps") && j["eps"].is_number() && j.contains("groups") &&

@@ -151,6 +151,13 @@ TEST_CASE("checkpoint: loading optimizer state refuses a file without it or of a
         if (name != "optimizer.exp_avg_sq.h.0.mlp.c_fc.weight") pruned.emplace_back(name, t);
     save_safetensors(dir / "pruned.safetensors", pruned, meta);
     CHECK_THROWS_KIND_WITH(load_checkpoint(dir / "pruned.safetensors", b, &opt_b), FormatError, "missing optimizer state optimizer.exp_avg_sq.h.0.mlp.c_fc.weight");
+    // Optimizer metadata of the wrong JSON types (a "type" that is a number): FormatError, not a
+    // JSON library exception.
+    std::map<std::string, std::string> bad_meta = meta;
+    bad_meta["optimizer"] = R"({"type": 7, "step": 1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "groups": []})";
+    save_safetensors(dir / "bad_type.safetensors", file, bad_meta);
+    CHECK_THROWS_KIND_WITH(load_checkpoint(dir / "bad_type.safetensors", b, &opt_b), FormatError,
+                           "malformed optimizer metadata");
     // A checkpoint of another width: the parameter, its expected and its found shape.
     GPTConfig wide = small_config();
     wide.n_embd = 16;
