@@ -102,7 +102,9 @@ Tensor arange(int64_t end, TensorOptions options) {
     NT_CHECK_AS(ShapeError, end >= 0, "arange: expected end >= 0, got ", end);
     if (options.device_.is_cuda()) {
         check_device("arange", options.device_);
-        return arange(end, options.device(Device::CPU)).to(options.device_);
+        return arange(end, options.device(Device::CPU).requires_grad(false))
+            .to(options.device_)
+            .requires_grad_(options.requires_grad_);
     }
     Tensor t = empty_for("arange", {end}, options);
     dispatch_all(t.dtype(), [&](auto tag) {

@@ -129,6 +129,13 @@ TEST_CASE("cuda: copies between devices and dtypes round-trip") {
     manual_seed(7);
     std::vector<float> r2 = randn({1001}, TensorOptions().device(Device::CUDA)).to_vector<float>();
     CHECK(r1 == r2);  // cuRAND Philox, seeded by manual_seed: reproducible
+    // Factories made on the cpu and copied keep their options on the GPU.
+    TensorOptions grad_f64 = TensorOptions().dtype(DType::F64).device(Device::CUDA).requires_grad(true);
+    Tensor r = arange(4, grad_f64);
+    CHECK(r.requires_grad());
+    CHECK(r.device() == Device::CUDA);
+    CHECK(r.to_vector<double>() == std::vector<double>{0, 1, 2, 3});
+    CHECK(from_vector<double>({1, 2}, {}, grad_f64).requires_grad());
 }
 
 TEST_CASE("cuda: elementwise ops, reductions and products match the cpu") {
