@@ -49,8 +49,28 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std
 AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
     : AdamW(std::vector<ParamGroup>{{params, options.weight_decay}}, options) {}
 
+void AdamW::set_lr(double lr) {
+    NT_CHECK(lr >= 0 && std::isfinite(lr), "AdamW::set_lr: expected a finite lr >= 0, got ", lr);
+    options_.lr = lr;
+}
+
 void AdamW::step() {
     NoGradGuard no_grad;
+    // Every parameter is checked before any is updated, so a failed step changes nothing.
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+        for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
+            const Tensor& p = groups_[gi].params[i];
+            if (!p.grad().defined()) continue;
+            const ParamState& st = state_[gi][i];
+            NT_CHECK_AS(DeviceError, st.m.device() == p.device(), "AdamW: expected the parameter on ",
+                        device_name(st.m.device()), " (where its state is), got ", device_name(p.device()),
+                        ": it moved after the optimizer was built; build the optimizer after Module::to");
+            NT_CHECK_AS(DTypeError,
+                        st.m.dtype() == stat_dtype(p.dtype()) && (p.dtype() == DType::BF16) == st.master.defined(),
+                        "AdamW: expected a parameter of the dtype it had when the optimizer was built (state ",
+                        dtype_name(st.m.dtype()), "), got ", dtype_name(p.dtype()),
+                        "; build the optimizer after Module::to");
+        }
     ++t_;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
         detail::AdamWStep s{options_.lr, options_.beta1, options_.beta2, options_.eps, groups_[gi].weight_decay,
@@ -61,14 +81,6 @@ void AdamW::step() {
             Tensor g = p.grad();
             if (!g.defined()) continue;
             ParamState& st = state_[gi][i];
-            NT_CHECK_AS(DeviceError, st.m.device() == p.device(), "AdamW: expected the parameter on ",
-                        device_name(st.m.device()), " (where its state is), got ", device_name(p.device()),
-                        ": it moved after the optimizer was built; build the optimizer after Module::to");
-            NT_CHECK_AS(DTypeError,
-                        st.m.dtype() == stat_dtype(p.dtype()) && (p.dtype() == DType::BF16) == st.master.defined(),
-                        "AdamW: expected a parameter of the dtype it had when the optimizer was built (state ",
-                        dtype_name(st.m.dtype()), "), got ", dtype_name(p.dtype()),
-                        "; build the optimizer after Module::to");
             dispatch_floating(p.dtype(), "AdamW", [&](auto tag) {
                 using T = decltype(tag);
                 using A = acc_t<T>;

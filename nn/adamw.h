@@ -42,15 +42,18 @@ public:
     };
 
     // Throw Error for lr < 0, eps <= 0 or betas outside [0, 1), or a parameter that is undefined,
-    // not a leaf, not contiguous or does not require grad.
+    // not a leaf, not contiguous or does not require grad; OutOfMemoryError or DeviceError when
+    // the state cannot be allocated on a parameter's device.
     AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
     AdamW(const std::vector<Tensor>& params, AdamWOptions options);
 
-    // Throws DeviceError / DTypeError when a parameter changed device / dtype since construction.
+    // Throws DeviceError / DTypeError when a parameter changed device / dtype since construction;
+    // every parameter is checked first, so a step that throws changes nothing.
     void step();
     // Drops every parameter's gradient.
     void zero_grad();
-    void set_lr(double lr) { options_.lr = lr; }
+    // Throws Error for lr < 0 or not finite, as the constructor does.
+    void set_lr(double lr);
     double lr() const { return options_.lr; }
     int64_t step_count() const { return t_; }
     const AdamWOptions& options() const { return options_; }

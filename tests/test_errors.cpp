@@ -329,6 +329,19 @@ TEST_CASE("errors: AdamW, clip_grad_norm_ and Module::to") {
     layer.to(Device::CPU, DType::F64);  // after the optimizer: its f32 state no longer fits
     sum(layer.forward(randn({1, 2}, TensorOptions().dtype(DType::F64)))).backward();
     check_error<DTypeError>([&] { opt.step(); }, {"AdamW", "dtype", "got f64", "after Module::to"});
+    check_error<Error>([&] { opt.set_lr(-0.5); }, {"set_lr", "lr >= 0", "-0.5"});
+    // A step that throws on its second parameter group has changed nothing in the first.
+    Linear first(2, 2), second(2, 2);
+    std::vector<Tensor> both = first.parameters();
+    for (const Tensor& t : second.parameters()) both.push_back(t);
+    AdamW two(both, AdamWOptions());
+    second.to(Device::CPU, DType::F64);
+    sum(first.forward(randn({1, 2}))).backward();
+    sum(second.forward(randn({1, 2}, TensorOptions().dtype(DType::F64)))).backward();
+    std::vector<float> before = first.weight.to_vector<float>();
+    check_error<DTypeError>([&] { two.step(); }, {"AdamW", "got f64"});
+    CHECK(first.weight.to_vector<float>() == before);
+    CHECK(two.step_count() == 0);
 }
 
 TEST_CASE("errors: autograd misuse") {
