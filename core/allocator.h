@@ -22,13 +22,14 @@ struct MemoryStats {
     int64_t peak_allocated_bytes = 0;  // highest allocated_bytes since the last reset
     int64_t reserved_bytes = 0;        // CUDA: bytes held from the driver (cached or in use); cpu: 0
     int64_t peak_reserved_bytes = 0;   // CUDA: highest reserved_bytes since the last reset
-    int64_t num_allocs = 0;            // calls to allocate() since the process started
+    int64_t num_allocs = 0;            // allocations of more than 0 bytes since the process started
 };
 
-// Returns `nbytes` bytes on `device`, 64-byte (cpu) or 512-byte (CUDA) aligned; nbytes == 0
+// Returns `nbytes` bytes on `device`, 64-byte (cpu) or 256-byte (CUDA) aligned; nbytes == 0
 // gives nullptr. Throws OutOfMemoryError when the memory cannot be had (on CUDA after returning
 // the cache to the driver; the message gives the request and the counters), DeviceError when
-// `device` has no backend in this build or no GPU is visible (also for nbytes == 0).
+// `device` has no backend in this build or no GPU is visible (also for nbytes == 0), Error on
+// another CUDA error (a GPU index that is not there reaches cudaSetDevice and fails there).
 void* allocate(Device device, size_t nbytes);
 
 // Returns a block obtained from allocate(device, nbytes); `nbytes` must be the size asked for.
@@ -41,7 +42,8 @@ MemoryStats memory_stats(Device device);
 void reset_peak_memory_stats(Device device);
 
 // Returns the CUDA allocator's cached, wholly free segments to the driver (reserved_bytes falls);
-// waits for the device first. No-op on the cpu.
+// waits for the device first. No-op on the cpu. Throws DeviceError for CUDA in a build without
+// the backend, Error on a CUDA error (e.g. no GPU visible).
 void empty_cache(Device device);
 
 // One point of a memory timeline: the counters right after an allocation or a deallocation.
@@ -51,7 +53,8 @@ struct MemoryEvent {
 };
 
 // While `trace` is set, appends a MemoryEvent to it after every allocation and deallocation on
-// `device` (train_gpt charts one step this way); nullptr stops recording.
+// `device` (train_gpt charts one step this way); nullptr stops recording. Throws DeviceError for
+// CUDA in a build without the backend.
 void set_memory_trace(Device device, std::vector<MemoryEvent>* trace);
 
 }  // namespace normtape

@@ -5,8 +5,9 @@
 //
 // Note [Anomaly detection]
 // set_detect_anomaly(true) (or a DetectAnomalyGuard) turns on, for the whole process, a check
-// for NaN and Inf: every op checks its outputs before returning (detail::check_forward_anomaly),
-// and the engine checks every gradient a node returns. The first non-finite value throws
+// for NaN and Inf: every op of ops/ checks its outputs before returning
+// (detail::check_forward_anomaly; Tensor's own methods, such as to(DType), are not checked), and
+// the engine checks every gradient a node returns. The first non-finite value throws
 // AnomalyError naming the op ("layer_norm") or node ("LayerNormBackward"), which output or
 // input gradient, how many values are non-finite and the flat index of the first; it also says
 // whether the op's inputs (a node's grad_output) were already non-finite, i.e. whether the op
@@ -43,7 +44,7 @@ private:
 namespace detail {
 // A tensor an op was given, named as in the op's signature ("x", "weight"), for anomaly messages.
 using NamedInput = std::pair<const char*, Tensor>;
-// Every op calls this on each output before returning. Does nothing unless anomaly detection is
+// Every op of ops/ calls this on each output before returning. Does nothing unless anomaly detection is
 // on and no backward is running; then throws AnomalyError when `output` (named `output_name`)
 // holds a NaN or Inf, saying which of `inputs` were already non-finite (Note [Anomaly detection]).
 // Undefined inputs are skipped; i64 tensors are never non-finite.

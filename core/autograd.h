@@ -21,8 +21,9 @@
 // Leaf gradients accumulate (+=) across backward() calls until zero_grad(). Inside one backward,
 // a tensor that fed several nodes receives the sum of their gradients before its producer runs.
 // A Node's apply() returns gradients (=) that may alias grad_output (add, view, clone pass it
-// through); nothing writes into a gradient in place: the engine sums into fresh tensors and
-// copies a leaf's first gradient.
+// through); nothing writes in place into a gradient a node returned: the engine sums into fresh
+// tensors and copies a leaf's first gradient. A leaf's own .grad is updated in place (+= by later
+// backwards, clip_grad_norm_'s scaling).
 //
 // Anomaly detection (Note [Anomaly detection]) is in core/anomaly.h, included here; the engine
 // checks every gradient a node returns while it is on.

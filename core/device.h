@@ -40,8 +40,9 @@ bool cuda_is_available();
 // True when this build has the CUDA backend (whether or not a GPU is visible).
 bool cuda_is_built();
 
-// Waits until all work queued on `device` has finished (no-op on the cpu). Throws Error on a
-// CUDA error, which it reports with the failing call's file and line.
+// Waits until all work queued on `device` has finished (no-op on the cpu). Throws DeviceError for
+// CUDA in a build without the backend, with no GPU visible or for a GPU index that is not there;
+// Error on a CUDA error, which it reports with the failing call's file and line.
 void synchronize(Device device);
 
 }  // namespace normtape

@@ -1,7 +1,7 @@
 // core/dtype.h: element types of tensor data.
 //
-// F32 and BF16 are training dtypes (BF16 is storage only: arithmetic is done in f32), F64
-// exists for gradient checks on the CPU, I64 holds token ids. Statistics (the norms' mean and
+// F32 and BF16 are training dtypes (BF16 is storage only: arithmetic is done in f32), F64 is for
+// gradient checks and references (every op takes it, on the cpu and on CUDA), I64 holds token ids. Statistics (the norms' mean and
 // rstd) are F64 for F64 data and F32 otherwise: stat_dtype().
 #pragma once
 
@@ -26,7 +26,7 @@ inline size_t element_size(DType dtype) {
     return 0;
 }
 
-// "f32", "f64", "i64": the names used in messages, the CLI and JSON.
+// "f32", "f64", "bf16", "i64": the names used in messages, the CLI and JSON.
 inline const char* dtype_name(DType dtype) {
     switch (dtype) {
         case DType::F32: return "f32";

@@ -15,7 +15,8 @@ namespace normtape {
 
 class Storage {
 public:
-    // Allocates `nbytes` on `device` (contents uninitialized). Throws Error on failure.
+    // Allocates `nbytes` on `device` (contents uninitialized). Throws as allocate()
+    // (core/allocator.h): OutOfMemoryError, DeviceError, or Error on another CUDA error.
     Storage(size_t nbytes, Device device);
     ~Storage();
     Storage(const Storage&) = delete;

@@ -100,11 +100,12 @@ public:
     Tensor clone() const;
     // Same storage, no grad_fn, requires_grad false: cuts the graph.
     Tensor detach() const;
-    // A contiguous copy converted to `dtype` (any of f32, f64, bf16, i64; floats to i64 throw Error
-    // when out of range on the cpu). Not differentiable.
+    // A contiguous copy converted to `dtype` (any of f32, f64, bf16, i64). Floats to i64: on the
+    // cpu a value out of range or NaN throws Error; on CUDA it saturates. Not differentiable.
     Tensor to(DType dtype) const;
-    // A contiguous copy on `device` (cpu <-> cuda, or between GPUs), same dtype; returns when the
-    // copy is done. Not differentiable. Throws DeviceError when the device has no backend in this
+    // A contiguous copy on `device` (cpu <-> cuda, or between GPUs), same dtype; a copy between
+    // devices returns when it is done, a copy within one GPU is queued on its stream. Not
+    // differentiable. Throws DeviceError when the device has no backend in this
     // build or no GPU is visible, OutOfMemoryError when the copy cannot be allocated.
     Tensor to(Device device) const;
 
@@ -123,7 +124,8 @@ public:
     // Runs reverse-mode autodiff from this tensor. `gradient` has this tensor's shape; it may be
     // omitted for a one-element tensor (then 1). Leaf gradients accumulate (+=). Unless
     // `retain_graph`, the saved tensors of every node run are released. Throws Error if this tensor
-    // does not require grad or on a second backward through released nodes; ShapeError, DTypeError
+    // does not require grad, on a second backward through released nodes, or when a saved tensor
+    // was modified in place since the forward (core/autograd.h); ShapeError, DTypeError
     // or DeviceError when `gradient` does not match this tensor (or is omitted for numel() != 1);
     // AnomalyError under anomaly detection (core/anomaly.h).
     void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
@@ -131,13 +133,16 @@ public:
     // In-place, never recorded by autograd; each bumps the storage version. Throw Error if this
     // tensor requires grad while grad mode is on (as PyTorch does for leaves); ShapeError if it is
     // not contiguous or on a shape mismatch; DTypeError on a dtype mismatch and (add_, mul_) on an
-    // i64 tensor; DeviceError when other/src is on another device.
+    // i64 tensor; DeviceError when other/src is on another device; Error when fill_ on an i64
+    // tensor is given NaN or a value outside [-2^63, 2^63).
     Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other
     Tensor& mul_(double value);                             // this *= value
     Tensor& fill_(double value);
     Tensor& zero_() { return fill_(0.0); }
     Tensor& copy_(const Tensor& src);                       // same shape and dtype
 
+    // The tensor's state; every accessor above goes through it. Throws Error on an undefined
+    // tensor (a default-constructed Tensor).
     TensorImpl& impl() const;
     const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
@@ -154,7 +159,8 @@ Tensor empty(const Shape& shape, TensorOptions options = {});
 Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, double value, TensorOptions options = {});
-// Standard normal samples from the global generator (see manual_seed); floating dtypes only.
+// Standard normal samples; floating dtypes only. On the cpu from the global generator, on CUDA
+// from the device's cuRAND Philox generator; manual_seed seeds both (their sequences differ).
 Tensor randn(const Shape& shape, TensorOptions options = {});
 // 0, 1, ..., end - 1 as a 1-D tensor of end elements; i64 unless options say otherwise.
 Tensor arange(int64_t end, TensorOptions options = TensorOptions().dtype(DType::I64));
@@ -166,8 +172,9 @@ template <class T>
 [[gnu::visibility("default")]] Tensor from_vector(const std::vector<T>& values, const Shape& shape = {},
                                                   TensorOptions options = {});
 
-// Seeds the global generator used by randn and by nn's initializers (std::mt19937_64 +
-// Box-Muller, so sequences are the same on every platform).
+// Seeds the global cpu generator used by randn and by nn's initializers (std::mt19937_64 +
+// Box-Muller, so cpu sequences are the same on every platform), and every GPU's cuRAND Philox
+// generator (core/cuda_context.h), whose offset it resets.
 void manual_seed(uint64_t seed);
 // One standard normal sample and one uniform [0, 1) sample from the global generator.
 double randn_scalar();

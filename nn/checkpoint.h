@@ -28,8 +28,8 @@ namespace normtape {
 
 // Saves every parameter of `module` under its named_parameters() name and, with `optimizer`, its
 // state (the names above); `metadata` is written as the file's "__metadata__" (the key
-// "optimizer" is reserved when an optimizer is given). Throws as save_safetensors, and Error when a
-// parameter is not one of the optimizer's.
+// "optimizer" belongs to the optimizer: Error when `metadata` holds it and an optimizer is given).
+// Throws as save_safetensors, and Error when a parameter is not one of the optimizer's.
 void save_checkpoint(const std::string& path, const Module& module, const std::map<std::string, std::string>& metadata = {},
                      const AdamW* optimizer = nullptr);
 
@@ -39,10 +39,13 @@ void save_checkpoint(const std::string& path, const Module& module, const std::m
 // master copies and step count from the file; its hyperparameters (betas, eps, groups' sizes and
 // weight decays; not lr, which a schedule sets) must equal the file's. Without `optimizer`, build
 // optimizers after loading: AdamW takes the f32 master copies of bf16 parameters when it is
-// constructed. Everything is checked before anything is modified: on an error the module and the
-// optimizer are unchanged. Throws FormatError naming the file and the tensor when one is missing
-// or the file holds no (or malformed) optimizer state, ShapeError or DTypeError when a tensor has
-// another shape or dtype, Error when the hyperparameters differ; and as load_safetensors.
+// constructed. Names, shapes, dtypes and metadata are all checked before anything is modified, so
+// on those errors the module and the optimizer are unchanged; an allocation or device error while
+// copying (OutOfMemoryError, DeviceError) can leave earlier tensors updated. Throws FormatError
+// naming the file and the tensor when one is missing or the file holds no (or malformed)
+// optimizer state, ShapeError or DTypeError when a tensor has another shape or dtype, Error when
+// the hyperparameters differ or a parameter of `module` is not one of `optimizer`'s; and as
+// load_safetensors.
 void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer = nullptr);
 // The same from a file already read by load_safetensors(path, &metadata) (`path` names it in
 // messages): lets a caller read a checkpoint's metadata before it builds the module.

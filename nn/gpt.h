@@ -69,9 +69,11 @@ public:
 
 class GPT : public Module {
 public:
-    // Draws the initial weights from the global generator (manual_seed): N(0, 0.02) for
-    // embeddings and Linear weights, N(0, 0.02 / sqrt(2L)) for the residual projections
-    // (attn.c_proj, mlp.c_proj), zeros for biases, ones for norm weights (GPT-2).
+    // Draws the initial weights from the generator that manual_seed seeds (the cpu's, or the
+    // GPU's cuRAND generator when config.device is CUDA): N(0, 0.02) for embeddings and Linear
+    // weights, N(0, 0.02 / sqrt(2L)) for the residual projections (attn.c_proj, mlp.c_proj), zeros
+    // for biases, ones for norm weights (GPT-2). Throws as check_config, and DeviceError or
+    // OutOfMemoryError when the parameters cannot be made on config.device.
     explicit GPT(const GPTConfig& config);
 
     // idx: [B, T] i64 token ids in [0, V), T <= block_size. Returns logits [B, T, V].

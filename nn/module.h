@@ -1,7 +1,8 @@
 // nn/module.h: Module, the base of every layer: named parameters and submodules, zero_grad.
 //
 // Parameter names join submodule names with dots, as PyTorch's state_dict does
-// ("h.0.ln_1.weight"), in registration order. Parameters are leaves with requires_grad set.
+// ("h.0.ln_1.weight"): a module's own parameters first, in registration order, then each
+// submodule's, in registration order. Parameters are leaves with requires_grad set.
 #pragma once
 
 #include <memory>
@@ -37,7 +38,8 @@ protected:
     // Adds `t` as a parameter called `name` (it must be a leaf, else Error; requires_grad is set;
     // DTypeError for an i64 tensor). Returns it.
     Tensor register_parameter(const std::string& name, Tensor t);
-    // Adds a submodule called `name`. Returns it.
+    // Adds a submodule called `name` (its parameters are named "name.<its names>"). Returns it.
+    // Never throws.
     template <class M>
     std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
         children_.emplace_back(name, module);

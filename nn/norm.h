@@ -23,8 +23,10 @@ struct NormOptions {
 class NormModule : public Module {
 public:
     explicit NormModule(NormOptions o) : options(o) {}
-    // x: [..., normalized_shape], options.dtype, options.device -> same shape. What is saved, how gradients
-    // are written and what is thrown: ops/layer_norm.h, ops/rms_norm.h.
+    // x: [..., normalized_shape] -> same shape; with affine parameters x must have their dtype
+    // (options.dtype) and device (options.device), without them any floating dtype and device.
+    // What is saved, how gradients are written and what is thrown: ops/layer_norm.h,
+    // ops/rms_norm.h (eps is checked there, at the first forward).
     virtual Tensor forward(const Tensor& x) const = 0;
 
     NormOptions options;  // policy may be changed between forwards
@@ -52,8 +54,8 @@ enum class NormKind { Layer, RMS };
 // "layer" or "rms".
 const char* norm_kind_name(NormKind kind);
 // A LayerNorm or an RMSNorm. The constructors (and this) throw ShapeError if normalized_shape <= 0,
-// DTypeError for a non-floating options.dtype, DeviceError for a device
-// this build or machine lacks.
+// DTypeError for a non-floating options.dtype; with elementwise_affine, DeviceError for a device
+// this build or machine lacks and OutOfMemoryError when the parameters cannot be allocated.
 std::shared_ptr<NormModule> make_norm(NormKind kind, int64_t normalized_shape, NormOptions options);
 
 }  // namespace normtape

@@ -8,7 +8,7 @@
 //    "__metadata__": {"key": "value", ...}}
 // Offsets are bytes relative to the start of the data; the data is the raw little-endian
 // elements, row-major. dtypes: F32, F64, BF16, I64 (normtape's; others are refused). PyTorch reads
-// these files (tests/torch_reference.py does, with the standard library only).
+// these files (tests/torch_reference.py parses the header with Python's json and struct).
 //
 // Errors: every function here throws IOError when a file cannot be opened, read, written or
 // renamed, and FormatError when a file's contents are not a valid safetensors file. The message
@@ -29,9 +29,11 @@ namespace normtape {
 // Writes `tensors` (any device and dtype; copied to the host, contiguous; data in the order given)
 // and string `metadata` to `path`, atomically: the bytes go to a temporary
 // file beside it ("<path>.tmp.<pid>.<n>"), which is flushed to disk (fsync) and renamed over
-// `path`; the directory is then synced. On any failure the temporary file is removed, `path` is
-// left as it was, and IOError names the file and the reason. Throws Error on two tensors of one
-// name, an empty name or the name "__metadata__" (nothing is written then).
+// `path`; the directory is then synced. On a failure before the rename the temporary file is
+// removed, `path` is left as it was, and IOError names the file and the reason; if only the final
+// sync of the directory fails, `path` already holds the new file (IOError says so). Throws Error
+// on an undefined tensor, two tensors of one name, an empty name or the name "__metadata__"
+// (nothing is written then).
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
@@ -49,7 +51,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 //  - the tensors tile the data exactly, as the format requires: no overlap, no gap, no trailing
 //    bytes.
 // Throws IOError when the file is missing, not a regular file or cannot be read; FormatError for
-// anything above, naming the file, the tensor and what was expected and found.
+// anything above, naming the file, the tensor and what was expected and found; OutOfMemoryError
+// when the tensors do not fit in host memory.
 NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 namespace detail {
