@@ -24,9 +24,10 @@ install_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# The build's own needs: compiler, CMake, Eigen, doctest, CLI11, nlohmann-json.
+# The build's own needs: compiler, CMake, Eigen, doctest, CLI11, nlohmann-json, xxHash (its
+# header only: the checksums of safetensors files).
 install_build_deps() {
-    install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev
+    install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
 }
 
 # configure_and_build [TARGET...]: every target when none is named. The CUDA backend is built when

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh [SECONDS]: fuzzes the safetensors reader (fuzz/fuzz_safetensors.cpp) with
 # libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer for SECONDS (default 60).
-# Installs what is missing (clang and its runtime, CMake, Eigen, nlohmann-json), configures
+# Installs what is missing (clang and its runtime, CMake, Eigen, nlohmann-json, xxHash), configures
 # build-fuzz/ with clang and -DNORMTAPE_FUZZ=ON (cpu only), builds, and runs the fuzzer on a copy
 # of fuzz/corpus (new inputs it finds stay in build-fuzz/corpus, never in the source tree).
 # Exits non-zero on a finding; the input that caused it is written to build-fuzz/ (crash-*,
@@ -12,7 +12,7 @@ source "$ROOT/scripts/common.sh"
 SECONDS_TO_RUN="${1:-60}"
 FUZZ_BUILD="${NORMTAPE_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 
-install_packages clang cmake make libeigen3-dev nlohmann-json3-dev
+install_packages clang cmake make libeigen3-dev nlohmann-json3-dev libxxhash-dev
 # libFuzzer and the sanitizer runtimes: Debian and Ubuntu ship them in libclang-rt-<major>-dev,
 # which clang only recommends.
 CLANG_MAJOR="$(clang++ -dumpversion | cut -d. -f1)"

@@ -10,7 +10,7 @@
 #     tests: the tests and the sanitizers; bench: the benchmarks and training runs only;
 #     sanitize: the sanitizers only.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
-# CLI11, nlohmann-json); CMake also looks for them under $CMAKE_PREFIX_PATH.
+# CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
