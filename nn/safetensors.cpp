@@ -1,6 +1,7 @@
 // nn/safetensors.cpp: the safetensors format (nn/safetensors.h): a writer (atomic: temporary
-// file, fsync, rename) and a reader that validates every byte of the header before it allocates
-// anything, over nlohmann::json. Not here: module and optimizer checkpoints (nn/checkpoint.cpp).
+// file, fsync, rename; XXH3-64 checksums in the metadata) and a reader that validates
+// every byte of the header before it allocates anything, over nlohmann::json, then verifies the
+// checksums a file carries. Not here: module and optimizer checkpoints (nn/checkpoint.cpp).
 #include "nn/safetensors.h"
 
 #include <fcntl.h>
@@ -14,9 +15,13 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+// Header-only (every function static inline here): nothing to link, for the library or its users.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "core/check.h"
 #include "core/device_ptr.h"
@@ -35,6 +40,15 @@ constexpr size_t kMaxRank = 64;
 constexpr uint64_t kMaxElements = static_cast<uint64_t>(INT64_MAX) / 8;
 // Root object (0) > tensor entry (1) > "shape" array (2) > its integers (3).
 constexpr int kMaxDepth = 3;
+
+// The metadata keys of the checksums (nn/safetensors.h, "Checksums").
+constexpr std::string_view kChecksumPrefix = "normtape.checksum.";
+constexpr std::string_view kHeaderChecksumKey = "normtape.checksum.header";
+constexpr std::string_view kTensorChecksumPrefix = "normtape.checksum.tensor.";
+constexpr std::string_view kHashTag = "xxh3-64:";
+// Bytes read or written per call when the data is hashed on the way: small enough that the
+// hash reads them from the cache, large enough that the calls cost nothing.
+constexpr size_t kIoChunk = size_t(1) << 20;
 
 const char* st_dtype(DType d) {
     switch (d) {
@@ -57,6 +71,57 @@ bool parse_st_dtype(const std::string& s, DType* out) {
 
 std::string errno_str(int err) { return std::strerror(err); }
 
+// XXH3-64 (seed 0) over bytes given in pieces; the digest equals XXH3_64bits of the concatenation.
+class Hasher {
+public:
+    Hasher() {
+        XXH3_INITSTATE(&state_);
+        XXH3_64bits_reset(&state_);
+    }
+    void update(const void* p, size_t n) {
+        if (n > 0) XXH3_64bits_update(&state_, p, n);
+    }
+    void u64(uint64_t v) {  // 8 bytes little-endian (the host's order: see the static_assert above)
+        update(&v, 8);
+    }
+    void str(const std::string& s) {  // its length as u64, then its bytes
+        u64(s.size());
+        update(s.data(), s.size());
+    }
+    uint64_t digest() const { return XXH3_64bits_digest(&state_); }
+
+private:
+    XXH3_state_t state_;
+};
+
+// "xxh3-64:" and 16 lowercase hex digits: how a checksum is written in the metadata.
+std::string checksum_str(uint64_t h) {
+    static const char digits[] = "0123456789abcdef";
+    std::string s(kHashTag);
+    for (int shift = 60; shift >= 0; shift -= 4) s += digits[(h >> shift) & 0xf];
+    return s;
+}
+
+// The value of checksum_str(h) back into *h; false when `s` is not of that form exactly.
+bool parse_checksum(const std::string& s, uint64_t* h) {
+    if (s.size() != kHashTag.size() + 16 || !s.starts_with(kHashTag)) return false;
+    uint64_t v = 0;
+    for (size_t i = kHashTag.size(); i < s.size(); ++i) {
+        char c = s[i];
+        if (c >= '0' && c <= '9') v = v << 4 | static_cast<uint64_t>(c - '0');
+        else if (c >= 'a' && c <= 'f') v = v << 4 | static_cast<uint64_t>(c - 'a' + 10);
+        else return false;
+    }
+    *h = v;
+    return true;
+}
+
+// A string from a file, quoted for a message: JSON-escaped, invalid UTF-8 replaced, cut at 80 bytes.
+std::string quoted(const std::string& s) {
+    std::string q = nlohmann::json(s.substr(0, 80)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return s.size() > 80 ? q + "..." : q;
+}
+
 // One tensor of a validated header.
 struct Entry {
     std::string name;
@@ -67,7 +132,12 @@ struct Entry {
 
 struct Header {
     std::vector<Entry> entries;  // sorted by name
-    std::map<std::string, std::string> metadata;
+    std::map<std::string, std::string> metadata;  // without the checksum entries
+    // Whether the file carries checksums; then, for each entry, the checksum of its data, and
+    // the header's checksum as the file states it and as computed.
+    bool checksummed = false;
+    std::vector<uint64_t> data_checksums;
+    uint64_t header_checksum_stated = 0, header_checksum_computed = 0;
 };
 
 template <class... Args>
@@ -143,6 +213,90 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
     return e;
 }
 
+// XXH3-64 of the canonical serialization of a header (nn/safetensors.h, "Checksums"): the
+// tensors' names, dtypes and shapes, then every metadata entry but the header checksum's.
+uint64_t header_checksum(const std::vector<Entry>& entries, const std::map<std::string, std::string>& metadata) {
+    std::vector<const Entry*> by_name;
+    for (const Entry& e : entries) by_name.push_back(&e);
+    // std::string orders by unsigned bytes (char_traits<char>::lt), as std::map does the keys.
+    std::sort(by_name.begin(), by_name.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
+    Hasher h;
+    h.u64(by_name.size());
+    for (const Entry* e : by_name) {
+        h.str(e->name);
+        h.str(st_dtype(e->dtype));
+        h.u64(e->shape.size());
+        for (int64_t d : e->shape) h.u64(static_cast<uint64_t>(d));
+    }
+    h.u64(metadata.size() - metadata.count(std::string(kHeaderChecksumKey)));
+    for (const auto& [key, value] : metadata) {
+        if (key == kHeaderChecksumKey) continue;
+        h.str(key);
+        h.str(value);
+    }
+    return h.digest();
+}
+
+// Takes the checksum entries out of h.metadata, after the header's structure has been validated.
+// A file without any is left unverified; a file with some must have them all, well formed.
+void parse_checksums(Header& h, const std::string& file) {
+    auto has_prefix = [](const std::string& key) { return key.starts_with(kChecksumPrefix); };
+    if (std::none_of(h.metadata.begin(), h.metadata.end(), [&](const auto& kv) { return has_prefix(kv.first); })) return;
+    h.checksummed = true;
+    const std::string corrupt = ": the file is corrupt or was modified";
+    std::map<std::string, uint64_t> by_tensor;
+    bool header_found = false;
+    for (const auto& [key, value] : h.metadata) {
+        if (!has_prefix(key)) continue;
+        if (key != kHeaderChecksumKey && !key.starts_with(kTensorChecksumPrefix))
+            format_error(file, "unknown checksum entry ", quoted(key), " (expected ", kHeaderChecksumKey, " or ",
+                         kTensorChecksumPrefix, "<tensor name>)", corrupt);
+        uint64_t sum = 0;
+        if (!parse_checksum(value, &sum))
+            format_error(file, "checksum entry ", quoted(key), " must be \"xxh3-64:\" and 16 lowercase hex digits, found ",
+                         quoted(value), corrupt);
+        if (key == kHeaderChecksumKey) {
+            h.header_checksum_stated = sum;
+            header_found = true;
+        } else {
+            std::string name = key.substr(kTensorChecksumPrefix.size());
+            bool held = std::ranges::binary_search(h.entries, name, {}, &Entry::name);  // sorted by name
+            if (!held)
+                format_error(file, "checksum entry ", quoted(key), " is for tensor ", quoted(name),
+                             ", which the file does not hold", corrupt);
+            by_tensor[name] = sum;
+        }
+    }
+    for (const Entry& e : h.entries) {
+        auto it = by_tensor.find(e.name);
+        if (it == by_tensor.end())
+            format_error(file, "tensor ", e.name, " has no checksum entry \"", kTensorChecksumPrefix, e.name,
+                         "\" although the file carries checksums", corrupt);
+        h.data_checksums.push_back(it->second);
+    }
+    if (!header_found)
+        format_error(file, "carries checksums but no \"", kHeaderChecksumKey, "\" entry", corrupt);
+    h.header_checksum_computed = header_checksum(h.entries, h.metadata);
+    std::erase_if(h.metadata, [&](const auto& kv) { return has_prefix(kv.first); });
+}
+
+// FormatError unless the data of h.entries[i], which hashed to `computed`, matches its checksum.
+void check_data_checksum(const Header& h, size_t i, uint64_t computed, const std::string& file) {
+    if (computed != h.data_checksums[i])
+        format_error(file, "tensor ", h.entries[i].name, ": data checksum mismatch: \"", kTensorChecksumPrefix,
+                     h.entries[i].name, "\" expects ", checksum_str(h.data_checksums[i]), ", its ",
+                     h.entries[i].end - h.entries[i].begin, " data bytes hash to ", checksum_str(computed),
+                     ": the file is corrupt or was modified");
+}
+// FormatError unless a checksummed header hashed to the checksum it states. Checked after the
+// data, so that a file whose data or a tensor's checksum entry changed names that tensor.
+void check_header_checksum(const Header& h, const std::string& file) {
+    if (h.checksummed && h.header_checksum_computed != h.header_checksum_stated)
+        format_error(file, "header checksum mismatch: \"", kHeaderChecksumKey, "\" expects ",
+                     checksum_str(h.header_checksum_stated), ", the header (tensor names, dtypes, shapes and metadata) ",
+                     "hashes to ", checksum_str(h.header_checksum_computed), ": the file is corrupt or was modified");
+}
+
 // Parses and checks the n bytes of JSON at `text`, for a data section of `data_size` bytes.
 Header parse_header(const char* text, size_t n, uint64_t data_size, const std::string& file) {
     using json = nlohmann::json;
@@ -205,6 +359,7 @@ Header parse_header(const char* text, size_t n, uint64_t data_size, const std::s
     if (covered != data_size)
         format_error(file, "the tensors end at data byte ", covered, " but the file holds ", data_size,
                      " data bytes (the format allows no trailing bytes)");
+    parse_checksums(h, file);
     return h;
 }
 
@@ -216,32 +371,45 @@ struct Fd {
     }
 };
 
-// Reads exactly `n` bytes at `offset`; throws IOError on a read error or a file that got shorter.
-void read_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path) {
+// Reads exactly `n` bytes at `offset`, into `dst` and through `hasher` when given (chunk by
+// chunk, while the bytes are in the cache); throws IOError on a read error or a file that got shorter.
+void read_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path, Hasher* hasher = nullptr) {
     char* p = static_cast<char*>(dst);
     while (n > 0) {
-        size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t(1) << 30));
+        size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, kIoChunk));
         ssize_t got = ::pread(fd, p, chunk, static_cast<off_t>(offset));
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) detail::throw_error<IOError>("load_safetensors: read error in ", path, ": ", errno_str(errno));
         if (got == 0) detail::throw_error<IOError>("load_safetensors: ", path, " got shorter while it was read");
+        if (hasher) hasher->update(p, static_cast<size_t>(got));
         p += got;
         n -= static_cast<uint64_t>(got);
         offset += static_cast<uint64_t>(got);
     }
 }
 
-// Writes exactly `n` bytes; throws IOError naming `path` (the file being replaced).
-void write_all(int fd, const void* src, size_t n, const std::string& path, const std::string& tmp) {
+template <class... Args>
+[[noreturn]] void save_error(const std::string& path, const Args&... args) {
+    detail::throw_error<IOError>("save_safetensors: cannot write ", path, args...);
+}
+
+// Writes exactly `n` bytes at the file offset, through `hasher` when given (chunk by chunk);
+// throws IOError naming `path` (the file being replaced) and `tmp`.
+void write_all(int fd, const void* src, size_t n, const std::string& path, const std::string& tmp,
+               Hasher* hasher = nullptr) {
     const char* p = static_cast<const char*>(src);
     while (n > 0) {
-        size_t chunk = std::min<size_t>(n, size_t(1) << 30);
-        ssize_t put = ::write(fd, p, chunk);
-        if (put < 0 && errno == EINTR) continue;
-        if (put < 0)
-            detail::throw_error<IOError>("save_safetensors: cannot write ", path, " (writing ", tmp, "): ", errno_str(errno));
-        p += put;
-        n -= static_cast<size_t>(put);
+        size_t chunk = std::min<size_t>(n, kIoChunk);
+        if (hasher) hasher->update(p, chunk);
+        size_t done = 0;
+        while (done < chunk) {
+            ssize_t put = ::write(fd, p + done, chunk - done);
+            if (put < 0 && errno == EINTR) continue;
+            if (put < 0) save_error(path, " (writing ", tmp, "): ", errno_str(errno));
+            done += static_cast<size_t>(put);
+        }
+        p += chunk;
+        n -= chunk;
     }
 }
 
@@ -259,23 +427,43 @@ struct TempFile {
     }
 };
 
+// `s` as a reader gets it back from the header: save_safetensors writes invalid UTF-8 as U+FFFD.
+std::string as_written(const std::string& s) {
+    using json = nlohmann::json;
+    return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
+// The 8-byte little-endian length and the JSON text of a header, padded with spaces to a multiple
+// of 8 bytes (so that the data is aligned).
+std::string header_bytes(const nlohmann::json& header) {
+    std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    text.append((8 - text.size() % 8) % 8, ' ');
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    return out + text;
+}
+
 }  // namespace
 
 namespace detail {
 
 NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::string& name,
-                               std::map<std::string, std::string>* metadata) {
+                               std::map<std::string, std::string>* metadata, bool* checksummed) {
     if (size < 8) format_error(name, "file of ", size, " bytes is too short for a header");
     uint64_t n = header_length(data, size, name);
     Header h = parse_header(reinterpret_cast<const char*>(data + 8), static_cast<size_t>(n), size - 8 - n, name);
     const uint8_t* start = data + 8 + n;
     NamedTensors out;
-    for (const Entry& e : h.entries) {
+    for (size_t i = 0; i < h.entries.size(); ++i) {
+        const Entry& e = h.entries[i];
         Tensor t = empty(e.shape, TensorOptions().dtype(e.dtype));
         if (e.end > e.begin) std::memcpy(t.storage()->data(), start + e.begin, e.end - e.begin);
+        if (h.checksummed) check_data_checksum(h, i, XXH3_64bits(start + e.begin, e.end - e.begin), name);
         out.emplace_back(e.name, t);
     }
+    check_header_checksum(h, name);
     if (metadata) *metadata = std::move(h.metadata);
+    if (checksummed) *checksummed = h.checksummed;
     return out;
 }
 
@@ -283,28 +471,41 @@ NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::stri
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
-    nlohmann::json header = nlohmann::json::object();
-    if (!metadata.empty()) header["__metadata__"] = metadata;
+    // Everything the caller gave is checked, and the strings are taken as the file will hold
+    // them, before any file is touched.
+    std::map<std::string, std::string> meta;
+    for (const auto& [key, value] : metadata) {
+        NT_CHECK(!key.starts_with(kChecksumPrefix), "save_safetensors: ", path, ": the metadata key ", quoted(key),
+                 " begins with \"", kChecksumPrefix, "\", which is reserved for the file's checksums");
+        NT_CHECK(meta.emplace(as_written(key), as_written(value)).second, "save_safetensors: ", path,
+                 ": two metadata keys are the same once their invalid UTF-8 is replaced: ", quoted(as_written(key)));
+    }
+    std::vector<Entry> entries;
     std::vector<Tensor> data;
     std::set<std::string> names;
     uint64_t offset = 0;
-    for (const auto& [name, t] : tensors) {
-        NT_CHECK(!name.empty() && name != "__metadata__", "save_safetensors: ", path, ": a tensor may not be named \"",
-                 name, "\"");
-        NT_CHECK(names.insert(name).second, "save_safetensors: ", path, ": duplicate tensor name ", name);
-        NT_CHECK(t.defined(), "save_safetensors: ", path, ": tensor ", name, " is undefined");
+    for (const auto& [given_name, t] : tensors) {
+        NT_CHECK(!given_name.empty() && given_name != "__metadata__", "save_safetensors: ", path,
+                 ": a tensor may not be named \"", given_name, "\"");
+        std::string name = as_written(given_name);
+        NT_CHECK(names.insert(name).second, "save_safetensors: ", path, ": duplicate tensor name ", quoted(name),
+                 given_name == name ? "" : " (once its invalid UTF-8 is replaced)");
+        NT_CHECK(t.defined(), "save_safetensors: ", path, ": tensor ", given_name, " is undefined");
         Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.detach().contiguous();
         uint64_t n = static_cast<uint64_t>(c.nbytes());
-        header[name] = {{"dtype", st_dtype(c.dtype())}, {"shape", c.shape()}, {"data_offsets", {offset, offset + n}}};
+        entries.push_back(Entry{name, c.dtype(), c.shape(), offset, offset + n});
         offset += n;
         data.push_back(c);
     }
-    // Names or metadata that are not valid UTF-8 are written with U+FFFD rather than throwing.
-    std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
-    uint64_t len = text.size();
-    unsigned char len_le[8];
-    for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(len >> (8 * i));
+    // The header, first with placeholders where the checksums go (every checksum_str has the
+    // same length, so the final header has the same bytes count): the data is hashed as it is written.
+    nlohmann::json header = nlohmann::json::object();
+    for (const Entry& e : entries)
+        header[e.name] = {{"dtype", st_dtype(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    for (const Entry& e : entries) meta[std::string(kTensorChecksumPrefix) + e.name] = checksum_str(0);
+    meta[std::string(kHeaderChecksumKey)] = checksum_str(0);
+    header["__metadata__"] = meta;
+    const std::string placeholder = header_bytes(header);
 
     // Note [Atomic checkpoint writes]: readers of `path` see the old file or the new one, never a
     // part of the new one, and a crash (or a full disk) mid-write leaves the old file in place.
@@ -315,22 +516,31 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     if (tmp.file.fd < 0) {
         int err = errno;
         tmp.committed = true;  // nothing was created: nothing to remove (and another's file is not ours)
-        detail::throw_error<IOError>("save_safetensors: cannot write ", path, " (creating ", tmp.path, "): ", errno_str(err));
+        save_error(path, " (creating ", tmp.path, "): ", errno_str(err));
     }
-    write_all(tmp.file.fd, len_le, 8, path, tmp.path);
-    write_all(tmp.file.fd, text.data(), text.size(), path, tmp.path);
-    for (const Tensor& c : data)
-        if (c.nbytes() > 0)
-            write_all(tmp.file.fd, detail::byte_ptr(c), static_cast<size_t>(c.nbytes()), path, tmp.path);
-    if (::fsync(tmp.file.fd) != 0)
-        detail::throw_error<IOError>("save_safetensors: cannot write ", path, " (fsync of ", tmp.path, "): ", errno_str(errno));
+    write_all(tmp.file.fd, placeholder.data(), placeholder.size(), path, tmp.path);
+    for (size_t i = 0; i < data.size(); ++i) {
+        Hasher hasher;
+        write_all(tmp.file.fd, detail::byte_ptr(data[i]), static_cast<size_t>(data[i].nbytes()), path, tmp.path, &hasher);
+        meta[std::string(kTensorChecksumPrefix) + entries[i].name] = checksum_str(hasher.digest());
+    }
+    meta[std::string(kHeaderChecksumKey)] = checksum_str(header_checksum(entries, meta));
+    header["__metadata__"] = meta;
+    const std::string final_header = header_bytes(header);
+    NT_CHECK(final_header.size() == placeholder.size(), "save_safetensors: ", path, ": internal error: the header grew from ",
+             placeholder.size(), " to ", final_header.size(), " bytes once its checksums were filled in");
+    for (size_t done = 0; done < final_header.size();) {
+        ssize_t put = ::pwrite(tmp.file.fd, final_header.data() + done, final_header.size() - done, static_cast<off_t>(done));
+        if (put < 0 && errno == EINTR) continue;
+        if (put < 0) save_error(path, " (writing the header of ", tmp.path, "): ", errno_str(errno));
+        done += static_cast<size_t>(put);
+    }
+    if (::fsync(tmp.file.fd) != 0) save_error(path, " (fsync of ", tmp.path, "): ", errno_str(errno));
     int fd = tmp.file.fd;
     tmp.file.fd = -1;
-    if (::close(fd) != 0)
-        detail::throw_error<IOError>("save_safetensors: cannot write ", path, " (closing ", tmp.path, "): ", errno_str(errno));
+    if (::close(fd) != 0) save_error(path, " (closing ", tmp.path, "): ", errno_str(errno));
     if (::rename(tmp.path.c_str(), path.c_str()) != 0)
-        detail::throw_error<IOError>("save_safetensors: cannot write ", path, " (renaming ", tmp.path, " over it): ",
-                                     errno_str(errno));
+        save_error(path, " (renaming ", tmp.path, " over it): ", errno_str(errno));
     tmp.committed = true;
     // The rename is durable once the directory's entry is on disk.
     std::string dir = std::filesystem::path(path).parent_path().string();
@@ -340,7 +550,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
         detail::throw_error<IOError>("save_safetensors: wrote ", path, " but cannot sync its directory: ", errno_str(errno));
 }
 
-NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata, bool* checksummed) {
     Fd f;
     f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (f.fd < 0) detail::throw_error<IOError>("load_safetensors: cannot open ", path, ": ", errno_str(errno));
@@ -356,12 +566,18 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
     read_exact(f.fd, text.data(), n, 8, path);
     Header h = parse_header(text.data(), text.size(), file_size - 8 - n, path);
     NamedTensors out;
-    for (const Entry& e : h.entries) {  // the tensors' bytes sum to the file's data size
+    for (size_t i = 0; i < h.entries.size(); ++i) {  // the tensors' bytes sum to the file's data size
+        const Entry& e = h.entries[i];
         Tensor t = empty(e.shape, TensorOptions().dtype(e.dtype));
-        if (e.end > e.begin) read_exact(f.fd, t.storage()->data(), e.end - e.begin, 8 + n + e.begin, path);
+        Hasher hasher;
+        if (e.end > e.begin)
+            read_exact(f.fd, t.storage()->data(), e.end - e.begin, 8 + n + e.begin, path, h.checksummed ? &hasher : nullptr);
+        if (h.checksummed) check_data_checksum(h, i, hasher.digest(), path);
         out.emplace_back(e.name, t);
     }
+    check_header_checksum(h, path);
     if (metadata) *metadata = std::move(h.metadata);
+    if (checksummed) *checksummed = h.checksummed;
     return out;
 }
 

@@ -1,16 +1,96 @@
 // tests/test_safetensors.cpp: the safetensors reader and writer (save_safetensors,
 // load_safetensors; nn/checkpoint.h): hostile and truncated files are refused with FormatError
 // naming the file and the problem, I/O failures are IOError, and valid files of other writers
-// (no padding, any key order, zero-size tensors) are read. Checkpoints of a model and its
-// optimizer: tests/test_checkpoint.cpp.
+// (no padding, any key order, zero-size tensors) are read. The checksums: the writer's equal
+// XXH3-64 recomputed here from the bytes and the documented serialization; a file changed
+// anywhere, by any single byte, is refused or reads the same; a file without checksums is read
+// unverified. Checkpoints of a model and its optimizer: tests/test_checkpoint.cpp.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "core/device_ptr.h"
 #include "test_util.h"
 
 using namespace normtape;
 using namespace normtape::testing;
+using nlohmann::json;
+
+namespace {
+
+const std::string kTensorKey = "normtape.checksum.tensor.", kHeaderKey = "normtape.checksum.header";
+
+// The parts of a safetensors file: its header, parsed, and its data.
+struct Parts {
+    json header;
+    std::string data;
+};
+Parts split(const std::string& bytes) {
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    return {json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
+}
+std::string join(const Parts& p) { return st_file(p.header.dump(), p.data); }
+
+// "xxh3-64:" and the 16 hex digits of XXH3-64 (seed 0) of `bytes`, as xxHash computes it.
+std::string xxh3(const std::string& bytes) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
+    return "xxh3-64:" + std::string(hex);
+}
+
+// The header serialization of nn/safetensors.h ("Checksums"), built from a parsed header.
+std::string u64(uint64_t v) {
+    std::string s(8, '\0');
+    for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (8 * i));
+    return s;
+}
+std::string str(const std::string& s) { return u64(s.size()) + s; }
+std::string canonical_header(const json& header) {
+    std::vector<std::string> names;
+    for (const auto& [key, value] : header.items())
+        if (key != "__metadata__") names.push_back(key);
+    std::sort(names.begin(), names.end());
+    std::string s = u64(names.size());
+    for (const std::string& name : names) {
+        const json& e = header[name];
+        s += str(name) + str(e["dtype"].get<std::string>()) + u64(e["shape"].size());
+        for (const json& d : e["shape"]) s += u64(d.get<uint64_t>());
+    }
+    std::vector<std::pair<std::string, std::string>> meta;
+    for (const auto& [key, value] : header["__metadata__"].items())
+        if (key != kHeaderKey) meta.emplace_back(key, value.get<std::string>());
+    std::sort(meta.begin(), meta.end());
+    s += u64(meta.size());
+    for (const auto& [key, value] : meta) s += str(key) + str(value);
+    return s;
+}
+
+// A file's tensors as bytes, names, dtypes and shapes, to compare two reads.
+std::string describe(const NamedTensors& tensors) {
+    std::string s;
+    for (const auto& [name, t] : tensors)
+        s += name + " " + dtype_name(t.dtype()) + " " + shape_str(t.shape()) + " " +
+             std::string(detail::byte_ptr(t), static_cast<size_t>(t.nbytes())) + "\n";
+    return s;
+}
+
+// A small file with every dtype, a scalar, an empty tensor and metadata.
+NamedTensors small_tensors() {
+    return {{"f", from_vector<float>({1.5f, -2}, {2})},
+            {"d", from_vector<double>({0.25}, {1, 1})},
+            {"b", from_vector<float>({1, 2, 3}, {3}).to(DType::BF16)},
+            {"i", from_vector<int64_t>({-7}, {})},
+            {"e", zeros({0, 2})}};
+}
+const std::map<std::string, std::string> kSmallMeta = {{"note", "h\xc3\xa9llo"}, {"step", "3"}};
+
+}  // namespace
 
 TEST_SUITE("safetensors") {
 
@@ -173,6 +253,203 @@ TEST_CASE("safetensors: valid files of other writers are read (no padding, any k
 
     write_bytes(path, st_file("{}"));
     CHECK(load_safetensors(path).empty());
+}
+
+TEST_CASE("safetensors: the checksums written equal XXH3-64 of the data bytes and of the documented header serialization") {
+    TempDir dir("checksums");
+    std::string path = dir / "c.safetensors";
+    save_safetensors(path, small_tensors(), kSmallMeta);
+    Parts p = split(slurp(path));
+    const json& meta = p.header["__metadata__"];
+    size_t tensors = 0;
+    for (const auto& [name, e] : p.header.items()) {
+        if (name == "__metadata__") continue;
+        CAPTURE(name);
+        ++tensors;
+        uint64_t begin = e["data_offsets"][0].get<uint64_t>(), end = e["data_offsets"][1].get<uint64_t>();
+        REQUIRE(meta.contains(kTensorKey + name));
+        CHECK(meta[kTensorKey + name].get<std::string>() == xxh3(p.data.substr(begin, end - begin)));
+    }
+    CHECK(tensors == 5);
+    // Exactly the caller's metadata, one entry per tensor and the header's.
+    CHECK(meta.size() == kSmallMeta.size() + tensors + 1);
+    for (const auto& [key, value] : kSmallMeta) CHECK(meta[key].get<std::string>() == value);
+    // XXH3-64 of nothing, from xxHash's documentation: the empty tensor's.
+    CHECK(meta[kTensorKey + "e"].get<std::string>() == "xxh3-64:2d06800538d394c2");
+    CHECK(meta[kHeaderKey].get<std::string>() == xxh3(canonical_header(p.header)));
+
+    std::map<std::string, std::string> got;
+    bool checksummed = false;
+    NamedTensors t = load_safetensors(path, &got, &checksummed);
+    CHECK(checksummed);
+    CHECK(got == kSmallMeta);  // without the checksum entries
+    CHECK(describe(t) == describe(detail::parse_safetensors(reinterpret_cast<const uint8_t*>(slurp(path).data()),
+                                                            slurp(path).size(), "mem")));
+}
+
+TEST_CASE("safetensors: a changed data byte, metadata value, checksum or a missing checksum entry is refused, naming it") {
+    TempDir dir("tampered");
+    std::string path = dir / "c.safetensors", bad = dir / "bad.safetensors";
+    save_safetensors(path, {{"a", from_vector<float>({1, 2, 3}, {3})}, {"b", from_vector<int64_t>({4, 5}, {2})}},
+                     {{"note", "hello"}});
+    const std::string good = slurp(path);
+    const Parts p = split(good);
+    // Both readers refuse `bytes` with FormatError naming the file and saying each of `says`.
+    auto refused = [&](const std::string& bytes, std::vector<std::string> says) {
+        write_bytes(bad, bytes);
+        says.push_back("the file is corrupt or was modified");
+        std::vector<std::string> with_path = says;
+        with_path.push_back(bad);
+        check_throws<FormatError>([&] { load_safetensors(bad); }, with_path);
+        check_throws<FormatError>(
+            [&] { detail::parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "mem"); }, says);
+    };
+    SUBCASE("every data byte") {
+        const size_t data_start = good.size() - p.data.size();
+        for (size_t i = 0; i < p.data.size(); ++i) {
+            CAPTURE(i);
+            std::string name = i < p.header["a"]["data_offsets"][1].get<size_t>() ? "a" : "b";
+            std::string bytes = good;
+            bytes[data_start + i] ^= 0x10;
+            refused(bytes, {"tensor " + name + ": data checksum mismatch", kTensorKey + name});
+        }
+    }
+    SUBCASE("a metadata value") {
+        std::string bytes = good;
+        bytes[bytes.find("hello")] = 'j';
+        refused(bytes, {"header checksum mismatch", kHeaderKey});
+    }
+    SUBCASE("a tensor's checksum, another hex digit or not hex") {
+        std::string value = p.header["__metadata__"][kTensorKey + "b"].get<std::string>();
+        size_t at = good.find(value) + value.size() - 1;
+        std::string bytes = good;
+        bytes[at] = bytes[at] == '0' ? '1' : '0';
+        refused(bytes, {"tensor b: data checksum mismatch", kTensorKey + "b", "expects"});
+        bytes[at] = 'A';
+        refused(bytes, {"checksum entry \"" + kTensorKey + "b\" must be", "16 lowercase hex digits"});
+    }
+    SUBCASE("the header's checksum") {
+        std::string value = p.header["__metadata__"][kHeaderKey].get<std::string>();
+        std::string bytes = good;
+        size_t at = good.find(value) + 8;
+        bytes[at] = bytes[at] == 'f' ? 'e' : 'f';
+        refused(bytes, {"header checksum mismatch", kHeaderKey});
+    }
+    SUBCASE("entries removed, added or renamed (the header rewritten)") {
+        Parts q = p;
+        q.header["__metadata__"].erase(kTensorKey + "b");
+        refused(join(q), {"tensor b has no checksum entry", kTensorKey + "b"});
+        q = p;
+        q.header["__metadata__"].erase(kHeaderKey);
+        refused(join(q), {"no \"" + kHeaderKey + "\" entry"});
+        q = p;
+        q.header["__metadata__"][kTensorKey + "c"] = q.header["__metadata__"][kTensorKey + "b"];
+        refused(join(q), {kTensorKey + "c", "is for tensor \"c\", which the file does not hold"});
+        q = p;
+        q.header["__metadata__"]["normtape.checksum.sha256"] = "abc";
+        refused(join(q), {"unknown checksum entry \"normtape.checksum.sha256\""});
+        q = p;
+        q.header["b"] = p.header["a"];
+        q.header["a"] = p.header["b"];
+        refused(join(q), {"data checksum mismatch"});  // the names swapped
+        q = p;
+        q.header["a"]["shape"] = {1, 3};
+        refused(join(q), {"header checksum mismatch"});
+        q = p;
+        q.header["__metadata__"]["extra"] = "x";
+        refused(join(q), {"header checksum mismatch"});
+    }
+    SUBCASE("stripped of every checksum entry: read unverified") {
+        Parts q = p;
+        q.header["__metadata__"] = {{"note", "hello"}};
+        write_bytes(bad, join(q));
+        bool checksummed = true;
+        std::map<std::string, std::string> meta;
+        NamedTensors t = load_safetensors(bad, &meta, &checksummed);
+        CHECK(!checksummed);
+        CHECK(meta == std::map<std::string, std::string>{{"note", "hello"}});
+        CHECK(describe(t) == describe(load_safetensors(path)));
+    }
+}
+
+TEST_CASE("safetensors: EXHAUSTIVE: every byte of a checksummed file changed is refused or reads the same") {
+    TempDir dir("exhaustive");
+    std::string path = dir / "c.safetensors", bad = dir / "bad.safetensors";
+    save_safetensors(path, small_tensors(), kSmallMeta);
+    const std::string good = slurp(path);
+    REQUIRE(good.size() < 1200);
+    std::map<std::string, std::string> meta;
+    bool checksummed = false;
+    const std::string want = describe(load_safetensors(path, &meta, &checksummed));
+    REQUIRE(checksummed);
+    size_t refused = 0, same = 0;
+    for (size_t pos = 0; pos < good.size(); ++pos) {
+        for (int mask : {0x01, 0x80, 0xff, -1}) {  // -1: the byte replaced by a space
+            std::string bytes = good;
+            if (mask < 0) bytes[pos] = ' ';
+            else bytes[pos] = static_cast<char>(bytes[pos] ^ mask);
+            if (bytes == good) continue;
+            CAPTURE(pos);
+            CAPTURE(mask);
+            for (bool from_file : {true, false}) {
+                CAPTURE(from_file);
+                std::map<std::string, std::string> got_meta;
+                bool got_checksummed = false;
+                try {
+                    NamedTensors t;
+                    if (from_file) {
+                        write_bytes(bad, bytes);
+                        t = load_safetensors(bad, &got_meta, &got_checksummed);
+                    } else {
+                        t = detail::parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "mem",
+                                                      &got_meta, &got_checksummed);
+                    }
+                    ++same;
+                    CHECK(describe(t) == want);
+                    CHECK(got_meta == meta);
+                    CHECK(got_checksummed);
+                } catch (const FormatError&) {
+                    ++refused;
+                }
+            }
+        }
+    }
+    MESSAGE(refused << " changed files refused, " << same << " read the same");
+    CHECK(refused > 4 * good.size());
+}
+
+TEST_CASE("safetensors: a file without checksums is read unverified, and the checksum keys are reserved") {
+    TempDir dir("unverified");
+    std::string path = dir / "plain.safetensors";
+    // Another writer's file (the test's own bytes), with metadata.
+    write_bytes(path, st_file("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                              "\"__metadata__\":{\"who\":\"someone\"}}",
+                              std::string(4, '\0')));
+    bool checksummed = true;
+    std::map<std::string, std::string> meta;
+    CHECK(load_safetensors(path, &meta, &checksummed).size() == 1);
+    CHECK(!checksummed);
+    CHECK(meta == std::map<std::string, std::string>{{"who", "someone"}});
+    // Saved by normtape: checksummed, and the metadata read back is exactly what was saved.
+    save_safetensors(path, {{"w", ones({1})}}, {{"who", "normtape"}});
+    CHECK(load_safetensors(path, &meta, &checksummed).size() == 1);
+    CHECK(checksummed);
+    CHECK(meta == std::map<std::string, std::string>{{"who", "normtape"}});
+    // No tensors at all: still checksummed.
+    save_safetensors(dir / "empty.safetensors", {});
+    CHECK(load_safetensors(dir / "empty.safetensors", &meta, &checksummed).empty());
+    CHECK(checksummed);
+    CHECK(meta.empty());
+    // A caller's key with the reserved prefix: Error, nothing written.
+    const std::string before = slurp(path);
+    for (const char* key : {"normtape.checksum.header", "normtape.checksum.tensor.w", "normtape.checksum."}) {
+        CAPTURE(key);
+        CHECK_THROWS_KIND_WITH(save_safetensors(path, {{"w", zeros({1})}}, {{key, "x"}}), Error, path, key, "reserved");
+        CHECK_THROWS_KIND_WITH(save_safetensors(dir / "new.safetensors", {}, {{key, "x"}}), Error, "reserved");
+    }
+    CHECK(slurp(path) == before);
+    CHECK(!std::filesystem::exists(dir / "new.safetensors"));
+    CHECK(!std::filesystem::exists(dir / "new.safetensors.tmp"));
 }
 
 }  // TEST_SUITE
