@@ -1,15 +1,15 @@
-// nn/safetensors.cpp: the safetensors format (nn/safetensors.h): a writer (atomic: temporary
-// file, fsync, rename; XXH3-64 checksums in the metadata) and a reader that validates
+// nn/safetensors.cpp: the safetensors format (nn/safetensors.h): a writer (atomic: a locked
+// temporary file, fsync, rename; XXH3-64 checksums in the metadata) and a reader that validates
 // every byte of the header before it allocates anything, over nlohmann::json, then verifies the
 // checksums a file carries. Not here: module and optimizer checkpoints (nn/checkpoint.cpp).
 #include "nn/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -49,6 +49,10 @@ constexpr std::string_view kHashTag = "xxh3-64:";
 // Bytes read or written per call when the data is hashed on the way: small enough that the
 // hash reads them from the cache, large enough that the calls cost nothing.
 constexpr size_t kIoChunk = size_t(1) << 20;
+// Symbolic links followed from the target of a save before it counts as a loop (Linux's MAXSYMLINKS).
+constexpr int kMaxSymlinks = 40;
+// Times a save opens "<target>.tmp" again after another writer renamed it away under it.
+constexpr int kLockAttempts = 5;
 
 const char* st_dtype(DType d) {
     switch (d) {
@@ -413,19 +417,89 @@ void write_all(int fd, const void* src, size_t n, const std::string& path, const
     }
 }
 
-// The temporary file of an atomic save: removed when it goes out of scope unless committed.
+// The file that a save to `path` replaces: `path` itself, or, where `path` is a symbolic link
+// (or a chain of them), the file at its end, which need not exist (a dangling link's target is
+// created). A relative link is relative to the directory of the link. IOError after kMaxSymlinks
+// links (a loop). An lstat that fails for another reason than a missing file ends the walk there:
+// opening the temporary file beside it then reports the reason.
+std::string resolve_symlinks(const std::string& path) {
+    std::string p = path;
+    for (int followed = 0;; ++followed) {
+        struct stat st;
+        if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+        if (followed == kMaxSymlinks)
+            save_error(path, ": more than ", kMaxSymlinks, " levels of symbolic links (a loop?), the last at ", p);
+        std::string target(std::max<size_t>(static_cast<size_t>(st.st_size), 64), '\0');
+        ssize_t n;
+        while ((n = ::readlink(p.c_str(), target.data(), target.size())) == static_cast<ssize_t>(target.size()))
+            target.resize(target.size() * 2);  // the link may be longer than lstat said (or have changed)
+        if (n < 0) save_error(path, " (reading the symbolic link ", p, "): ", errno_str(errno));
+        target.resize(static_cast<size_t>(n));
+        std::string dir = std::filesystem::path(p).parent_path().string();
+        p = target.starts_with('/') || dir.empty() ? target : dir + "/" + target;
+    }
+}
+
+// The temporary file of an atomic save, "<target>.tmp", locked (flock) while it is written.
+// Removed when it goes out of scope unless committed (renamed over the target) and only while
+// locked: a "<target>.tmp" that another writer holds is never ours to remove.
 struct TempFile {
     std::string path;
-    Fd file;
-    bool committed = false;
+    int fd = -1;
+    bool locked = false, committed = false;
     ~TempFile() {
-        if (file.fd >= 0) {
-            ::close(file.fd);
-            file.fd = -1;
-        }
-        if (!committed) ::unlink(path.c_str());
+        if (locked && !committed) ::unlink(path.c_str());
+        if (fd >= 0) ::close(fd);  // releases the lock
+    }
+    void close_fd() {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+        locked = false;
     }
 };
+
+// Opens and locks tmp.path for writing `path`, and empties it. See Note [Atomic checkpoint writes].
+void open_locked(TempFile& tmp, const std::string& path) {
+    for (int attempt = 1;; ++attempt) {
+        // No O_EXCL: a "<target>.tmp" left by a killed writer is taken over. O_NOFOLLOW: never
+        // write through a link planted at that name. O_NONBLOCK: never wait on a FIFO there (it
+        // changes nothing for a regular file).
+        tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+        if (tmp.fd < 0) save_error(path, " (opening ", tmp.path, "): ", errno_str(errno));
+        int r;
+        while ((r = ::flock(tmp.fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+        }
+        if (r != 0) {
+            int err = errno;
+            tmp.close_fd();
+            if (err == EWOULDBLOCK)
+                save_error(path, ": another process is writing ", path, " (it holds the lock on ", tmp.path, ")");
+            save_error(path, " (locking ", tmp.path, "): ", errno_str(err));
+        }
+        struct stat held, named;
+        if (::fstat(tmp.fd, &held) != 0) {
+            int err = errno;
+            tmp.close_fd();
+            save_error(path, " (stat of ", tmp.path, "): ", errno_str(err));
+        }
+        if (!S_ISREG(held.st_mode)) {
+            tmp.close_fd();
+            save_error(path, ": ", tmp.path, " is in the way and is not a regular file");
+        }
+        // The file locked must still be the one named "<target>.tmp": between our open and our
+        // lock, the writer that held it may have renamed it over the target (then truncating it
+        // would destroy the target) or removed it.
+        if (::lstat(tmp.path.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino) {
+            tmp.locked = true;
+            break;
+        }
+        tmp.close_fd();
+        if (attempt == kLockAttempts)
+            save_error(path, ": ", tmp.path, " was replaced ", kLockAttempts,
+                       " times while this save opened it (other processes are writing ", path, ")");
+    }
+    if (::ftruncate(tmp.fd, 0) != 0) save_error(path, " (emptying ", tmp.path, "): ", errno_str(errno));
+}
 
 // `s` as a reader gets it back from the header: save_safetensors writes invalid UTF-8 as U+FFFD.
 std::string as_written(const std::string& s) {
@@ -508,20 +582,23 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     const std::string placeholder = header_bytes(header);
 
     // Note [Atomic checkpoint writes]: readers of `path` see the old file or the new one, never a
-    // part of the new one, and a crash (or a full disk) mid-write leaves the old file in place.
-    static std::atomic<uint64_t> counter{0};
+    // part of the new one; a crash (or a full disk) mid-write leaves the old file in place; two
+    // writers of one file never mix their bytes. The bytes go to "<target>.tmp", where <target>
+    // is `path` or, if `path` is a symbolic link, the file it leads to (so the rename stays on one
+    // filesystem and the link stays a link). That name is fixed, so a save after a crash finds
+    // and reuses what the crashed one left. A writer holds flock(LOCK_EX) on it from before it
+    // empties it until after the rename: a second writer fails at once (IOError), and a writer
+    // killed mid-save loses its lock with its life. The file locked must still be the one of
+    // that name (see open_locked). Then: write, fsync, rename over the target, fsync the
+    // directory. On any failure before the rename, "<target>.tmp" is removed (while still locked).
+    const std::string target = resolve_symlinks(path);
     TempFile tmp;
-    tmp.path = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    tmp.file.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (tmp.file.fd < 0) {
-        int err = errno;
-        tmp.committed = true;  // nothing was created: nothing to remove (and another's file is not ours)
-        save_error(path, " (creating ", tmp.path, "): ", errno_str(err));
-    }
-    write_all(tmp.file.fd, placeholder.data(), placeholder.size(), path, tmp.path);
+    tmp.path = target + ".tmp";
+    open_locked(tmp, path);
+    write_all(tmp.fd, placeholder.data(), placeholder.size(), path, tmp.path);
     for (size_t i = 0; i < data.size(); ++i) {
         Hasher hasher;
-        write_all(tmp.file.fd, detail::byte_ptr(data[i]), static_cast<size_t>(data[i].nbytes()), path, tmp.path, &hasher);
+        write_all(tmp.fd, detail::byte_ptr(data[i]), static_cast<size_t>(data[i].nbytes()), path, tmp.path, &hasher);
         meta[std::string(kTensorChecksumPrefix) + entries[i].name] = checksum_str(hasher.digest());
     }
     meta[std::string(kHeaderChecksumKey)] = checksum_str(header_checksum(entries, meta));
@@ -530,20 +607,18 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     NT_CHECK(final_header.size() == placeholder.size(), "save_safetensors: ", path, ": internal error: the header grew from ",
              placeholder.size(), " to ", final_header.size(), " bytes once its checksums were filled in");
     for (size_t done = 0; done < final_header.size();) {
-        ssize_t put = ::pwrite(tmp.file.fd, final_header.data() + done, final_header.size() - done, static_cast<off_t>(done));
+        ssize_t put = ::pwrite(tmp.fd, final_header.data() + done, final_header.size() - done, static_cast<off_t>(done));
         if (put < 0 && errno == EINTR) continue;
         if (put < 0) save_error(path, " (writing the header of ", tmp.path, "): ", errno_str(errno));
         done += static_cast<size_t>(put);
     }
-    if (::fsync(tmp.file.fd) != 0) save_error(path, " (fsync of ", tmp.path, "): ", errno_str(errno));
-    int fd = tmp.file.fd;
-    tmp.file.fd = -1;
-    if (::close(fd) != 0) save_error(path, " (closing ", tmp.path, "): ", errno_str(errno));
-    if (::rename(tmp.path.c_str(), path.c_str()) != 0)
-        save_error(path, " (renaming ", tmp.path, " over it): ", errno_str(errno));
+    if (::fsync(tmp.fd) != 0) save_error(path, " (fsync of ", tmp.path, "): ", errno_str(errno));
+    if (::rename(tmp.path.c_str(), target.c_str()) != 0)
+        save_error(path, " (renaming ", tmp.path, " over ", target == path ? "it" : target, "): ", errno_str(errno));
     tmp.committed = true;
+    tmp.close_fd();  // releases the lock; fsync has reported any error of the writes
     // The rename is durable once the directory's entry is on disk.
-    std::string dir = std::filesystem::path(path).parent_path().string();
+    std::string dir = std::filesystem::path(target).parent_path().string();
     Fd d;
     d.fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d.fd < 0 || (::fsync(d.fd) != 0 && errno != EINVAL))

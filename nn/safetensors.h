@@ -53,14 +53,20 @@
 namespace normtape {
 
 // Writes `tensors` (any device and dtype; copied to the host, contiguous; data in the order given)
-// and string `metadata`, with the checksums above, to `path`, atomically: the bytes go to a
-// temporary file beside it ("<path>.tmp.<pid>.<n>"), which is flushed to disk (fsync) and renamed
-// over `path`; the directory is then synced. On a failure before the rename the temporary file is
-// removed, `path` is left as it was, and IOError names the file and the reason; if only the final
-// sync of the directory fails, `path` already holds the new file (IOError says so). Invalid UTF-8
-// in a name or in the metadata is written as U+FFFD. Throws Error (nothing is written) on an
-// undefined tensor, two tensors of one name, an empty name or the name "__metadata__", and on a
-// metadata key that begins with "normtape.checksum." (reserved for the checksums).
+// and string `metadata`, with the checksums above, to `path`, atomically (Note [Atomic checkpoint
+// writes] in nn/safetensors.cpp): the bytes go to "<target>.tmp" beside the file, which is locked
+// (flock) while it is written, flushed to disk (fsync) and renamed over the file; the directory
+// is then synced. <target> is `path` or, when `path` is a symbolic link (or a chain of them, up
+// to 40; a relative link is relative to its own directory), the file it leads to: that file is
+// replaced (created, if the link dangles) and the link is left as it was. A "<target>.tmp" left
+// by a writer that died is reused and, once renamed, gone; one that a live writer holds locked
+// makes this save throw IOError ("another process is writing <path>"), touching nothing. On a
+// failure before the rename, "<target>.tmp" is removed, `path` is left as it was, and IOError
+// names the file and the reason; if only the final sync of the directory fails, `path` already
+// holds the new file (IOError says so). Invalid UTF-8 in a name or in the metadata is written as
+// U+FFFD. Throws IOError on a loop of symbolic links; Error (nothing is written) on an undefined
+// tensor, two tensors of one name, an empty name or the name "__metadata__", and on a metadata
+// key that begins with "normtape.checksum." (reserved for the checksums).
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

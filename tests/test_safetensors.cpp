@@ -4,7 +4,8 @@
 // (no padding, any key order, zero-size tensors) are read. The checksums: the writer's equal
 // XXH3-64 recomputed here from the bytes and the documented serialization; a file changed
 // anywhere, by any single byte, is refused or reads the same; a file without checksums is read
-// unverified. Checkpoints of a model and its optimizer: tests/test_checkpoint.cpp.
+// unverified. Checkpoints of a model and its optimizer: tests/test_checkpoint.cpp; how files are
+// replaced (the temporary file, its lock, symbolic links): tests/test_checkpoint_files.cpp.
 #include <algorithm>
 #include <map>
 #include <string>
