@@ -2,6 +2,7 @@
 // safetensors files. Not here: the file format itself (nn/safetensors.cpp).
 #include "nn/checkpoint.h"
 
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -9,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
+#include "core/bf16.h"
+#include "core/device_ptr.h"
 
 namespace normtape {
 
@@ -29,6 +32,40 @@ std::string optimizer_json(const AdamW& optimizer) {
 }
 
 const std::string kExpAvg = "optimizer.exp_avg.", kExpAvgSq = "optimizer.exp_avg_sq.", kMaster = "optimizer.master.";
+
+// "parameter " or "optimizer state ", for messages about the file's tensor `name`.
+const char* kind_of(const std::string& name) { return name.rfind("optimizer.", 0) == 0 ? "optimizer state " : "parameter "; }
+
+// The flat index of the first NaN or Inf of a host tensor's contiguous elements of type T, or -1.
+template <class T>
+int64_t first_non_finite(const Tensor& t, double* value) {
+    const T* p = reinterpret_cast<const T*>(detail::byte_ptr(t));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+        double v = static_cast<double>(p[i]);  // exact for each of float, double and bf16
+        if (!std::isfinite(v)) {
+            *value = v;
+            return i;
+        }
+    }
+    return -1;
+}
+
+// FormatError when the file's tensor `name` (`t`, any device; f32, f64 or bf16: others are not
+// checked) holds a NaN or an Inf, naming the first one's flat index and value.
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+    Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.contiguous();
+    double value = 0.0;
+    int64_t at = -1;
+    switch (c.dtype()) {
+        case DType::F32: at = first_non_finite<float>(c, &value); break;
+        case DType::F64: at = first_non_finite<double>(c, &value); break;
+        case DType::BF16: at = first_non_finite<bf16>(c, &value); break;
+        case DType::I64: break;
+    }
+    NT_CHECK_AS(FormatError, at < 0, "load_checkpoint: ", path, ": ", kind_of(name), name, " holds a non-finite value (",
+                std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf", ") at flat index ", at, " of ",
+                shape_str(c.shape()), " ", dtype_name(c.dtype()), " (a checkpoint of a run that diverged?)");
+}
 
 }  // namespace
 
@@ -53,10 +90,12 @@ void save_checkpoint(const std::string& path, const Module& module, const std::m
     save_safetensors(path, tensors, meta);
 }
 
-void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer) {
+void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer, bool* checksummed) {
     std::map<std::string, std::string> metadata;
-    NamedTensors file = load_safetensors(path, &metadata);
+    bool verified = false;
+    NamedTensors file = load_safetensors(path, &metadata, &verified);
     load_checkpoint(path, file, metadata, module, optimizer);
+    if (checksummed) *checksummed = verified;
 }
 
 void load_checkpoint(const std::string& path, const NamedTensors& file, const std::map<std::string, std::string>& metadata,
@@ -65,21 +104,22 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
     // The file's tensor `name`, checked against the shape and dtype of `like`.
     auto find = [&](const std::string& name, const Shape& shape, DType dtype) -> const Tensor& {
         auto it = by_name.find(name);
-        NT_CHECK_AS(FormatError, it != by_name.end(), "load_checkpoint: ", path, ": missing ",
-                    name.rfind("optimizer.", 0) == 0 ? "optimizer state " : "parameter ", name);
+        NT_CHECK_AS(FormatError, it != by_name.end(), "load_checkpoint: ", path, ": missing ", kind_of(name), name);
         const Tensor& t = it->second;
-        NT_CHECK_AS(ShapeError, t.shape() == shape, "load_checkpoint: ", path, ": ",
-                    name.rfind("optimizer.", 0) == 0 ? "optimizer state " : "parameter ", name, " expected ",
+        NT_CHECK_AS(ShapeError, t.shape() == shape, "load_checkpoint: ", path, ": ", kind_of(name), name, " expected ",
                     shape_str(shape), " ", dtype_name(dtype), ", got ", shape_str(t.shape()), " ", dtype_name(t.dtype()));
-        NT_CHECK_AS(DTypeError, t.dtype() == dtype, "load_checkpoint: ", path, ": ",
-                    name.rfind("optimizer.", 0) == 0 ? "optimizer state " : "parameter ", name, " expected ",
+        NT_CHECK_AS(DTypeError, t.dtype() == dtype, "load_checkpoint: ", path, ": ", kind_of(name), name, " expected ",
                     shape_str(shape), " ", dtype_name(dtype), ", got ", shape_str(t.shape()), " ", dtype_name(t.dtype()));
         return t;
     };
     NamedTensors params = module.named_parameters();
-    // Pairs (destination, source) to copy once everything has been checked.
-    std::vector<std::pair<Tensor, Tensor>> copies;
-    for (const auto& [name, p] : params) copies.emplace_back(p, find(name, p.shape(), p.dtype()));
+    // What to copy once everything has been checked: the file's tensor `name` into `dst`.
+    struct Copy {
+        std::string name;
+        Tensor dst, src;
+    };
+    std::vector<Copy> copies;
+    for (const auto& [name, p] : params) copies.push_back({name, p, find(name, p.shape(), p.dtype())});
 
     int64_t step = 0;
     if (optimizer) {
@@ -113,17 +153,20 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
         step = static_cast<int64_t>(j["step"].get<uint64_t>());
         for (const auto& [name, p] : params) {
             const AdamW::ParamState& st = optimizer->state(p);
-            copies.emplace_back(st.m, find(kExpAvg + name, st.m.shape(), st.m.dtype()));
-            copies.emplace_back(st.v, find(kExpAvgSq + name, st.v.shape(), st.v.dtype()));
-            if (st.master.defined()) copies.emplace_back(st.master, find(kMaster + name, st.master.shape(), st.master.dtype()));
+            copies.push_back({kExpAvg + name, st.m, find(kExpAvg + name, st.m.shape(), st.m.dtype())});
+            copies.push_back({kExpAvgSq + name, st.v, find(kExpAvgSq + name, st.v.shape(), st.v.dtype())});
+            if (st.master.defined())
+                copies.push_back({kMaster + name, st.master, find(kMaster + name, st.master.shape(), st.master.dtype())});
             else
                 NT_CHECK_AS(FormatError, by_name.count(kMaster + name) == 0, "load_checkpoint: ", path, ": holds ",
                             kMaster, name, " but parameter ", name, " is ", dtype_name(p.dtype()),
                             " (master copies are for bf16 parameters)");
         }
     }
+    // A NaN or an Inf would make every later step NaN: refused before anything is modified.
+    for (const Copy& c : copies) check_finite(path, c.name, c.src);
     NoGradGuard no_grad;
-    for (auto& [dst, src] : copies) Tensor(dst).copy_(src.to(dst.device()));
+    for (Copy& c : copies) c.dst.copy_(c.src.to(c.dst.device()));
     if (optimizer) optimizer->set_step_count(step);
 }
 

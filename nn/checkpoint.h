@@ -10,9 +10,13 @@
 // {"type": "AdamW", "step": t, "beta1", "beta2", "eps", "groups": [{"size", "weight_decay"}]}.
 // (Torch's own state_dict names the moments the same way.)
 //
+// Saving is atomic and checksummed, as save_safetensors is (a locked "<target>.tmp", renamed over
+// the file; a symbolic link is written through); loading verifies the checksums a file carries.
+//
 // Errors: every function here throws as save_safetensors / load_safetensors do (IOError when a
-// file cannot be opened, read, written or renamed, FormatError when it is not a valid safetensors
-// file), FormatError when a file lacks what a checkpoint needs, and ShapeError / DTypeError when a
+// file cannot be opened, read, written or renamed, or another process is writing it; FormatError
+// when it is not a valid safetensors file or does not match its checksums), FormatError when a
+// file lacks what a checkpoint needs or holds a NaN or an Inf, and ShapeError / DTypeError when a
 // file's tensor does not match the module's parameter. The message always names the file, and the
 // tensor and what was expected and found.
 #pragma once
@@ -39,16 +43,22 @@ void save_checkpoint(const std::string& path, const Module& module, const std::m
 // master copies and step count from the file; its hyperparameters (betas, eps, groups' sizes and
 // weight decays; not lr, which a schedule sets) must equal the file's. Without `optimizer`, build
 // optimizers after loading: AdamW takes the f32 master copies of bf16 parameters when it is
-// constructed. Names, shapes, dtypes and metadata are all checked before anything is modified, so
-// on those errors the module and the optimizer are unchanged; an allocation or device error while
-// copying (OutOfMemoryError, DeviceError) can leave earlier tensors updated. Throws FormatError
-// naming the file and the tensor when one is missing or the file holds no (or malformed)
-// optimizer state, ShapeError or DTypeError when a tensor has another shape or dtype, Error when
-// the hyperparameters differ or a parameter of `module` is not one of `optimizer`'s; and as
-// load_safetensors.
-void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer = nullptr);
+// constructed. `checksummed`, when given, is set on success to whether the file carried checksums
+// (all of which matched; see nn/safetensors.h), false when it was read unverified.
+// Names, shapes, dtypes, metadata and values are all checked before anything is modified, so on
+// those errors the module and the optimizer are unchanged; an allocation or device error while
+// copying (OutOfMemoryError, DeviceError) can leave earlier tensors updated. Every tensor to be
+// copied (f32, f64, bf16) is checked on the host for NaN and Inf. Throws FormatError naming the
+// file and the tensor when one is missing, or holds a non-finite value (with the flat index and
+// the value of the first: "load_checkpoint: run.safetensors: parameter h.0.ln_1.weight holds a
+// non-finite value (nan) at flat index 3 of [8] f32 (a checkpoint of a run that diverged?)"), or
+// the file holds no (or malformed) optimizer state; ShapeError or DTypeError when a tensor has
+// another shape or dtype; Error when the hyperparameters differ or a parameter of `module` is not
+// one of `optimizer`'s; and as load_safetensors.
+void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer = nullptr, bool* checksummed = nullptr);
 // The same from a file already read by load_safetensors(path, &metadata) (`path` names it in
-// messages): lets a caller read a checkpoint's metadata before it builds the module.
+// messages; the checksums were verified, or not, by that call): lets a caller read a
+// checkpoint's metadata before it builds the module.
 void load_checkpoint(const std::string& path, const NamedTensors& file, const std::map<std::string, std::string>& metadata,
                      Module& module, AdamW* optimizer = nullptr);
 

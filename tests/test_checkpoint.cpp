@@ -1,7 +1,8 @@
 // tests/test_checkpoint.cpp: checkpoints of a model and its optimizer (nn/checkpoint.h) and
 // resuming train_gpt.
 // - the model and the optimizer's state round-trip bit for bit, and training goes on identically;
-// - loading refuses a file without optimizer state, of another optimizer or of another shape;
+// - loading refuses a file without optimizer state, of another optimizer or of another shape, or
+//   holding a NaN or an Inf, changing nothing;
 // - train_gpt stopped at step k and resumed gives the losses of the run that never stopped, bit
 //   for bit, and refuses to resume another run, saying why;
 // - a failed save leaves the previous file intact and no temporary file behind;
@@ -15,6 +16,7 @@
 #include <bit>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -166,6 +168,78 @@ TEST_CASE("checkpoint: loading optimizer state refuses a file without it or of a
     CHECK(bytes_of(b.wte->weight) == before);
     CHECK(opt_b.step_count() == 0);
     CHECK(bytes_of(opt_b.state(b.wte->weight).m) == bytes_of(zeros({256, 8})));
+}
+
+TEST_CASE("checkpoint: loading refuses a NaN or an Inf in a parameter or in the optimizer state, changing nothing") {
+    struct Case {
+        std::string name;
+        DType dtype;
+        std::string tensor;
+        int64_t index;
+        double value;
+        std::string says;
+    };
+    const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+    const std::string says = " holds a non-finite value ";
+    for (const Case& c :
+         {Case{"a NaN in a parameter", DType::F32, "h.0.ln_1.weight", 3, nan,
+               "parameter h.0.ln_1.weight" + says + "(nan) at flat index 3 of [8] f32"},
+          Case{"an Inf in a moment", DType::F32, "optimizer.exp_avg_sq.wte.weight", 5, inf,
+               "optimizer state optimizer.exp_avg_sq.wte.weight" + says + "(inf) at flat index 5 of [256, 8] f32"},
+          Case{"a NaN in a bf16 parameter", DType::BF16, "lm_head.weight", 17, nan,
+               "parameter lm_head.weight" + says + "(nan) at flat index 17 of [256, 8] bf16"},
+          Case{"a -Inf in a master copy", DType::BF16, "optimizer.master.h.0.attn.c_proj.weight", 0, -inf,
+               "optimizer state optimizer.master.h.0.attn.c_proj.weight" + says + "(-inf) at flat index 0 of [8, 8] f32"}}) {
+        CAPTURE(c.name);
+        TempDir dir("non_finite");
+        manual_seed(8);
+        GPT a(small_config(c.dtype));
+        AdamW opt_a = make_optimizer(a);
+        train_step(a, opt_a, 0);
+        save_checkpoint(dir / "ck.safetensors", a, {}, &opt_a);
+        // The file with one value replaced (and saved again: its checksums hold).
+        std::map<std::string, std::string> meta;
+        NamedTensors file = load_safetensors(dir / "ck.safetensors", &meta);
+        bool found = false;
+        for (auto& [name, t] : file) {
+            if (name != c.tensor) continue;
+            found = true;
+            Tensor f64 = t.to(DType::F64);
+            f64.data_ptr<double>()[c.index] = c.value;
+            t = f64.to(t.dtype());
+        }
+        REQUIRE(found);
+        std::string bad = dir / "diverged.safetensors";
+        save_safetensors(bad, file, meta);
+
+        manual_seed(9);
+        GPT b(small_config(c.dtype));
+        AdamW opt_b = make_optimizer(b);
+        train_step(b, opt_b, 1);
+        // Every byte of b's parameters and optimizer state.
+        auto state = [&] {
+            std::string s;
+            for (const auto& [name, p] : b.named_parameters()) {
+                const AdamW::ParamState& st = opt_b.state(p);
+                s += bytes_of(p) + bytes_of(st.m) + bytes_of(st.v) + (st.master.defined() ? bytes_of(st.master) : "");
+            }
+            return s;
+        };
+        const std::string before = state();
+        std::map<std::string, std::string> bad_meta;
+        NamedTensors bad_file = load_safetensors(bad, &bad_meta);
+        CHECK_THROWS_KIND_WITH(load_checkpoint(bad, b, &opt_b), FormatError, "load_checkpoint: " + bad + ": " + c.says,
+                               "(a checkpoint of a run that diverged?)");
+        CHECK_THROWS_KIND_WITH(load_checkpoint(bad, bad_file, bad_meta, b, &opt_b), FormatError, c.says);
+        CHECK(state() == before);
+        CHECK(opt_b.step_count() == 1);
+        if (c.tensor.rfind("optimizer.", 0) == 0) {
+            load_checkpoint(bad, b);  // without the optimizer, only the parameters are read: all finite
+        } else {
+            CHECK_THROWS_KIND_WITH(load_checkpoint(bad, b), FormatError, c.says);
+            CHECK(state() == before);
+        }
+    }
 }
 
 TEST_CASE("checkpoint: train_gpt stopped and resumed gives the losses of the run that never stopped, bit for bit") {

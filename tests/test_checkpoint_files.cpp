@@ -5,7 +5,8 @@
 // - while another writer holds the lock on it (another open file, or another process), a save
 //   throws IOError and touches neither the target nor that file;
 // - a symbolic link (absolute, relative, a chain; dangling) is written through and stays a link;
-//   a loop of links is IOError.
+//   a loop of links is IOError;
+// - load_checkpoint reports whether the file carried checksums.
 // What a failed write leaves (a full disk, a directory in the way): tests/test_checkpoint.cpp.
 #include <fcntl.h>
 #include <signal.h>
@@ -17,6 +18,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -170,6 +173,25 @@ TEST_CASE("checkpoint files: a symbolic link is written through and stays a link
         CHECK_THROWS_KIND_WITH(save_w(dir / ("links/" + std::string(name)), {1}), IOError, "symbolic links", "loop");
     }
     CHECK(listing(dir.path / "links") == std::vector<std::string>{"a", "abs", "b", "chain", "dangling", "self", "sub"});
+}
+
+TEST_CASE("checkpoint files: load_checkpoint says whether the file carried checksums") {
+    TempDir dir("checksummed_flag");
+    manual_seed(7);
+    GPT model({.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8});
+    save_checkpoint(dir / "ck.safetensors", model);
+    bool checksummed = false;
+    load_checkpoint(dir / "ck.safetensors", model, nullptr, &checksummed);
+    CHECK(checksummed);
+    // The same tensors, with no checksum entries in the metadata: another writer's file.
+    std::string bytes = slurp(dir / "ck.safetensors");
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+    header.erase("__metadata__");
+    write_bytes(dir / "plain.safetensors", st_file(header.dump(), bytes.substr(8 + n)));
+    load_checkpoint(dir / "plain.safetensors", model, nullptr, &checksummed);
+    CHECK(!checksummed);
 }
 
 }  // TEST_SUITE
