@@ -4,7 +4,8 @@
 // load_safetensors. FormatError and IOError are the expected answers to a bad file; anything else
 // is a finding: a crash, an AddressSanitizer or UndefinedBehaviorSanitizer report, a leak, an
 // exception of another kind (it escapes and aborts), or an accepted file whose tensors do not
-// account for exactly its data bytes or whose shapes overflow. Run by scripts/fuzz.sh.
+// account for exactly its data bytes or whose shapes overflow, or whose metadata returned still
+// holds a checksum entry. Run by scripts/fuzz.sh.
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
@@ -18,7 +19,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace normtape;
     try {
         std::map<std::string, std::string> metadata;
-        NamedTensors tensors = detail::parse_safetensors(data, size, "<fuzz input>", &metadata);
+        bool checksummed = false;
+        NamedTensors tensors = detail::parse_safetensors(data, size, "<fuzz input>", &metadata, &checksummed);
+        // The checksum entries are the reader's, never the caller's.
+        for (const auto& [key, value] : metadata)
+            if (key.rfind("normtape.checksum.", 0) == 0) std::abort();
         // Accepted: the tensors must tile the data exactly (the reader's promise).
         uint64_t header = 0;
         for (int i = 0; i < 8; ++i) header |= static_cast<uint64_t>(data[i]) << (8 * i);
