@@ -14,10 +14,12 @@
 // The text that --data names, by default kDefaultData.
 inline const char* const kDefaultData = NORMTAPE_SOURCE_DIR "/data/tinyshakespeare.txt";
 
-// The text `a` asks for: --data FILE's bytes (kDefaultData without --data), or "" for --data
-// random. Sets `description` to
-// what was read, for the report. Throws UsageError when a file cannot be read or the text is
-// shorter than --seq + 2 bytes.
+// The file --data names: kDefaultData without --data, "" for --data random.
+std::string data_file(const Args& a);
+
+// The text `a` asks for: data_file(a)'s bytes, or "" for --data random. Sets `description` to what
+// was read (the file's path), for the report. Throws UsageError naming the file and the reason
+// when it cannot be read (a directory, missing, unreadable) or is shorter than --seq + 2 bytes.
 std::string load_text(const Args& a, std::string* description);
 
 // Random windows of the text: idx = text[s : s + T], targets = text[s + 1 : s + T + 1]; with an

@@ -5,13 +5,30 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 
 #include "svg_chart.h"
 
 using namespace normtape;
+
+namespace {
+
+// Writes `text` to `path` (named by `flag` in messages); IOError with the system's reason.
+void write_file(const char* flag, const std::string& path, const std::string& text) {
+    auto fail = [&] { throw IOError(std::string(flag) + " " + path + ": cannot write: " + std::strerror(errno)); };
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) fail();
+    bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+    int err = errno;
+    if (std::fclose(f) != 0 && ok) fail();
+    errno = err;
+    if (!ok) fail();
+}
+
+}  // namespace
 
 std::string mib(int64_t bytes) {
     char buf[32];
@@ -74,10 +91,13 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
         std::string name = std::string("save ") + policy_name(r.policy);
         ChartSeries ls{name, colors[r.policy == SavePolicy::Output], {}, {}, r.policy == SavePolicy::Output};
         for (size_t i = 0; i < r.losses.size(); ++i) {
-            ls.x.push_back(static_cast<double>(i + 1));
+            if (!std::isfinite(r.losses[i])) continue;
+            ls.x.push_back(static_cast<double>(r.first_step + static_cast<int64_t>(i) + 1));
             ls.y.push_back(r.losses[i]);
         }
         loss.series.push_back(ls);
+        if (r.nonfinite_step > 0)
+            loss.markers.push_back({static_cast<double>(r.nonfinite_step), name + ": loss non-finite from here"});
         ChartSeries ms{name, colors[r.policy == SavePolicy::Output], {}, {}, false};
         for (const MemoryEvent& e : r.memory_trace) {
             ms.x.push_back(static_cast<double>(e.num_allocs));
@@ -86,9 +106,7 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
         mem.series.push_back(ms);
     }
     mem.markers.push_back({static_cast<double>(runs[0].forward_allocs), "forward | backward"});
-    std::ofstream f(a.chart);
-    if (!f) throw IOError("--chart: cannot open " + a.chart + " for writing");
-    f << render_svg({loss, mem});
+    write_file("--chart", a.chart, render_svg({loss, mem}));
     std::printf("chart: %s\n", a.chart.c_str());
 }
 
@@ -98,17 +116,16 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
     j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
                    {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
                    {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset},
-                   {"parameters", params}, {"resume", a.resume}, {"stop_at", a.stop_at}};
+                   {"parameters", params}, {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan}};
     j["predicted_saving_bytes"] = predicted;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
     j["runs"] = nlohmann::json::array();
     for (const RunResult& r : runs)
         j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm}, {"first_step", r.first_step},
+                             {"nonfinite_step", r.nonfinite_step},
                              {"saved_activation_bytes", r.saved_activation_bytes},
                              {"peak_allocated_bytes", r.peak_allocated_bytes},
                              {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
                              {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
-    std::ofstream f(a.json);
-    if (!f) throw IOError("--json: cannot open " + a.json + " for writing");
-    f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    write_file("--json", a.json, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }

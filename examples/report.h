@@ -13,7 +13,9 @@
 
 struct RunResult {
     normtape::SavePolicy policy;
-    int64_t first_step = 0;  // > 0 when resumed: losses and step_ms start there
+    int64_t first_step = 0;     // > 0 when resumed: losses and step_ms start there
+    int64_t nonfinite_step = 0;  // the first step (from 1) whose loss or gradient norm was NaN or Inf; 0: none
+    std::string nonfinite_what;  // "the loss is nan", "the gradient norm is inf"
     int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
@@ -32,11 +34,12 @@ void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, i
 // saving and whether it equals the measured one, peak bytes, final loss, step time, tokens/s,
 // and the largest relative difference between the loss curves.
 void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
-// Writes a.chart: the loss of each run per step, and the allocated bytes during one step. Throws
-// normtape::IOError when the file cannot be opened.
+// Writes a.chart: the loss of each run per step (its finite values; a marker where it became
+// non-finite), and the allocated bytes during one step. Throws normtape::IOError naming the file
+// and the reason when it cannot be written.
 void write_chart(const Args& a, const std::vector<RunResult>& runs);
 // Writes a.json: the config (`data_desc` for the data, `params` parameters), the predicted and
-// (with two runs) measured saving, and each run's figures and losses. Throws normtape::IOError
-// when the file cannot be opened.
+// (with two runs) measured saving, and each run's figures and losses (null where non-finite).
+// Throws normtape::IOError naming the file and the reason when it cannot be written.
 void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predicted, const std::string& data_desc,
                 int64_t params);

@@ -6,7 +6,10 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <type_traits>
+
+#include "batcher.h"
 
 using namespace normtape;
 
@@ -27,7 +30,9 @@ std::string hex(uint64_t v) {
 }  // namespace
 
 nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& text) {
-    return {{"data", a.data},     {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
+    // The data file's absolute path, so that a run can be resumed from another directory.
+    std::string data = a.data == "random" ? a.data : std::filesystem::absolute(data_file(a)).lexically_normal().string();
+    return {{"data", data},       {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
             {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
             {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
             {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
@@ -38,7 +43,12 @@ ResumeState read_resume(const std::string& path) {
     ResumeState r;
     r.path = path;
     try {
-        r.tensors = load_safetensors(path, &r.metadata);
+        bool checksummed = false;
+        r.tensors = load_safetensors(path, &r.metadata, &checksummed);
+        if (!checksummed)
+            std::fprintf(stderr, "train_gpt: warning: --resume %s: the file carries no checksums (it was written by an "
+                                 "older normtape or another program), so its bytes cannot be verified\n",
+                         path.c_str());
     } catch (const IOError& e) {
         throw UsageError(std::string("--resume: ") + e.what());
     } catch (const FormatError& e) {
@@ -61,17 +71,27 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     auto take = [&](const char* flag, auto& field) {
         using T = std::decay_t<decltype(field)>;
         const char* key = flag + 2;
-        T saved;
-        try {
-            saved = r.config.at(key).get<T>();
-        } catch (const nlohmann::json::exception&) {
-            throw UsageError("--resume " + r.path + ": the checkpoint's config has no valid \"" + key + "\"");
-        }
-        if (app.count(flag) == 0) field = saved;
-        else if (field != saved)
-            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + nlohmann::json(saved).dump() +
+        const nlohmann::json saved = r.config.value(key, nlohmann::json());
+        bool typed = false;
+        if constexpr (std::is_same_v<T, std::string>) typed = saved.is_string();
+        else if constexpr (std::is_same_v<T, double>) typed = saved.is_number();
+        else if constexpr (std::is_same_v<T, uint64_t>) typed = saved.is_number_unsigned();
+        else typed = saved.is_number_integer() && (!saved.is_number_unsigned() || saved.get<uint64_t>() <= INT64_MAX);
+        if (!typed)
+            throw UsageError("--resume " + r.path + ": the checkpoint's config has " +
+                             (saved.is_null() ? std::string("no \"") + key + "\"" : std::string(key) + " " + saved.dump()) +
+                             ", expected " + (std::is_same_v<T, std::string> ? "a string"
+                                              : std::is_same_v<T, double> ? "a number"
+                                              : std::is_same_v<T, uint64_t> ? "an integer from 0 to 2^64 - 1"
+                                                                            : "an integer"));
+        if (app.count(flag) == 0) {
+            field = saved.get<T>();
+            a.from_checkpoint.insert(key);
+        } else if (field != saved.get<T>()) {
+            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + saved.dump() +
                              ", this one asks for " + nlohmann::json(field).dump() +
                              " (a resumed run must be the same run: leave the flag out to take the checkpoint's)");
+        }
     };
     if (app.count("--policy") && a.policy == "both")
         throw UsageError("--resume continues one run: give --policy input or output (the checkpoint's is " +

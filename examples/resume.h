@@ -15,12 +15,14 @@
 //    changing its schedule);
 //  - the batches: Batcher draws every window from its own std::mt19937_64, so that generator's
 //    state is the position in the data; it is saved in the standard text form of the engine;
-//  - the data: its size and FNV-1a hash are saved, and a resume on other data is refused.
+//  - the data: its absolute path, size and FNV-1a hash are saved, and a resume on other data is
+//    refused (--data may name the same bytes elsewhere).
 // The global generator (manual_seed) only initializes weights, which the checkpoint replaces;
 // nothing in a training step draws from it (no dropout). The run's config (data, steps, batch,
 // seq, model, norm, policy, dtype, lr, seed) is saved as JSON in the metadata entry
 // "train_gpt.config"; on --resume a flag left out takes the saved value and a flag given with
-// another value is refused, naming both. The device is not part of it (a run may move to another
+// another value is refused, naming both. Values taken from the checkpoint then go through the
+// same checks as flags (check_args), and messages name the checkpoint as their source. The device is not part of it (a run may move to another
 // device; bit for bit only on the same one). A checkpoint holds one run, so --resume, --stop-at
 // and --save-every need --policy input or output.
 #pragma once
@@ -38,8 +40,8 @@ namespace CLI {
 class App;
 }
 
-// The config that identifies a run, saved in its checkpoints: the flags above and the size and
-// FNV-1a hash of `text`, the data.
+// The config that identifies a run, saved in its checkpoints: the flags above (--data as an
+// absolute path) and the size and FNV-1a hash of `text`, the data.
 nlohmann::json run_config(const Args& a, normtape::SavePolicy policy, const std::string& text);
 
 // A train_gpt checkpoint read for --resume: its tensors (dropped once loaded), metadata, config
@@ -52,13 +54,17 @@ struct ResumeState {
     int64_t step = 0;
 };
 
-// Reads `path`. Throws UsageError, naming --resume and the file, when it cannot be read, is not
-// a valid safetensors file or is not a train_gpt checkpoint with training state (metadata
-// "train_gpt.config", "train_gpt.step", "train_gpt.batcher" and "optimizer", well formed).
+// Reads `path`, verifying its checksums (a file without them is read with a warning on stderr).
+// Throws UsageError, naming --resume and the file, when it cannot be read, is not a valid
+// safetensors file, fails a checksum, or is not a train_gpt checkpoint with training state
+// (metadata "train_gpt.config", "train_gpt.step", "train_gpt.batcher" and "optimizer", well
+// formed).
 ResumeState read_resume(const std::string& path);
 
-// Fills the flags the user left out (app.count(flag) == 0) from the checkpoint's config and
-// refuses those given with another value, throwing UsageError naming both (Note [Resuming a run]).
+// Fills the flags the user left out (app.count(flag) == 0) from the checkpoint's config, noting
+// them in a.from_checkpoint, and refuses those given with another value, throwing UsageError
+// naming both, or naming the entry when the config lacks it or holds another type (Note [Resuming
+// a run]). The values' ranges are check_args's.
 // --data is taken only when left out: the same bytes may have another path (check_resume_data).
 void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r);
 

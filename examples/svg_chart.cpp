@@ -52,6 +52,12 @@ void render_panel(std::ostringstream& svg, const ChartPanel& p, double ox, int w
             ymin = std::min(ymin, s.y[i]);
             ymax = std::max(ymax, s.y[i]);
         }
+    for (const ChartMarker& m : p.markers) {
+        xmin = std::min(xmin, m.x);
+        xmax = std::max(xmax, m.x);
+    }
+    if (!std::isfinite(xmin)) xmin = xmax = 0;  // nothing to draw: an empty frame
+    if (!std::isfinite(ymin)) ymin = ymax = 0;
     if (!(xmax > xmin)) xmax = xmin + 1;
     if (!(ymax > ymin)) ymax = ymin + 1;
     double pad = (ymax - ymin) * 0.05;

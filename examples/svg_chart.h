@@ -8,7 +8,7 @@
 struct ChartSeries {
     std::string name;
     std::string color;  // any SVG color
-    std::vector<double> x, y;
+    std::vector<double> x, y;  // finite values
     bool dashed = false;
 };
 

@@ -1,15 +1,16 @@
-// examples/train_args.h: what train_gpt's flags hold (Args: CLI11 fills it in main, --resume and
-// --preset complete it) and UsageError, the error for a bad flag, value or data file, on which
-// train_gpt exits with status 2. Header only. Not here: the flags' parsing and checks
-// (examples/train_gpt.cpp).
+// examples/train_args.h: train_gpt's settings: Args (CLI11 fills it from the flags in main,
+// --preset and --resume complete it), the checks every value goes through whatever its source,
+// the checks of the files the run will write, and UsageError, the error on which train_gpt exits
+// with status 2. Not here: the flags' definitions and their syntax (examples/train_gpt.cpp).
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 struct Args {
-    std::string data;  // empty: the project's own documentation and sources; "random": random tokens
+    std::string data;  // empty: kDefaultData (examples/batcher.h); "random": random tokens
     int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
     std::string norm = "layer", policy = "both", device, dtype, preset;
     double lr = 3e-3;
@@ -17,12 +18,37 @@ struct Args {
     int64_t log_every = 50;
     std::string json, save, chart = "train_gpt.svg";
     bool detect_anomaly = false;
-    std::string resume;      // checkpoint to continue from
-    int64_t save_every = 0;  // also save every this many steps (0: only at the end)
-    int64_t stop_at = 0;     // stop after this step of the --steps schedule (0: at --steps)
+    std::string on_nan = "stop";  // what a non-finite loss does: "stop" the run or "continue"
+    std::string resume;           // checkpoint to continue from
+    int64_t save_every = 0;       // also save every this many steps (0: only at the end)
+    int64_t stop_at = 0;          // stop after this step of the --steps schedule (0: at --steps)
+    // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name
+    // the checkpoint, not a flag, as their source.
+    std::set<std::string> from_checkpoint;
 };
 
-// Thrown for a bad flag value found after parsing; main prints it and exits 2.
+// Thrown for a bad flag, value, input file or checkpoint found before training starts; main
+// prints it on one line and exits 2.
 struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+
+// How a value of `a` is named in messages: "--heads 3", or "--resume ck.safetensors: the
+// checkpoint's heads 3" when --resume took it from the checkpoint. `key` is the flag without its
+// dashes ("heads", "log-every").
+std::string describe(const Args& a, const std::string& key, const std::string& value);
+
+// Checks every value of `a` once --preset and --resume have filled in what the flags left out:
+// the ranges and choices that --help lists, and the values that must go together (--embd
+// divisible by --heads, --vocab only with --data random, --save-every with --save, one policy
+// with --resume, --stop-at and --save-every, --stop-at <= --steps). Throws UsageError naming the
+// value's source (describe()), what was expected and what was found.
+void check_args(const Args& a);
+
+// Checks, before the first step, that the run can write its outputs (--save, --json, --chart):
+// each is a file name (not a directory; --save an existing regular file or a new one)
+// in a directory that exists and that this process may write into (after symbolic links, which
+// the writes follow); none is an input of the run (`data_path`, the file --data read, "" for
+// random tokens; --resume, which only --save may name: it continues the checkpoint); no two name
+// the same file. Throws UsageError naming the flag, the path and the reason.
+void check_outputs(const Args& a, const std::string& data_path);

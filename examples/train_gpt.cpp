@@ -11,10 +11,15 @@
 // --save-every steps); --resume FILE continues that run so that it trains exactly as the run that
 // never stopped (bit for bit on the cpu). See Note [Resuming a run] in examples/resume.h.
 //
-// Exit codes: 0 done; 1 a runtime error (with --detect-anomaly: the first op or backward node
-// that produced a NaN or Inf, and the step), or measured saving != predicted saving; 2 bad
-// flags, bad values, unreadable data or a checkpoint that cannot resume this run (one line on
-// stderr).
+// Nothing is lost (examples/train_args.h): every value, the data and each output file are checked
+// before the first step; a step whose loss or gradient norm is NaN or Inf stops the run
+// (--on-nan) before anything is saved over a checkpoint; a checkpoint's tensors are checked
+// (checksums, finite values) before the run resumes from it.
+//
+// Exit codes: 0 done; 2 the command line, the data or a checkpoint is wrong, found before training
+// starts; 1 an error during the run (a non-finite loss or gradient, with the step; with
+// --detect-anomaly the first op or backward node that produced a NaN or Inf), an output that
+// cannot be written, or measured saving != predicted saving. Each error is one line on stderr.
 //
 // This file: the flags, their checks, and the training loop. The data and its batches are in
 // examples/batcher.h, the checks of --resume in examples/resume.h, the table, JSON and chart in
@@ -24,7 +29,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <charconv>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,6 +89,15 @@ private:
     bool active_;
 };
 
+// The name of the first parameter of `model` that holds a NaN or Inf, "" when all are finite
+// (x * 0 sums to 0 for finite x, to NaN when one x is NaN or Inf).
+std::string nonfinite_parameter(const Module& model) {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : model.named_parameters())
+        if (!std::isfinite(sum(scale(p, 0.0)).to(DType::F32).item<float>())) return name;
+    return "";
+}
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     size_t n = v.size();
@@ -104,24 +120,33 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     Batcher batcher(text, a.batch, a.seq, a.vocab, a.seed, dev);
     int64_t start = 0;
     if (resume) {  // Note [Resuming a run]
-        load_checkpoint(resume->path, resume->tensors, resume->metadata, model, &optimizer);
+        try {
+            load_checkpoint(resume->path, resume->tensors, resume->metadata, model, &optimizer);
+        } catch (const Error& e) {  // the file cannot resume this run: found before training, as a flag
+            throw UsageError(std::string("--resume: ") + e.what());
+        }
         resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
         batcher.set_state(resume->metadata.at("train_gpt.batcher"));
         start = resume->step;
         std::printf("resumed from %s at step %lld\n", resume->path.c_str(), static_cast<long long>(start));
     }
     const int64_t end = a.stop_at > 0 ? a.stop_at : a.steps;
+    RunResult r;
     auto save = [&](int64_t steps_done) {
+        if (r.nonfinite_step > 0) {  // a checkpoint of a diverged model would replace a good one
+            std::printf("checkpoint: %s not written at step %lld: %s at step %lld\n", a.save.c_str(),
+                        static_cast<long long>(steps_done), r.nonfinite_what.c_str(),
+                        static_cast<long long>(r.nonfinite_step));
+            return;
+        }
         save_checkpoint(a.save, model,
                         {{"format", "normtape-gpt"}, {"policy", policy_name(policy)},
                          {"train_gpt.config", run_config(a, policy, text).dump()},
                          {"train_gpt.step", std::to_string(steps_done)}, {"train_gpt.batcher", batcher.state()}},
                         &optimizer);
         std::printf("checkpoint: %s (step %lld)\n", a.save.c_str(), static_cast<long long>(steps_done));
-        std::fflush(stdout);
     };
 
-    RunResult r;
     r.policy = policy;
     r.first_step = start;
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
@@ -131,7 +156,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         synchronize(dev);
         reset_peak_memory_stats(dev);
         int64_t allocs_at_start = memory_stats(dev).num_allocs;
-        double ms = 0;
+        double ms = 0, grad_norm = 0;
         Tensor loss;
         try {
             MemoryTraceScope trace(dev, step == trace_step ? &r.memory_trace : nullptr);
@@ -140,9 +165,11 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
             if (step == start) r.saved_activation_bytes = saved_bytes();
             loss.backward();
-            clip_grad_norm_(model.parameters(), 1.0);
-            optimizer.set_lr(lr_at(a, step));
-            optimizer.step();
+            grad_norm = clip_grad_norm_(model.parameters(), 1.0);
+            if (std::isfinite(grad_norm) || a.on_nan == "continue") {  // a non-finite gradient would make the weights NaN
+                optimizer.set_lr(lr_at(a, step));
+                optimizer.step();
+            }
             optimizer.zero_grad();
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
@@ -157,21 +184,32 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
         r.losses.push_back(loss.item<float>());
         r.step_ms.push_back(ms);
-        if (step % a.log_every == 0 || step == end - 1) {
+        const bool save_now = !a.save.empty() && (step + 1 == end || (a.save_every > 0 && (step + 1) % a.save_every == 0));
+        if (r.nonfinite_step == 0) {  // the first step that breaks the model, if any
+            std::string what;
+            if (!std::isfinite(r.losses.back())) what = "the loss is " + std::to_string(r.losses.back());
+            else if (!std::isfinite(grad_norm)) what = "the gradient norm is " + std::to_string(grad_norm);
+            else if (std::string p = save_now ? nonfinite_parameter(model) : ""; !p.empty())
+                what = "parameter " + p + " holds a NaN or Inf after the update";
+            if (!what.empty()) {
+                r.nonfinite_step = step + 1;
+                r.nonfinite_what = what;
+            }
+        }
+        const bool stop = r.nonfinite_step == step + 1 && a.on_nan == "stop";
+        if (step % a.log_every == 0 || step == end - 1 || r.nonfinite_step == step + 1)
             std::printf("[%-6s] step %5lld/%lld | loss %.4f | %8.0f tok/s | allocated %s | peak %s\n",
                         policy_name(policy), static_cast<long long>(step + 1), static_cast<long long>(a.steps),
                         r.losses.back(), static_cast<double>(a.batch * a.seq) / (ms / 1000.0),
                         mib(m.allocated_bytes).c_str(), mib(m.peak_allocated_bytes).c_str());
-            std::fflush(stdout);
-        }
-        if (!a.save.empty() && a.save_every > 0 && (step + 1) % a.save_every == 0 && step + 1 < end) save(step + 1);
+        if (save_now || (stop && !a.save.empty())) save(step + 1);  // after a non-finite step: says it did not
+        if (stop) break;
     }
     r.step_ms_median = median(r.step_ms);
     r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
-    if (output_policy_fallbacks() > 0)
+    if (output_policy_fallbacks() > 0 && r.nonfinite_step == 0)
         std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",
                     static_cast<long long>(output_policy_fallbacks()), kOutputPolicyMinWeight);
-    if (!a.save.empty()) save(end);
     return r;
 }
 
@@ -179,6 +217,7 @@ int run(const Args& a, ResumeState* resume) {
     std::string desc;
     std::string text = load_text(a, &desc);
     if (resume) check_resume_data(*resume, text, desc);
+    check_outputs(a, data_file(a));
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
     std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g, "
                 "%s on %s\n",
@@ -192,14 +231,25 @@ int run(const Args& a, ResumeState* resume) {
     if (a.policy != "output") policies.push_back(SavePolicy::Input);
     if (a.policy != "input") policies.push_back(SavePolicy::Output);
     std::vector<RunResult> runs;
-    for (SavePolicy p : policies) runs.push_back(train(a, text, p, resume));
+    for (SavePolicy p : policies) {
+        runs.push_back(train(a, text, p, resume));
+        if (runs.back().nonfinite_step > 0 && a.on_nan == "stop") break;
+    }
 
     int64_t predicted = predicted_saving_bytes(make_config(a, SavePolicy::Input), a.batch, a.seq);
     print_preset_reference(a, runs, predicted);
     if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
+    write_chart(a, runs);
+    const RunResult& last = runs.back();
+    if (last.nonfinite_step > 0 && a.on_nan == "stop") {
+        std::fprintf(stderr,
+                     "train_gpt: error: %s at step %lld of the %s run: the run stopped, saving no checkpoint after "
+                     "it (--detect-anomaly names the first op that makes a NaN or Inf; --on-nan continue trains on)\n",
+                     last.nonfinite_what.c_str(), static_cast<long long>(last.nonfinite_step), policy_name(last.policy));
+        return 1;
+    }
     if (runs.size() < 2) return 0;
     print_table(a, runs, predicted);
-    write_chart(a, runs);
     if (runs[0].saved_activation_bytes - runs[1].saved_activation_bytes != predicted) {
         std::fprintf(stderr, "train_gpt: measured saving differs from the prediction\n");
         return 1;
@@ -207,43 +257,80 @@ int run(const Args& a, ResumeState* resume) {
     return 0;
 }
 
+// The syntax of a flag's value, checked on the text before CLI11 converts it (CLI11 would wrap a
+// negative number into an unsigned one and clamp one too large); check_args checks the ranges.
+template <class T>
+CLI::Validator number(const char* expected) {
+    return CLI::Validator(
+        [expected](std::string& text) -> std::string {
+            T v{};
+            const char *first = text.data(), *last = text.data() + text.size();
+            auto [end, ec] = std::from_chars(first, last, v);
+            if (ec == std::errc() && end == last && !text.empty()) return "";
+            if (ec == std::errc::result_out_of_range)
+                return "expected " + std::string(expected) + ", got " + text + ", which is out of range";
+            return "expected " + std::string(expected) + ", got \"" + text + "\"";
+        },
+        "", "number");
+}
+
+const CLI::Validator kFileName(
+    [](std::string& text) -> std::string { return text.empty() ? "expected a file name, got an empty one" : ""; }, "",
+    "file name");
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log as it is printed
     Args a;
     CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
-    app.add_option("--data", a.data, "UTF-8 text file, or 'random' for random tokens (default: the source tree's data/tinyshakespeare.txt)");
-    app.add_option("--steps", a.steps, "training steps per policy")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-    app.add_option("--batch", a.batch, "sequences per batch (B)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-    app.add_option("--seq", a.seq, "sequence length (T)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-    app.add_option("--layers", a.layers, "transformer blocks (L)")->check(CLI::Range(int64_t{1}, int64_t{1024}));
-    app.add_option("--heads", a.heads, "attention heads (NH)")->check(CLI::Range(int64_t{1}, int64_t{1024}));
-    app.add_option("--embd", a.embd, "embedding width (C), divisible by --heads")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-    app.add_option("--norm", a.norm, "layer or rms")->check(CLI::IsMember({"layer", "rms"}));
-    app.add_option("--policy", a.policy, "input, output or both")->check(CLI::IsMember({"input", "output", "both"}));
-    app.add_option("--lr", a.lr, "peak learning rate")->check(CLI::Range(1e-12, 1e6));
-    app.add_option("--seed", a.seed, "seed for initialization and batches");
-    app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible)")->check(CLI::IsMember({"cpu", "cuda"}));
-    app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)")->check(CLI::IsMember({"f32", "bf16"}));
-    app.add_option("--vocab", a.vocab, "vocabulary size with --data random (otherwise 256 bytes)")->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
-    app.add_option("--preset", a.preset, "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens")
-        ->check(CLI::IsMember({"gpt2-medium-ish"}));
-    app.add_option("--log-every", a.log_every, "steps between progress lines")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-    app.add_option("--json", a.json, "write the results as JSON to this file");
+    app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    const CLI::Validator integer = number<int64_t>("an integer"), seed = number<uint64_t>("an integer from 0 to 2^64 - 1"),
+                         real = number<double>("a number");
+    app.add_option("--data", a.data, "UTF-8 text file, or 'random' for random tokens (default: data/tinyshakespeare.txt of the source tree)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--steps", a.steps, "training steps per policy, 1 to 2^40")->check(integer);
+    app.add_option("--batch", a.batch, "sequences per batch (B), 1 to 2^20")->check(integer);
+    app.add_option("--seq", a.seq, "sequence length (T), 1 to 2^20")->check(integer);
+    app.add_option("--layers", a.layers, "transformer blocks (L), 1 to 1024")->check(integer);
+    app.add_option("--heads", a.heads, "attention heads (NH), 1 to 1024")->check(integer);
+    app.add_option("--embd", a.embd, "embedding width (C), 1 to 2^16, divisible by --heads")->check(integer);
+    app.add_option("--norm", a.norm, "layer or rms");
+    app.add_option("--policy", a.policy, "input, output or both");
+    app.add_option("--lr", a.lr, "peak learning rate, > 0 and <= 1e6 (warm-up over 10% of --steps, cosine decay to lr/10)")
+        ->check(real);
+    app.add_option("--seed", a.seed, "seed for initialization and batches, 0 to 2^64 - 1")->check(seed);
+    app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible, else cpu)");
+    app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)");
+    app.add_option("--vocab", a.vocab, "vocabulary size with --data random, 2 to 2^24 (text is read as 256 bytes)")
+        ->check(integer);
+    app.add_option("--preset", a.preset, "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens (default: none)");
+    app.add_option("--log-every", a.log_every, "steps between progress lines")->check(integer);
+    app.add_option("--json", a.json, "write the results as JSON to this file (default: none)")->check(kFileName)->type_name("FILE");
+    app.add_option("--chart", a.chart, "SVG chart of the loss and of the memory during one step")->check(kFileName)->type_name("FILE");
     app.add_option("--save", a.save,
                    "write a checkpoint (safetensors: model, optimizer, step, data position, config) to this file at the "
-                   "end (with --policy both: the output run's)");
-    app.add_option("--save-every", a.save_every, "with --save, also write the checkpoint every N steps")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+                   "end (with --policy both: the output run's) (default: none)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--save-every", a.save_every, "with --save, also write the checkpoint every N steps (0: only at the end)")
+        ->check(integer);
     app.add_option("--stop-at", a.stop_at,
-                   "stop after this step; the learning-rate schedule still spans --steps, so --resume continues it")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+                   "stop after this step; the learning-rate schedule still spans --steps, so --resume continues it "
+                   "(0: at --steps)")
+        ->check(integer);
     app.add_option("--resume", a.resume,
-                   "continue the run saved in this checkpoint (flags left out take its values; others must match)");
-    app.add_option("--chart", a.chart, "SVG chart of loss and memory (with --policy both)");
+                   "continue the run saved in this checkpoint (flags left out take its values; others must match) "
+                   "(default: none)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--on-nan", a.on_nan,
+                   "stop: a non-finite loss ends the run (status 1) before anything is saved over a checkpoint; "
+                   "continue: train on, saving no checkpoint");
     app.add_flag("--detect-anomaly", a.detect_anomaly,
                  "stop at the first NaN or Inf that an op or a backward node produces, naming it (slow: checks every "
-                 "output; on cuda copies each to the host)");
+                 "output; on cuda copies each to the host) (default: off)");
     try {
         app.parse(argc, argv);
         std::optional<ResumeState> resume;
@@ -265,19 +352,11 @@ int main(int argc, char** argv) {
             if (app.count("--data") == 0) a.data = "random";
         }
         if (a.device.empty()) a.device = cuda_is_available() ? "cuda" : "cpu";
+        if (a.dtype.empty()) a.dtype = a.device == "cuda" ? "bf16" : "f32";
+        check_args(a);
         if (a.device == "cuda" && !cuda_is_available())
             throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
                                              : "--device cuda: this build of normtape has no CUDA backend");
-        if (a.dtype.empty()) a.dtype = a.device == "cuda" ? "bf16" : "f32";
-        if (a.data != "random" && a.vocab != 256)
-            throw UsageError("--vocab " + std::to_string(a.vocab) + " needs --data random (text is read as 256 byte values)");
-        if (a.embd % a.heads != 0)
-            throw UsageError("--embd " + std::to_string(a.embd) + " is not divisible by --heads " + std::to_string(a.heads));
-        if (a.save_every > 0 && a.save.empty()) throw UsageError("--save-every needs --save FILE");
-        if ((resume || a.save_every > 0 || a.stop_at > 0) && a.policy == "both")
-            throw UsageError("--resume, --stop-at and --save-every follow one run: give --policy input or output");
-        if (a.stop_at > a.steps)
-            throw UsageError("--stop-at " + std::to_string(a.stop_at) + " is past --steps " + std::to_string(a.steps));
         if (resume && resume->step >= (a.stop_at > 0 ? a.stop_at : a.steps))
             throw UsageError("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(resume->step) +
                              ", nothing is left to train up to step " +
@@ -292,6 +371,13 @@ int main(int argc, char** argv) {
     } catch (const UsageError& e) {
         std::fprintf(stderr, "train_gpt: %s\n", e.what());
         return 2;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr,
+                     "train_gpt: error: out of host memory (std::bad_alloc) for B=%lld T=%lld C=%lld L=%lld V=%lld: "
+                     "try a smaller --batch, --seq or model\n",
+                     static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.embd),
+                     static_cast<long long>(a.layers), static_cast<long long>(a.vocab));
+        return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
         return 1;

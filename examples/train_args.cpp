@@ -1,0 +1,141 @@
+// examples/train_args.cpp: the checks of train_gpt's settings and output files
+// (examples/train_args.h).
+#include "train_args.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void fail(const Args& a, const std::string& key, const std::string& value, const std::string& expected) {
+    throw UsageError(describe(a, key, value) + ": expected " + expected);
+}
+
+struct IntRange {
+    const char* key;
+    int64_t Args::*field;
+    int64_t lo, hi;
+    const char* what;
+};
+
+// The integer settings and their ranges; 0 also means "off" for save-every and stop-at.
+const IntRange kIntRanges[] = {
+    {"steps", &Args::steps, 1, int64_t{1} << 40, "training steps"},
+    {"batch", &Args::batch, 1, int64_t{1} << 20, "sequences per batch"},
+    {"seq", &Args::seq, 1, int64_t{1} << 20, "a sequence length"},
+    {"layers", &Args::layers, 1, 1024, "transformer blocks"},
+    {"heads", &Args::heads, 1, 1024, "attention heads"},
+    {"embd", &Args::embd, 1, int64_t{1} << 16, "an embedding width"},
+    {"vocab", &Args::vocab, 2, int64_t{1} << 24, "a vocabulary size"},
+    {"log-every", &Args::log_every, 1, int64_t{1} << 40, "steps between progress lines"},
+    {"save-every", &Args::save_every, 0, int64_t{1} << 40, "steps between checkpoints (0: only at the end)"},
+    {"stop-at", &Args::stop_at, 0, int64_t{1} << 40, "the step to stop after (0: --steps)"},
+};
+
+void check_choice(const Args& a, const std::string& key, const std::string& value,
+                  std::initializer_list<const char*> choices) {
+    std::string list;
+    for (const char* c : choices) {
+        if (value == c) return;
+        list += std::string(list.empty() ? "" : " or ") + (*c ? c : "none");
+    }
+    fail(a, key, "\"" + value + "\"", list);
+}
+
+// The file that writing `path` changes: symbolic links followed, as the writers do.
+fs::path written_file(const std::string& path) {
+    std::error_code ec;
+    fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
+    return ec ? fs::absolute(path).lexically_normal() : p;
+}
+
+std::string format_real(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
+
+bool same_file(const fs::path& a, const std::string& b) {
+    std::error_code ec;
+    return !b.empty() && (a == written_file(b) || fs::equivalent(a, b, ec));
+}
+
+}  // namespace
+
+std::string describe(const Args& a, const std::string& key, const std::string& value) {
+    if (a.from_checkpoint.count(key)) return "--resume " + a.resume + ": the checkpoint's " + key + " " + value;
+    return "--" + key + " " + value;
+}
+
+void check_args(const Args& a) {
+    for (const IntRange& r : kIntRanges) {
+        int64_t v = a.*r.field;
+        if (v < r.lo || v > r.hi)
+            fail(a, r.key, std::to_string(v),
+                 std::string(r.what) + " from " + std::to_string(r.lo) + " to " + std::to_string(r.hi));
+    }
+    if (!(std::isfinite(a.lr) && a.lr > 0 && a.lr <= 1e6))
+        fail(a, "lr", format_real(a.lr), "a learning rate > 0 and <= 1e6");
+    check_choice(a, "norm", a.norm, {"layer", "rms"});
+    check_choice(a, "policy", a.policy, {"input", "output", "both"});
+    check_choice(a, "device", a.device, {"cpu", "cuda"});
+    check_choice(a, "dtype", a.dtype, {"f32", "bf16"});
+    check_choice(a, "preset", a.preset, {"", "gpt2-medium-ish"});
+    check_choice(a, "on-nan", a.on_nan, {"stop", "continue"});
+    if (a.data != "random" && a.vocab != 256)
+        throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) +
+                         " needs --data random (text is read as 256 byte values)");
+    if (a.embd % a.heads != 0)
+        throw UsageError(describe(a, "embd", std::to_string(a.embd)) + " is not divisible by " +
+                         describe(a, "heads", std::to_string(a.heads)));
+    if (a.save_every > 0 && a.save.empty()) throw UsageError("--save-every needs --save FILE");
+    if ((!a.resume.empty() || a.save_every > 0 || a.stop_at > 0) && a.policy == "both")
+        throw UsageError("--resume, --stop-at and --save-every follow one run: give --policy input or output");
+    if (a.stop_at > a.steps)
+        throw UsageError("--stop-at " + std::to_string(a.stop_at) + " is past " +
+                         describe(a, "steps", std::to_string(a.steps)));
+}
+
+void check_outputs(const Args& a, const std::string& data_path) {
+    struct Output {
+        const char* flag;
+        const std::string& path;
+        fs::path file;
+    };
+    std::vector<Output> outputs;
+    for (auto [flag, path] : {std::pair<const char*, const std::string*>{"--save", &a.save}, {"--json", &a.json},
+                              {"--chart", &a.chart}}) {
+        if (path->empty()) continue;  // not asked for (the flags refuse an empty name)
+        const std::string what = std::string(flag) + " " + *path;
+        fs::path file = written_file(*path);
+        std::error_code ec;
+        fs::file_status st = fs::status(file, ec);
+        if (fs::is_directory(st)) throw UsageError(what + ": is a directory, expected a file name");
+        // A checkpoint replaces its file by a rename: only a regular file may be replaced that way.
+        if (flag == std::string("--save") && fs::exists(st) && !fs::is_regular_file(st))
+            throw UsageError(what + ": is not a regular file (a checkpoint replaces its file)");
+        fs::path dir = file.parent_path();
+        if (!fs::exists(dir, ec)) throw UsageError(what + ": the directory " + dir.string() + " does not exist");
+        if (!fs::is_directory(dir, ec)) throw UsageError(what + ": " + dir.string() + " is not a directory");
+        if (::access(dir.c_str(), W_OK | X_OK) != 0)
+            throw UsageError(what + ": cannot write into the directory " + dir.string() + ": " + std::strerror(errno));
+        if (fs::exists(st) && ::access(file.c_str(), W_OK) != 0 && flag != std::string("--save"))
+            throw UsageError(what + ": cannot write the file: " + std::strerror(errno));
+        if (same_file(file, data_path))
+            throw UsageError(what + ": is the data file the run reads (--data " + data_path + ")");
+        if (flag != std::string("--save") && same_file(file, a.resume))
+            throw UsageError(what + ": is the checkpoint the run resumes (--resume " + a.resume + ")");
+        for (const Output& o : outputs)
+            if (o.file == file) throw UsageError(what + ": is also " + o.flag + " " + o.path + "; give each its own file");
+        outputs.push_back({flag, *path, file});
+    }
+}
