@@ -1,5 +1,14 @@
-// tests/test_cli.cpp: train_gpt as a user runs it: bad flags and data give one line and exit 2;
-// a short run writes JSON whose measured saving equals the prediction.
+// tests/test_cli.cpp: train_gpt's command line as a user meets it: every bad flag, value or input
+// gives one line naming the cause and exits 2 before training; an error during the run exits 1;
+// --help shows every default and the README lists the same flags; a short run writes JSON whose
+// measured saving equals the prediction. The files a run reads and writes (checkpoints, outputs,
+// a diverging run): tests/test_cli_files.cpp.
+#include <signal.h>
+#include <unistd.h>
+
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -8,33 +17,119 @@
 
 using namespace normtape::testing;
 
+namespace {
+
+const std::string kTiny = "--data random --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input";
+
+// Exit code 2, one line on stderr holding each of `says`, and no training step on stdout.
+void check_refused(const RunResult& r, std::initializer_list<std::string> says) {
+    CAPTURE(r.err);
+    CHECK(r.code == 2);
+    CHECK(lines(r.err) == 1);
+    for (const std::string& s : says) CHECK(r.err.find(s) != std::string::npos);
+    CHECK(r.out.find("step ") == std::string::npos);
+}
+
+// The flags ("--steps") that train_gpt --help lists.
+std::set<std::string> help_flags(const std::string& help) {
+    std::set<std::string> flags;
+    std::regex option(R"(^\s+(?:-h,)?(--[a-z-]+))");
+    std::istringstream in(help);
+    for (std::string line; std::getline(in, line);) {
+        std::smatch m;
+        if (std::regex_search(line, m, option)) flags.insert(m[1]);
+    }
+    flags.erase("--help");
+    return flags;
+}
+
+}  // namespace
+
 TEST_SUITE("train_gpt") {
 
-TEST_CASE("train_gpt: bad flags, values and data: one line on stderr, exit code 2") {
+TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on stderr, exit code 2") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("cli");
-    std::string short_file = dir / "short.txt";
-    write_bytes(short_file, "tiny");
+    write_bytes(dir / "short.txt", "tiny");
     struct Case {
         std::string args, says;
     };
-    for (const Case& c : {Case{"--bogus", "--bogus"}, Case{"--steps 0", "--steps"}, Case{"--steps abc", "--steps"},
-                          Case{"--norm batch", "--norm"}, Case{"--policy all", "--policy"},
-                          Case{"--embd 10 --heads 3", "not divisible"}, Case{"--lr -1", "--lr"},
-                          Case{"--device tpu", "--device"}, Case{"--dtype f16", "--dtype"},
-                          Case{"--vocab 100", "needs --data random"}, Case{"--data /nonexistent/file.txt", "cannot read data"},
-                          Case{"--data " + short_file + " --seq 8", "needs at least 10"},
-                          Case{"--detect-anomaly=maybe", "--detect-anomaly"}, Case{"--lr 1e7", "--lr"}}) {
+    for (const Case& c : {
+             Case{"--bogus", "--bogus"},
+             Case{"--steps 0", "--steps 0: expected training steps from 1 to"},
+             Case{"--steps abc", "--steps: expected an integer, got \"abc\""},
+             Case{"--steps 1.5", "--steps: expected an integer, got \"1.5\""},
+             Case{"--steps 99999999999999999999", "which is out of range"},
+             Case{"--norm batch", "--norm \"batch\": expected layer or rms"},
+             Case{"--policy all", "--policy \"all\": expected input or output or both"},
+             Case{"--embd 10 --heads 3", "--embd 10 is not divisible by --heads 3"},
+             Case{"--lr -1", "--lr -1: expected a learning rate > 0"},
+             Case{"--lr 0", "--lr 0: expected a learning rate > 0"},
+             Case{"--lr nan", "--lr nan: expected a learning rate > 0"},
+             Case{"--lr inf", "--lr inf: expected a learning rate > 0"},
+             Case{"--lr 1e7", "--lr 1e+07: expected a learning rate > 0 and <= 1e6"},
+             Case{"--seed -1", "--seed: expected an integer from 0 to 2^64 - 1, got \"-1\""},
+             Case{"--seed 18446744073709551616", "--seed: expected an integer from 0 to 2^64 - 1, got 18446744073709551616"},
+             Case{"--device tpu", "--device \"tpu\": expected cpu or cuda"},
+             Case{"--dtype f16", "--dtype \"f16\": expected f32 or bf16"},
+             Case{"--on-nan maybe", "--on-nan \"maybe\": expected stop or continue"},
+             Case{"--vocab 100 --data " + (dir / "short.txt"), "--vocab 100 needs --data random"},
+             Case{"--data /nonexistent/file.txt", "--data /nonexistent/file.txt: cannot read the data file: No such file"},
+             Case{"--data " + dir.path.string(), ": is a directory, expected a text file"},
+             Case{"--data " + (dir / "short.txt") + " --seq 8", "has 4 bytes; --seq 8 needs at least 10"},
+             Case{"--save ''", "--save: expected a file name, got an empty one"},
+             Case{"--json ''", "--json: expected a file name, got an empty one"},
+             Case{"--chart ''", "--chart: expected a file name, got an empty one"},
+             Case{"--detect-anomaly=maybe", "--detect-anomaly"},
+         }) {
         CAPTURE(c.args);
-        RunResult r = run_train_gpt(dir, c.args);
-        CAPTURE(r.err);
-        CHECK(r.code == 2);
-        CHECK(lines(r.err) == 1);
-        CHECK(r.err.find(c.says) != std::string::npos);
+        check_refused(run_train_gpt(dir, kTiny + " --steps 1 " + c.args), {c.says});
     }
+}
+
+TEST_CASE("train_gpt: more than memory holds is an error of the run, exit code 1, naming the sizes") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    RunResult r = run_train_gpt(dir, kTiny + " --steps 1 --device cpu --batch 1048576 --seq 1048576");
+    CAPTURE(r.err);
+    CHECK(r.code == 1);
+    CHECK(lines(r.err) == 1);
+    CHECK(r.err.find("out of host memory") != std::string::npos);
+    CHECK(r.err.find("B=1048576 T=1048576") != std::string::npos);
+}
+
+TEST_CASE("train_gpt: --help shows every default, and the README lists the same flags") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
     RunResult help = run_train_gpt(dir, "--help");
-    CHECK(help.code == 0);
-    CHECK(help.out.find("--policy") != std::string::npos);
+    REQUIRE(help.code == 0);
+    const std::set<std::string> flags = help_flags(help.out);
+    CHECK(flags.size() > 20);
+    // Each option line shows its default: "=value" after the type, or "(default: ...)" in its text,
+    // or it is a flag without a value, which is off unless given.
+    std::istringstream in(help.out);
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("  --", 0) != 0) continue;
+        CAPTURE(line);
+        bool has_value = line.find(" TEXT") != std::string::npos || line.find(" INT") != std::string::npos ||
+                         line.find(" UINT") != std::string::npos || line.find(" FLOAT") != std::string::npos ||
+                         line.find(" FILE") != std::string::npos;
+        CHECK((!has_value || std::regex_search(line, std::regex(R"(^\s+--[a-z-]+ [A-Z|]+=\S)")) ||
+               line.find("(default: ") != std::string::npos));
+    }
+    // The README's flag table names each flag once, and no other.
+    std::string readme = slurp(std::string(NORMTAPE_SOURCE_DIR) + "/README.md");
+    size_t begin = readme.find("| flag | default | meaning |");
+    REQUIRE(begin != std::string::npos);
+    size_t end = readme.find("\n\n", begin);
+    std::set<std::string> listed;
+    std::regex row(R"(^\| `(--[a-z-]+))");
+    std::istringstream table(readme.substr(begin, end - begin));
+    for (std::string line; std::getline(table, line);) {
+        std::smatch m;
+        if (std::regex_search(line, m, row)) CHECK_MESSAGE(listed.insert(m[1]).second, m[1] << " is listed twice");
+    }
+    CHECK(listed == flags);
 }
 
 TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted saving") {
@@ -71,13 +166,13 @@ TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op tha
     CAPTURE(healthy.err);
     CHECK(healthy.code == 0);
     // lr 1e4 diverges (weight decay alone multiplies each matrix by 1 - lr * 0.1 per step): without
-    // the flag the run ends "successfully" with a NaN loss...
+    // the flag the run stops at the first NaN loss; with it, at the first non-finite value any op
+    // makes, saying which op made it, and when.
     const std::string diverging = tiny + " --steps 30 --lr 1e4";
-    RunResult silent = run_train_gpt(dir, diverging);
-    CAPTURE(silent.err);
-    CHECK(silent.code == 0);
-    CHECK(silent.out.find("nan") != std::string::npos);
-    // ...with it, the run stops at the first non-finite value and says which op made it, and when.
+    RunResult plain = run_train_gpt(dir, diverging);
+    CAPTURE(plain.err);
+    CHECK(plain.code == 1);
+    CHECK(plain.err.find("--detect-anomaly names the first op") != std::string::npos);
     RunResult r = run_train_gpt(dir, diverging + " --detect-anomaly");
     CAPTURE(r.err);
     CHECK(r.code == 1);
@@ -96,15 +191,33 @@ TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op tha
     CHECK(r.out.find("nan") == std::string::npos);  // it stopped before printing a NaN loss
 }
 
-TEST_CASE("train_gpt: an output file that cannot be written: one line naming the file, exit code 1") {
+TEST_CASE("train_gpt: one policy still draws its chart, and every line reaches the log as it is printed") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("cli");
-    RunResult r = run_train_gpt(dir, "--data random --steps 1 --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input "
-                             "--json /nonexistent-dir/run.json");
+    RunResult r = run_train_gpt(dir, kTiny + " --steps 2 --chart " + (dir / "one.svg"));
     CAPTURE(r.err);
-    CHECK(r.code == 1);
-    CHECK(lines(r.err) == 1);
-    CHECK(r.err.find("--json: cannot open /nonexistent-dir/run.json for writing") != std::string::npos);
+    REQUIRE(r.code == 0);
+    std::string svg = slurp(dir / "one.svg");
+    CHECK(svg.find("<svg") == 0);
+    CHECK(svg.find("save input") != std::string::npos);
+    // A run writing to a file whose first step takes seconds: its header lines are there before the
+    // first step ends (a run killed early leaves a log that says what it was).
+    std::string out = dir / "long.out";
+    pid_t pid = start_train_gpt(dir,
+                                "--data random --device cpu --policy input --batch 16 --seq 512 --layers 2 --heads 2 "
+                                "--embd 256 --steps 1000",
+                                out);
+    std::string log;
+    for (int i = 0; i < 300 && log.find("data: random tokens") == std::string::npos; ++i) {  // up to 30 s
+        usleep(100 * 1000);
+        log = slurp(out);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    CAPTURE(log);
+    CHECK(log.find("train_gpt: layer norm") != std::string::npos);
+    CHECK(log.find("data: random tokens") != std::string::npos);
+    CHECK(log.find("step ") == std::string::npos);  // seen before the first step's line flushed it
 }
 
 }  // TEST_SUITE

@@ -320,12 +320,27 @@ struct RunResult {
 };
 
 // Runs the train_gpt that this build made (NORMTAPE_TRAIN_GPT) with `args` (one /bin/sh command
-// line), its output going through files in `dir`.
+// line) in `dir` (where its default chart goes), its output going through files there.
 inline RunResult run_train_gpt(const TempDir& dir, const std::string& args) {
     std::string out = dir / "stdout", err = dir / "stderr";
-    std::string cmd = std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out + " 2> " + err;
+    std::string cmd = "cd " + dir.path.string() + " && " + std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out +
+                      " 2> " + err;
     int status = std::system(cmd.c_str());
     return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+// Starts train_gpt with `args` in `dir`, in the background, its stdout and stderr going to
+// `log`; returns its process id. The caller ends it (kill) and reaps it (waitpid).
+inline pid_t start_train_gpt(const TempDir& dir, const std::string& args, const std::string& log) {
+    std::string cmd = "cd " + dir.path.string() + " && exec " + std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + log +
+                      " 2>&1";
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // the shell execs train_gpt in this process
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    return pid;
 }
 
 }  // namespace normtape::testing
