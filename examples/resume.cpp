@@ -31,7 +31,8 @@ std::string hex(uint64_t v) {
 
 nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& text) {
     // The data file's absolute path, so that a run can be resumed from another directory.
-    std::string data = a.data == "random" ? a.data : std::filesystem::absolute(data_file(a)).lexically_normal().string();
+    std::string data =
+        a.data == "random" ? a.data : std::filesystem::absolute(data_file(a)).lexically_normal().string();
     return {{"data", data},       {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
             {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
             {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
@@ -79,7 +80,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
         else typed = saved.is_number_integer() && (!saved.is_number_unsigned() || saved.get<uint64_t>() <= INT64_MAX);
         if (!typed)
             throw UsageError("--resume " + r.path + ": the checkpoint's config has " +
-                             (saved.is_null() ? std::string("no \"") + key + "\"" : std::string(key) + " " + saved.dump()) +
+                             (saved.is_null() ? "no \"" + std::string(key) + "\"" : key + (" " + saved.dump())) +
                              ", expected " + (std::is_same_v<T, std::string> ? "a string"
                                               : std::is_same_v<T, double> ? "a number"
                                               : std::is_same_v<T, uint64_t> ? "an integer from 0 to 2^64 - 1"

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -109,33 +111,34 @@ void check_outputs(const Args& a, const std::string& data_path) {
     struct Output {
         const char* flag;
         const std::string& path;
-        fs::path file;
     };
-    std::vector<Output> outputs;
-    for (auto [flag, path] : {std::pair<const char*, const std::string*>{"--save", &a.save}, {"--json", &a.json},
-                              {"--chart", &a.chart}}) {
-        if (path->empty()) continue;  // not asked for (the flags refuse an empty name)
-        const std::string what = std::string(flag) + " " + *path;
-        fs::path file = written_file(*path);
+    const Output outputs[] = {{"--save", a.save}, {"--json", a.json}, {"--chart", a.chart}};
+    std::vector<std::pair<const Output*, fs::path>> checked;
+    for (const Output& out : outputs) {
+        if (out.path.empty()) continue;  // not asked for (the flags refuse an empty name)
+        const bool is_save = out.flag == std::string_view("--save");
+        const std::string what = std::string(out.flag) + " " + out.path;
+        const fs::path file = written_file(out.path);
         std::error_code ec;
-        fs::file_status st = fs::status(file, ec);
+        const fs::file_status st = fs::status(file, ec);
         if (fs::is_directory(st)) throw UsageError(what + ": is a directory, expected a file name");
         // A checkpoint replaces its file by a rename: only a regular file may be replaced that way.
-        if (flag == std::string("--save") && fs::exists(st) && !fs::is_regular_file(st))
+        if (is_save && fs::exists(st) && !fs::is_regular_file(st))
             throw UsageError(what + ": is not a regular file (a checkpoint replaces its file)");
-        fs::path dir = file.parent_path();
+        const fs::path dir = file.parent_path();
         if (!fs::exists(dir, ec)) throw UsageError(what + ": the directory " + dir.string() + " does not exist");
         if (!fs::is_directory(dir, ec)) throw UsageError(what + ": " + dir.string() + " is not a directory");
         if (::access(dir.c_str(), W_OK | X_OK) != 0)
             throw UsageError(what + ": cannot write into the directory " + dir.string() + ": " + std::strerror(errno));
-        if (fs::exists(st) && ::access(file.c_str(), W_OK) != 0 && flag != std::string("--save"))
+        if (!is_save && fs::exists(st) && ::access(file.c_str(), W_OK) != 0)
             throw UsageError(what + ": cannot write the file: " + std::strerror(errno));
         if (same_file(file, data_path))
             throw UsageError(what + ": is the data file the run reads (--data " + data_path + ")");
-        if (flag != std::string("--save") && same_file(file, a.resume))
+        if (!is_save && same_file(file, a.resume))
             throw UsageError(what + ": is the checkpoint the run resumes (--resume " + a.resume + ")");
-        for (const Output& o : outputs)
-            if (o.file == file) throw UsageError(what + ": is also " + o.flag + " " + o.path + "; give each its own file");
-        outputs.push_back({flag, *path, file});
+        for (const auto& [other, other_file] : checked)
+            if (other_file == file)
+                throw UsageError(what + ": is also " + other->flag + " " + other->path + "; give each its own file");
+        checked.emplace_back(&out, file);
     }
 }

@@ -166,7 +166,8 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             if (step == start) r.saved_activation_bytes = saved_bytes();
             loss.backward();
             grad_norm = clip_grad_norm_(model.parameters(), 1.0);
-            if (std::isfinite(grad_norm) || a.on_nan == "continue") {  // a non-finite gradient would make the weights NaN
+            // A non-finite gradient would make the weights NaN: with --on-nan stop, keep them.
+            if (std::isfinite(grad_norm) || a.on_nan == "continue") {
                 optimizer.set_lr(lr_at(a, step));
                 optimizer.step();
             }
@@ -184,11 +185,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
         r.losses.push_back(loss.item<float>());
         r.step_ms.push_back(ms);
-        const bool save_now = !a.save.empty() && (step + 1 == end || (a.save_every > 0 && (step + 1) % a.save_every == 0));
+        const bool save_now =
+            !a.save.empty() && (step + 1 == end || (a.save_every > 0 && (step + 1) % a.save_every == 0));
         if (r.nonfinite_step == 0) {  // the first step that breaks the model, if any
             std::string what;
-            if (!std::isfinite(r.losses.back())) what = "the loss is " + std::to_string(r.losses.back());
-            else if (!std::isfinite(grad_norm)) what = "the gradient norm is " + std::to_string(grad_norm);
+            auto str = [](double v) { return std::isnan(v) ? std::string("nan") : std::to_string(v); };  // not "-nan"
+            if (!std::isfinite(r.losses.back())) what = "the loss is " + str(r.losses.back());
+            else if (!std::isfinite(grad_norm)) what = "the gradient norm is " + str(grad_norm);
             else if (std::string p = save_now ? nonfinite_parameter(model) : ""; !p.empty())
                 what = "parameter " + p + " holds a NaN or Inf after the update";
             if (!what.empty()) {
@@ -245,7 +248,8 @@ int run(const Args& a, ResumeState* resume) {
         std::fprintf(stderr,
                      "train_gpt: error: %s at step %lld of the %s run: the run stopped, saving no checkpoint after "
                      "it (--detect-anomaly names the first op that makes a NaN or Inf; --on-nan continue trains on)\n",
-                     last.nonfinite_what.c_str(), static_cast<long long>(last.nonfinite_step), policy_name(last.policy));
+                     last.nonfinite_what.c_str(), static_cast<long long>(last.nonfinite_step),
+                     policy_name(last.policy));
         return 1;
     }
     if (runs.size() < 2) return 0;
@@ -285,9 +289,10 @@ int main(int argc, char** argv) {
     Args a;
     CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
     app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    const CLI::Validator integer = number<int64_t>("an integer"), seed = number<uint64_t>("an integer from 0 to 2^64 - 1"),
-                         real = number<double>("a number");
-    app.add_option("--data", a.data, "UTF-8 text file, or 'random' for random tokens (default: data/tinyshakespeare.txt of the source tree)")
+    const CLI::Validator integer = number<int64_t>("an integer"), real = number<double>("a number"),
+                         seed = number<uint64_t>("an integer from 0 to 2^64 - 1");
+    app.add_option("--data", a.data,
+                   "UTF-8 text file, or 'random' for random tokens (default: data/tinyshakespeare.txt of the source tree)")
         ->check(kFileName)
         ->type_name("FILE");
     app.add_option("--steps", a.steps, "training steps per policy, 1 to 2^40")->check(integer);
@@ -298,23 +303,30 @@ int main(int argc, char** argv) {
     app.add_option("--embd", a.embd, "embedding width (C), 1 to 2^16, divisible by --heads")->check(integer);
     app.add_option("--norm", a.norm, "layer or rms");
     app.add_option("--policy", a.policy, "input, output or both");
-    app.add_option("--lr", a.lr, "peak learning rate, > 0 and <= 1e6 (warm-up over 10% of --steps, cosine decay to lr/10)")
+    app.add_option("--lr", a.lr,
+                   "peak learning rate, > 0 and <= 1e6 (warm-up over 10% of --steps, cosine decay to lr/10)")
         ->check(real);
     app.add_option("--seed", a.seed, "seed for initialization and batches, 0 to 2^64 - 1")->check(seed);
     app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible, else cpu)");
     app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)");
     app.add_option("--vocab", a.vocab, "vocabulary size with --data random, 2 to 2^24 (text is read as 256 bytes)")
         ->check(integer);
-    app.add_option("--preset", a.preset, "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens (default: none)");
+    app.add_option("--preset", a.preset,
+                   "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens (default: none)");
     app.add_option("--log-every", a.log_every, "steps between progress lines")->check(integer);
-    app.add_option("--json", a.json, "write the results as JSON to this file (default: none)")->check(kFileName)->type_name("FILE");
-    app.add_option("--chart", a.chart, "SVG chart of the loss and of the memory during one step")->check(kFileName)->type_name("FILE");
+    app.add_option("--json", a.json, "write the results as JSON to this file (default: none)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--chart", a.chart, "SVG chart of the loss and of the memory during one step")
+        ->check(kFileName)
+        ->type_name("FILE");
     app.add_option("--save", a.save,
                    "write a checkpoint (safetensors: model, optimizer, step, data position, config) to this file at the "
                    "end (with --policy both: the output run's) (default: none)")
         ->check(kFileName)
         ->type_name("FILE");
-    app.add_option("--save-every", a.save_every, "with --save, also write the checkpoint every N steps (0: only at the end)")
+    app.add_option("--save-every", a.save_every,
+                   "with --save, also write the checkpoint every N steps (0: only at the end)")
         ->check(integer);
     app.add_option("--stop-at", a.stop_at,
                    "stop after this step; the learning-rate schedule still spans --steps, so --resume continues it "

@@ -69,12 +69,14 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
              Case{"--lr inf", "--lr inf: expected a learning rate > 0"},
              Case{"--lr 1e7", "--lr 1e+07: expected a learning rate > 0 and <= 1e6"},
              Case{"--seed -1", "--seed: expected an integer from 0 to 2^64 - 1, got \"-1\""},
-             Case{"--seed 18446744073709551616", "--seed: expected an integer from 0 to 2^64 - 1, got 18446744073709551616"},
+             Case{"--seed 18446744073709551616",
+                  "--seed: expected an integer from 0 to 2^64 - 1, got 18446744073709551616"},
              Case{"--device tpu", "--device \"tpu\": expected cpu or cuda"},
              Case{"--dtype f16", "--dtype \"f16\": expected f32 or bf16"},
              Case{"--on-nan maybe", "--on-nan \"maybe\": expected stop or continue"},
              Case{"--vocab 100 --data " + (dir / "short.txt"), "--vocab 100 needs --data random"},
-             Case{"--data /nonexistent/file.txt", "--data /nonexistent/file.txt: cannot read the data file: No such file"},
+             Case{"--data /nonexistent/file.txt",
+                  "--data /nonexistent/file.txt: cannot read the data file: No such file"},
              Case{"--data " + dir.path.string(), ": is a directory, expected a text file"},
              Case{"--data " + (dir / "short.txt") + " --seq 8", "has 4 bytes; --seq 8 needs at least 10"},
              Case{"--save ''", "--save: expected a file name, got an empty one"},
@@ -90,7 +92,10 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
 TEST_CASE("train_gpt: more than memory holds is an error of the run, exit code 1, naming the sizes") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("cli");
-    RunResult r = run_train_gpt(dir, kTiny + " --steps 1 --device cpu --batch 1048576 --seq 1048576");
+    // 16 GiB of address space: the batch alone asks for 2^40 * 8 bytes (without the limit, a
+    // machine that overcommits memory would grant it and kill the process when it touches it).
+    RunResult r =
+        run_train_gpt(dir, kTiny + " --steps 1 --device cpu --batch 1048576 --seq 1048576", "ulimit -v 16777216");
     CAPTURE(r.err);
     CHECK(r.code == 1);
     CHECK(lines(r.err) == 1);

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
-#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -38,7 +37,8 @@ void check_refused(const RunResult& r, std::initializer_list<std::string> says) 
 }
 
 // Rewrites the train_gpt checkpoint `from` into `to` after `edit` changed its tensors or config.
-void rewrite(const std::string& from, const std::string& to, const std::function<void(NamedTensors&, nlohmann::json&)>& edit) {
+using Edit = std::function<void(NamedTensors&, nlohmann::json&)>;
+void rewrite(const std::string& from, const std::string& to, const Edit& edit) {
     std::map<std::string, std::string> meta;
     NamedTensors tensors = load_safetensors(from, &meta);
     nlohmann::json config = nlohmann::json::parse(meta.at("train_gpt.config"));
@@ -67,7 +67,7 @@ std::vector<std::string> listing(const fs::path& dir) {
 
 TEST_SUITE("train_gpt") {
 
-TEST_CASE("train_gpt: every output is checked before the first step; inputs are never overwritten") {
+TEST_CASE("train_gpt: every output is checked before the first step, and inputs are never overwritten") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("outputs");
     const std::string data = dir / "data.txt", ck = dir / "ck.safetensors";
@@ -113,13 +113,13 @@ TEST_CASE("train_gpt: every output is checked before the first step; inputs are 
     CHECK(slurp(ck) != ck_bytes);
 }
 
-TEST_CASE("train_gpt: a diverging run stops at the first non-finite loss, exit 1, saving nothing over a good checkpoint") {
+TEST_CASE("train_gpt: a diverging run stops at its first non-finite loss, exit 1, keeping the good checkpoint") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("diverge");
     // lr 1e4 diverges within a few steps; a checkpoint is due after every step.
     const std::string diverging = kTiny + " --policy output --steps 30 --lr 1e4 --save-every 1 --log-every 1";
-    RunResult r = run_train_gpt(dir, diverging + " --save " + (dir / "ck.safetensors") + " --json " + (dir / "run.json") +
-                                         " --chart " + (dir / "run.svg"));
+    RunResult r = run_train_gpt(dir, diverging + " --save " + (dir / "ck.safetensors") + " --json " +
+                                         (dir / "run.json") + " --chart " + (dir / "run.svg"));
     CAPTURE(r.out);
     CAPTURE(r.err);
     CHECK(r.code == 1);
@@ -156,7 +156,7 @@ TEST_CASE("train_gpt: a diverging run stops at the first non-finite loss, exit 1
     CHECK(all_finite(dir / "ck2.safetensors"));
 }
 
-TEST_CASE("train_gpt: a checkpoint's config and tensors go through the same checks as flags, exit 2 naming the checkpoint") {
+TEST_CASE("train_gpt: a checkpoint's config and tensors are checked as flags are, exit 2 naming the checkpoint") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("forged");
     const std::string ck = dir / "ck.safetensors", forged = dir / "forged.safetensors";
@@ -165,23 +165,26 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors go through the same chec
     REQUIRE(run_train_gpt(dir, "--data data.txt --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --device cpu "
                                "--policy input --steps 4 --stop-at 2 --save " + ck).code == 0);
     struct Case {
-        std::function<void(NamedTensors&, nlohmann::json&)> edit;
+        Edit edit;
         std::string says;
+    };
+    auto set = [](const char* key, nlohmann::json value) -> Edit {
+        return [=](NamedTensors&, nlohmann::json& j) { j[key] = value; };
     };
     const std::string of = "--resume " + forged + ": the checkpoint's ";
     for (const Case& c : {
-             Case{[](NamedTensors&, nlohmann::json& j) { j["dtype"] = "f16"; }, of + "dtype \"f16\": expected f32 or bf16"},
-             Case{[](NamedTensors&, nlohmann::json& j) { j["norm"] = "batch"; }, of + "norm \"batch\": expected layer or rms"},
-             Case{[](NamedTensors&, nlohmann::json& j) { j["heads"] = 3; }, of + "heads 3"},
-             Case{[](NamedTensors&, nlohmann::json& j) { j["batch"] = 10000000; }, of + "batch 10000000: expected"},
-             Case{[](NamedTensors&, nlohmann::json& j) { j["lr"] = -1; }, of + "lr -1: expected a learning rate > 0"},
-             Case{[](NamedTensors&, nlohmann::json& j) { j["seed"] = -1; }, "config has seed -1, expected an integer from 0 to 2^64 - 1"},
-             Case{[](NamedTensors&, nlohmann::json& j) { j["steps"] = "many"; }, "config has steps \"many\", expected an integer"},
+             Case{set("dtype", "f16"), of + "dtype \"f16\": expected f32 or bf16"},
+             Case{set("norm", "batch"), of + "norm \"batch\": expected layer or rms"},
+             Case{set("heads", 3), of + "heads 3"},
+             Case{set("batch", 10000000), of + "batch 10000000: expected"},
+             Case{set("lr", -1), of + "lr -1: expected a learning rate > 0"},
+             Case{set("seed", -1), "config has seed -1, expected an integer from 0 to 2^64 - 1"},
+             Case{set("steps", "many"), "config has steps \"many\", expected an integer"},
              Case{[](NamedTensors& t, nlohmann::json&) {
                       for (auto& [name, x] : t)
-                          if (name == "h.0.ln_1.weight") x.data_ptr<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+                          if (name == "h.0.ln_1.weight") x.data_ptr<float>()[3] = std::nanf("");
                   },
-                  "h.0.ln_1.weight"},
+                  "parameter h.0.ln_1.weight holds a non-finite value (nan) at flat index 3"},
          }) {
         rewrite(ck, forged, c.edit);
         RunResult r = run_train_gpt(dir, "--resume " + forged);
@@ -194,7 +197,7 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors go through the same chec
     CAPTURE(moved.err);
     CHECK(moved.code == 0);
     // A relative one (as older checkpoints hold) that does not resolve from here says what to do.
-    rewrite(ck, forged, [](NamedTensors&, nlohmann::json& j) { j["data"] = "data.txt"; });
+    rewrite(ck, forged, set("data", "data.txt"));
     check_refused(run_train_gpt(elsewhere, "--resume " + forged),
                   {"the checkpoint's data data.txt: cannot read the data file", "give --data FILE"});
     RunResult given = run_train_gpt(elsewhere, "--resume " + forged + " --data " + (dir / "data.txt"));

@@ -320,11 +320,12 @@ struct RunResult {
 };
 
 // Runs the train_gpt that this build made (NORMTAPE_TRAIN_GPT) with `args` (one /bin/sh command
-// line) in `dir` (where its default chart goes), its output going through files there.
-inline RunResult run_train_gpt(const TempDir& dir, const std::string& args) {
+// line) in `dir` (where its default chart goes), its output going through files there, after the
+// shell commands `before` (e.g. a ulimit).
+inline RunResult run_train_gpt(const TempDir& dir, const std::string& args, const std::string& before = "") {
     std::string out = dir / "stdout", err = dir / "stderr";
-    std::string cmd = "cd " + dir.path.string() + " && " + std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out +
-                      " 2> " + err;
+    std::string cmd = (before.empty() ? "" : before + " && ") + "cd " + dir.path.string() + " && " +
+                      std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out + " 2> " + err;
     int status = std::system(cmd.c_str());
     return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
 }
