@@ -1,11 +1,10 @@
-// nn/safetensors.cpp: the safetensors format (nn/safetensors.h): a writer (atomic: a locked
-// temporary file, fsync, rename; XXH3-64 checksums in the metadata) and a reader that validates
-// every byte of the header before it allocates anything, over nlohmann::json, then verifies the
-// checksums a file carries. Not here: module and optimizer checkpoints (nn/checkpoint.cpp).
+// nn/safetensors.cpp: the safetensors reader (nn/safetensors.h), which validates every byte of
+// the header before it allocates anything, over nlohmann::json, then verifies the checksums a file
+// carries; and what the reader and the writer share (nn/safetensors_internal.h). Not here: the
+// writer (nn/safetensors_write.cpp), module and optimizer checkpoints (nn/checkpoint.cpp).
 #include "nn/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,46 +12,20 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <set>
 #include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-// Header-only (every function static inline here): nothing to link, for the library or its users.
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "core/check.h"
-#include "core/device_ptr.h"
+#include "nn/safetensors_internal.h"
 
 namespace normtape {
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; so must the host be");
 
-namespace {
-
-// huggingface/safetensors refuses headers longer than this (MAX_HEADER_SIZE).
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-// More dimensions than any tensor has; bounds the work a hostile shape can ask for.
-constexpr size_t kMaxRank = 64;
-// The most elements a tensor may have: INT64_MAX bytes of the widest dtype (8 bytes).
-constexpr uint64_t kMaxElements = static_cast<uint64_t>(INT64_MAX) / 8;
-// Root object (0) > tensor entry (1) > "shape" array (2) > its integers (3).
-constexpr int kMaxDepth = 3;
-
-// The metadata keys of the checksums (nn/safetensors.h, "Checksums").
-constexpr std::string_view kChecksumPrefix = "normtape.checksum.";
-constexpr std::string_view kHeaderChecksumKey = "normtape.checksum.header";
-constexpr std::string_view kTensorChecksumPrefix = "normtape.checksum.tensor.";
-constexpr std::string_view kHashTag = "xxh3-64:";
-// Bytes read or written per call when the data is hashed on the way: small enough that the
-// hash reads them from the cache, large enough that the calls cost nothing.
-constexpr size_t kIoChunk = size_t(1) << 20;
-// Symbolic links followed from the target of a save before it counts as a loop (Linux's MAXSYMLINKS).
-constexpr int kMaxSymlinks = 40;
-// Times a save opens "<target>.tmp" again after another writer renamed it away under it.
-constexpr int kLockAttempts = 5;
+namespace detail::safetensors {
 
 const char* st_dtype(DType d) {
     switch (d) {
@@ -64,6 +37,59 @@ const char* st_dtype(DType d) {
     return "?";
 }
 
+// "xxh3-64:" and 16 lowercase hex digits: how a checksum is written in the metadata.
+std::string checksum_str(uint64_t h) {
+    static const char digits[] = "0123456789abcdef";
+    std::string s(kHashTag);
+    for (int shift = 60; shift >= 0; shift -= 4) s += digits[(h >> shift) & 0xf];
+    return s;
+}
+
+// A string from a file, quoted for a message: JSON-escaped, invalid UTF-8 replaced, cut at 80 bytes.
+std::string quoted(const std::string& s) {
+    std::string q = nlohmann::json(s.substr(0, 80)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return s.size() > 80 ? q + "..." : q;
+}
+
+// XXH3-64 of the canonical serialization of a header (nn/safetensors.h, "Checksums"): the
+// tensors' names, dtypes and shapes, then every metadata entry but the header checksum's.
+uint64_t header_checksum(const std::vector<Entry>& entries, const std::map<std::string, std::string>& metadata) {
+    std::vector<const Entry*> by_name;
+    for (const Entry& e : entries) by_name.push_back(&e);
+    // std::string orders by unsigned bytes (char_traits<char>::lt), as std::map does the keys.
+    std::sort(by_name.begin(), by_name.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
+    Hasher h;
+    h.u64(by_name.size());
+    for (const Entry* e : by_name) {
+        h.str(e->name);
+        h.str(st_dtype(e->dtype));
+        h.u64(e->shape.size());
+        for (int64_t d : e->shape) h.u64(static_cast<uint64_t>(d));
+    }
+    h.u64(metadata.size() - metadata.count(std::string(kHeaderChecksumKey)));
+    for (const auto& [key, value] : metadata) {
+        if (key == kHeaderChecksumKey) continue;
+        h.str(key);
+        h.str(value);
+    }
+    return h.digest();
+}
+
+}  // namespace detail::safetensors
+
+namespace {
+
+using namespace detail::safetensors;
+
+// huggingface/safetensors refuses headers longer than this (MAX_HEADER_SIZE).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// More dimensions than any tensor has; bounds the work a hostile shape can ask for.
+constexpr size_t kMaxRank = 64;
+// The most elements a tensor may have: INT64_MAX bytes of the widest dtype (8 bytes).
+constexpr uint64_t kMaxElements = static_cast<uint64_t>(INT64_MAX) / 8;
+// Root object (0) > tensor entry (1) > "shape" array (2) > its integers (3).
+constexpr int kMaxDepth = 3;
+
 bool parse_st_dtype(const std::string& s, DType* out) {
     if (s == "F32") *out = DType::F32;
     else if (s == "F64") *out = DType::F64;
@@ -71,39 +97,6 @@ bool parse_st_dtype(const std::string& s, DType* out) {
     else if (s == "I64") *out = DType::I64;
     else return false;
     return true;
-}
-
-std::string errno_str(int err) { return std::strerror(err); }
-
-// XXH3-64 (seed 0) over bytes given in pieces; the digest equals XXH3_64bits of the concatenation.
-class Hasher {
-public:
-    Hasher() {
-        XXH3_INITSTATE(&state_);
-        XXH3_64bits_reset(&state_);
-    }
-    void update(const void* p, size_t n) {
-        if (n > 0) XXH3_64bits_update(&state_, p, n);
-    }
-    void u64(uint64_t v) {  // 8 bytes little-endian (the host's order: see the static_assert above)
-        update(&v, 8);
-    }
-    void str(const std::string& s) {  // its length as u64, then its bytes
-        u64(s.size());
-        update(s.data(), s.size());
-    }
-    uint64_t digest() const { return XXH3_64bits_digest(&state_); }
-
-private:
-    XXH3_state_t state_;
-};
-
-// "xxh3-64:" and 16 lowercase hex digits: how a checksum is written in the metadata.
-std::string checksum_str(uint64_t h) {
-    static const char digits[] = "0123456789abcdef";
-    std::string s(kHashTag);
-    for (int shift = 60; shift >= 0; shift -= 4) s += digits[(h >> shift) & 0xf];
-    return s;
 }
 
 // The value of checksum_str(h) back into *h; false when `s` is not of that form exactly.
@@ -119,20 +112,6 @@ bool parse_checksum(const std::string& s, uint64_t* h) {
     *h = v;
     return true;
 }
-
-// A string from a file, quoted for a message: JSON-escaped, invalid UTF-8 replaced, cut at 80 bytes.
-std::string quoted(const std::string& s) {
-    std::string q = nlohmann::json(s.substr(0, 80)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    return s.size() > 80 ? q + "..." : q;
-}
-
-// One tensor of a validated header.
-struct Entry {
-    std::string name;
-    DType dtype;
-    Shape shape;
-    uint64_t begin, end;  // bytes, relative to the start of the data
-};
 
 struct Header {
     std::vector<Entry> entries;  // sorted by name
@@ -215,30 +194,6 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
                      shape_str(e.shape), " ", dtype_name(e.dtype), " (", nbytes, " bytes) within ", data_size,
                      " data bytes");
     return e;
-}
-
-// XXH3-64 of the canonical serialization of a header (nn/safetensors.h, "Checksums"): the
-// tensors' names, dtypes and shapes, then every metadata entry but the header checksum's.
-uint64_t header_checksum(const std::vector<Entry>& entries, const std::map<std::string, std::string>& metadata) {
-    std::vector<const Entry*> by_name;
-    for (const Entry& e : entries) by_name.push_back(&e);
-    // std::string orders by unsigned bytes (char_traits<char>::lt), as std::map does the keys.
-    std::sort(by_name.begin(), by_name.end(), [](const Entry* a, const Entry* b) { return a->name < b->name; });
-    Hasher h;
-    h.u64(by_name.size());
-    for (const Entry* e : by_name) {
-        h.str(e->name);
-        h.str(st_dtype(e->dtype));
-        h.u64(e->shape.size());
-        for (int64_t d : e->shape) h.u64(static_cast<uint64_t>(d));
-    }
-    h.u64(metadata.size() - metadata.count(std::string(kHeaderChecksumKey)));
-    for (const auto& [key, value] : metadata) {
-        if (key == kHeaderChecksumKey) continue;
-        h.str(key);
-        h.str(value);
-    }
-    return h.digest();
 }
 
 // Takes the checksum entries out of h.metadata, after the header's structure has been validated.
@@ -367,14 +322,6 @@ Header parse_header(const char* text, size_t n, uint64_t data_size, const std::s
     return h;
 }
 
-// Closes a file descriptor when it goes out of scope.
-struct Fd {
-    int fd = -1;
-    ~Fd() {
-        if (fd >= 0) ::close(fd);
-    }
-};
-
 // Reads exactly `n` bytes at `offset`, into `dst` and through `hasher` when given (chunk by
 // chunk, while the bytes are in the cache); throws IOError on a read error or a file that got shorter.
 void read_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path, Hasher* hasher = nullptr) {
@@ -390,131 +337,6 @@ void read_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::strin
         n -= static_cast<uint64_t>(got);
         offset += static_cast<uint64_t>(got);
     }
-}
-
-template <class... Args>
-[[noreturn]] void save_error(const std::string& path, const Args&... args) {
-    detail::throw_error<IOError>("save_safetensors: cannot write ", path, args...);
-}
-
-// Writes exactly `n` bytes at the file offset, through `hasher` when given (chunk by chunk);
-// throws IOError naming `path` (the file being replaced) and `tmp`.
-void write_all(int fd, const void* src, size_t n, const std::string& path, const std::string& tmp,
-               Hasher* hasher = nullptr) {
-    const char* p = static_cast<const char*>(src);
-    while (n > 0) {
-        size_t chunk = std::min<size_t>(n, kIoChunk);
-        if (hasher) hasher->update(p, chunk);
-        size_t done = 0;
-        while (done < chunk) {
-            ssize_t put = ::write(fd, p + done, chunk - done);
-            if (put < 0 && errno == EINTR) continue;
-            if (put < 0) save_error(path, " (writing ", tmp, "): ", errno_str(errno));
-            done += static_cast<size_t>(put);
-        }
-        p += chunk;
-        n -= chunk;
-    }
-}
-
-// The file that a save to `path` replaces: `path` itself, or, where `path` is a symbolic link
-// (or a chain of them), the file at its end, which need not exist (a dangling link's target is
-// created). A relative link is relative to the directory of the link. IOError after kMaxSymlinks
-// links (a loop). An lstat that fails for another reason than a missing file ends the walk there:
-// opening the temporary file beside it then reports the reason.
-std::string resolve_symlinks(const std::string& path) {
-    std::string p = path;
-    for (int followed = 0;; ++followed) {
-        struct stat st;
-        if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
-        if (followed == kMaxSymlinks)
-            save_error(path, ": more than ", kMaxSymlinks, " levels of symbolic links (a loop?), the last at ", p);
-        std::string target(std::max<size_t>(static_cast<size_t>(st.st_size), 64), '\0');
-        ssize_t n;
-        while ((n = ::readlink(p.c_str(), target.data(), target.size())) == static_cast<ssize_t>(target.size()))
-            target.resize(target.size() * 2);  // the link may be longer than lstat said (or have changed)
-        if (n < 0) save_error(path, " (reading the symbolic link ", p, "): ", errno_str(errno));
-        target.resize(static_cast<size_t>(n));
-        std::string dir = std::filesystem::path(p).parent_path().string();
-        p = target.starts_with('/') || dir.empty() ? target : dir + "/" + target;
-    }
-}
-
-// The temporary file of an atomic save, "<target>.tmp", locked (flock) while it is written.
-// Removed when it goes out of scope unless committed (renamed over the target) and only while
-// locked: a "<target>.tmp" that another writer holds is never ours to remove.
-struct TempFile {
-    std::string path;
-    int fd = -1;
-    bool locked = false, committed = false;
-    ~TempFile() {
-        if (locked && !committed) ::unlink(path.c_str());
-        if (fd >= 0) ::close(fd);  // releases the lock
-    }
-    void close_fd() {
-        if (fd >= 0) ::close(fd);
-        fd = -1;
-        locked = false;
-    }
-};
-
-// Opens and locks tmp.path for writing `path`, and empties it. See Note [Atomic checkpoint writes].
-void open_locked(TempFile& tmp, const std::string& path) {
-    for (int attempt = 1;; ++attempt) {
-        // No O_EXCL: a "<target>.tmp" left by a killed writer is taken over. O_NOFOLLOW: never
-        // write through a link planted at that name. O_NONBLOCK: never wait on a FIFO there (it
-        // changes nothing for a regular file).
-        tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
-        if (tmp.fd < 0) save_error(path, " (opening ", tmp.path, "): ", errno_str(errno));
-        int r;
-        while ((r = ::flock(tmp.fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
-        }
-        if (r != 0) {
-            int err = errno;
-            tmp.close_fd();
-            if (err == EWOULDBLOCK)
-                save_error(path, ": another process is writing ", path, " (it holds the lock on ", tmp.path, ")");
-            save_error(path, " (locking ", tmp.path, "): ", errno_str(err));
-        }
-        struct stat held, named;
-        if (::fstat(tmp.fd, &held) != 0) {
-            int err = errno;
-            tmp.close_fd();
-            save_error(path, " (stat of ", tmp.path, "): ", errno_str(err));
-        }
-        if (!S_ISREG(held.st_mode)) {
-            tmp.close_fd();
-            save_error(path, ": ", tmp.path, " is in the way and is not a regular file");
-        }
-        // The file locked must still be the one named "<target>.tmp": between our open and our
-        // lock, the writer that held it may have renamed it over the target (then truncating it
-        // would destroy the target) or removed it.
-        if (::lstat(tmp.path.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino) {
-            tmp.locked = true;
-            break;
-        }
-        tmp.close_fd();
-        if (attempt == kLockAttempts)
-            save_error(path, ": ", tmp.path, " was replaced ", kLockAttempts,
-                       " times while this save opened it (other processes are writing ", path, ")");
-    }
-    if (::ftruncate(tmp.fd, 0) != 0) save_error(path, " (emptying ", tmp.path, "): ", errno_str(errno));
-}
-
-// `s` as a reader gets it back from the header: save_safetensors writes invalid UTF-8 as U+FFFD.
-std::string as_written(const std::string& s) {
-    using json = nlohmann::json;
-    return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
-}
-
-// The 8-byte little-endian length and the JSON text of a header, padded with spaces to a multiple
-// of 8 bytes (so that the data is aligned).
-std::string header_bytes(const nlohmann::json& header) {
-    std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    text.append((8 - text.size() % 8) % 8, ' ');
-    std::string out(8, '\0');
-    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    return out + text;
 }
 
 }  // namespace
@@ -542,88 +364,6 @@ NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::stri
 }
 
 }  // namespace detail
-
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-    // Everything the caller gave is checked, and the strings are taken as the file will hold
-    // them, before any file is touched.
-    std::map<std::string, std::string> meta;
-    for (const auto& [key, value] : metadata) {
-        NT_CHECK(!key.starts_with(kChecksumPrefix), "save_safetensors: ", path, ": the metadata key ", quoted(key),
-                 " begins with \"", kChecksumPrefix, "\", which is reserved for the file's checksums");
-        NT_CHECK(meta.emplace(as_written(key), as_written(value)).second, "save_safetensors: ", path,
-                 ": two metadata keys are the same once their invalid UTF-8 is replaced: ", quoted(as_written(key)));
-    }
-    std::vector<Entry> entries;
-    std::vector<Tensor> data;
-    std::set<std::string> names;
-    uint64_t offset = 0;
-    for (const auto& [given_name, t] : tensors) {
-        NT_CHECK(!given_name.empty() && given_name != "__metadata__", "save_safetensors: ", path,
-                 ": a tensor may not be named \"", given_name, "\"");
-        std::string name = as_written(given_name);
-        NT_CHECK(names.insert(name).second, "save_safetensors: ", path, ": duplicate tensor name ", quoted(name),
-                 given_name == name ? "" : " (once its invalid UTF-8 is replaced)");
-        NT_CHECK(t.defined(), "save_safetensors: ", path, ": tensor ", given_name, " is undefined");
-        Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.detach().contiguous();
-        uint64_t n = static_cast<uint64_t>(c.nbytes());
-        entries.push_back(Entry{name, c.dtype(), c.shape(), offset, offset + n});
-        offset += n;
-        data.push_back(c);
-    }
-    // The header, first with placeholders where the checksums go (every checksum_str has the
-    // same length, so the final header has the same bytes count): the data is hashed as it is written.
-    nlohmann::json header = nlohmann::json::object();
-    for (const Entry& e : entries)
-        header[e.name] = {{"dtype", st_dtype(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
-    for (const Entry& e : entries) meta[std::string(kTensorChecksumPrefix) + e.name] = checksum_str(0);
-    meta[std::string(kHeaderChecksumKey)] = checksum_str(0);
-    header["__metadata__"] = meta;
-    const std::string placeholder = header_bytes(header);
-
-    // Note [Atomic checkpoint writes]: readers of `path` see the old file or the new one, never a
-    // part of the new one; a crash (or a full disk) mid-write leaves the old file in place; two
-    // writers of one file never mix their bytes. The bytes go to "<target>.tmp", where <target>
-    // is `path` or, if `path` is a symbolic link, the file it leads to (so the rename stays on one
-    // filesystem and the link stays a link). That name is fixed, so a save after a crash finds
-    // and reuses what the crashed one left. A writer holds flock(LOCK_EX) on it from before it
-    // empties it until after the rename: a second writer fails at once (IOError), and a writer
-    // killed mid-save loses its lock with its life. The file locked must still be the one of
-    // that name (see open_locked). Then: write, fsync, rename over the target, fsync the
-    // directory. On any failure before the rename, "<target>.tmp" is removed (while still locked).
-    const std::string target = resolve_symlinks(path);
-    TempFile tmp;
-    tmp.path = target + ".tmp";
-    open_locked(tmp, path);
-    write_all(tmp.fd, placeholder.data(), placeholder.size(), path, tmp.path);
-    for (size_t i = 0; i < data.size(); ++i) {
-        Hasher hasher;
-        write_all(tmp.fd, detail::byte_ptr(data[i]), static_cast<size_t>(data[i].nbytes()), path, tmp.path, &hasher);
-        meta[std::string(kTensorChecksumPrefix) + entries[i].name] = checksum_str(hasher.digest());
-    }
-    meta[std::string(kHeaderChecksumKey)] = checksum_str(header_checksum(entries, meta));
-    header["__metadata__"] = meta;
-    const std::string final_header = header_bytes(header);
-    NT_CHECK(final_header.size() == placeholder.size(), "save_safetensors: ", path, ": internal error: the header grew from ",
-             placeholder.size(), " to ", final_header.size(), " bytes once its checksums were filled in");
-    for (size_t done = 0; done < final_header.size();) {
-        ssize_t put = ::pwrite(tmp.fd, final_header.data() + done, final_header.size() - done, static_cast<off_t>(done));
-        if (put < 0 && errno == EINTR) continue;
-        if (put < 0) save_error(path, " (writing the header of ", tmp.path, "): ", errno_str(errno));
-        done += static_cast<size_t>(put);
-    }
-    if (::fsync(tmp.fd) != 0) save_error(path, " (fsync of ", tmp.path, "): ", errno_str(errno));
-    if (::rename(tmp.path.c_str(), target.c_str()) != 0)
-        save_error(path, " (renaming ", tmp.path, " over ", target == path ? "it" : target, "): ", errno_str(errno));
-    tmp.committed = true;
-    tmp.close_fd();  // releases the lock; fsync has reported any error of the writes
-    // The rename is durable once the directory's entry is on disk.
-    std::string dir = std::filesystem::path(target).parent_path().string();
-    Fd d;
-    d.fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (d.fd < 0 || (::fsync(d.fd) != 0 && errno != EINVAL))
-        detail::throw_error<IOError>("save_safetensors: wrote ", path, " but cannot sync its directory: ", errno_str(errno));
-}
 
 NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata, bool* checksummed) {
     Fd f;
