@@ -29,14 +29,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Names of the files in `dir`.
-std::vector<std::string> listing(const fs::path& dir) {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-}
-
 GPTConfig small_config(DType dtype = DType::F32) {
     return {.block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .dtype = dtype};
 }

@@ -29,13 +29,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<std::string> listing(const fs::path& dir) {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-}
-
 // The values of a one-tensor file's tensor "w".
 std::vector<float> w_of(const std::string& path) {
     NamedTensors t = load_safetensors(path);

@@ -6,7 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <regex>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -21,26 +21,17 @@ namespace {
 
 const std::string kTiny = "--data random --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input";
 
-// Exit code 2, one line on stderr holding each of `says`, and no training step on stdout.
-void check_refused(const RunResult& r, std::initializer_list<std::string> says) {
-    CAPTURE(r.err);
-    CHECK(r.code == 2);
-    CHECK(lines(r.err) == 1);
-    for (const std::string& s : says) CHECK(r.err.find(s) != std::string::npos);
-    CHECK(r.out.find("step ") == std::string::npos);
-}
-
-// The flags ("--steps") that train_gpt --help lists.
-std::set<std::string> help_flags(const std::string& help) {
-    std::set<std::string> flags;
-    std::regex option(R"(^\s+(?:-h,)?(--[a-z-]+))");
+// The option lines of train_gpt --help by flag, "--steps" -> "  --steps INT=300  training steps ...",
+// --help left out.
+std::map<std::string, std::string> help_options(const std::string& help) {
+    std::map<std::string, std::string> options;
     std::istringstream in(help);
     for (std::string line; std::getline(in, line);) {
-        std::smatch m;
-        if (std::regex_search(line, m, option)) flags.insert(m[1]);
+        size_t at = line.find_first_not_of(' ');
+        if (at == 0 || at == std::string::npos || line.compare(at, 2, "--") != 0) continue;  // "-h,--help" too
+        options[line.substr(at, line.find(' ', at) - at)] = line;
     }
-    flags.erase("--help");
-    return flags;
+    return options;
 }
 
 }  // namespace
@@ -108,19 +99,16 @@ TEST_CASE("train_gpt: --help shows every default, and the README lists the same 
     TempDir dir("cli");
     RunResult help = run_train_gpt(dir, "--help");
     REQUIRE(help.code == 0);
-    const std::set<std::string> flags = help_flags(help.out);
-    CHECK(flags.size() > 20);
-    // Each option line shows its default: "=value" after the type, or "(default: ...)" in its text,
-    // or it is a flag without a value, which is off unless given.
-    std::istringstream in(help.out);
-    for (std::string line; std::getline(in, line);) {
-        if (line.rfind("  --", 0) != 0) continue;
+    const std::map<std::string, std::string> options = help_options(help.out);
+    CHECK(options.size() > 20);
+    // Each option shows its default: "=value" after its type ("INT=300") or "(default: ...)".
+    std::set<std::string> flags;
+    for (const auto& [flag, line] : options) {
         CAPTURE(line);
-        bool has_value = line.find(" TEXT") != std::string::npos || line.find(" INT") != std::string::npos ||
-                         line.find(" UINT") != std::string::npos || line.find(" FLOAT") != std::string::npos ||
-                         line.find(" FILE") != std::string::npos;
-        CHECK((!has_value || std::regex_search(line, std::regex(R"(^\s+--[a-z-]+ [A-Z|]+=\S)")) ||
-               line.find("(default: ") != std::string::npos));
+        size_t type = line.find(flag) + flag.size() + 1;
+        std::string type_and_default = line.substr(type, line.find(' ', type) - type);
+        CHECK((type_and_default.find('=') != std::string::npos || line.find("(default: ") != std::string::npos));
+        flags.insert(flag);
     }
     // The README's flag table names each flag once, and no other.
     std::string readme = slurp(std::string(NORMTAPE_SOURCE_DIR) + "/README.md");
@@ -128,11 +116,11 @@ TEST_CASE("train_gpt: --help shows every default, and the README lists the same 
     REQUIRE(begin != std::string::npos);
     size_t end = readme.find("\n\n", begin);
     std::set<std::string> listed;
-    std::regex row(R"(^\| `(--[a-z-]+))");
     std::istringstream table(readme.substr(begin, end - begin));
     for (std::string line; std::getline(table, line);) {
-        std::smatch m;
-        if (std::regex_search(line, m, row)) CHECK_MESSAGE(listed.insert(m[1]).second, m[1] << " is listed twice");
+        if (line.rfind("| `--", 0) != 0) continue;
+        std::string flag = line.substr(3, line.find('`', 3) - 3);
+        CHECK_MESSAGE(listed.insert(flag).second, flag << " is listed twice");
     }
     CHECK(listed == flags);
 }

@@ -27,15 +27,6 @@ namespace {
 
 const std::string kTiny = "--data random --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --device cpu";
 
-// Exit code 2, one line on stderr holding each of `says`, and no training step on stdout.
-void check_refused(const RunResult& r, std::initializer_list<std::string> says) {
-    CAPTURE(r.err);
-    CHECK(r.code == 2);
-    CHECK(lines(r.err) == 1);
-    for (const std::string& s : says) CHECK(r.err.find(s) != std::string::npos);
-    CHECK(r.out.find("step ") == std::string::npos);
-}
-
 // Rewrites the train_gpt checkpoint `from` into `to` after `edit` changed its tensors or config.
 using Edit = std::function<void(NamedTensors&, nlohmann::json&)>;
 void rewrite(const std::string& from, const std::string& to, const Edit& edit) {
@@ -54,13 +45,6 @@ bool all_finite(const std::string& path) {
             for (float v : t.to_vector<float>())
                 if (!std::isfinite(v)) return false;
     return true;
-}
-
-std::vector<std::string> listing(const fs::path& dir) {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
 }
 
 }  // namespace

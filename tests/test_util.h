@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <source_location>
 #include <sstream>
@@ -313,6 +314,14 @@ inline std::string st_file(const std::string& header, const std::string& data = 
 
 inline int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 
+// The names of the entries of directory `dir`, sorted.
+inline std::vector<std::string> listing(const std::filesystem::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
 // What a run of train_gpt gave: its exit code (-1 when it did not exit), stdout and stderr.
 struct RunResult {
     int code;
@@ -328,6 +337,16 @@ inline RunResult run_train_gpt(const TempDir& dir, const std::string& args, cons
                       std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out + " 2> " + err;
     int status = std::system(cmd.c_str());
     return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+// A run that train_gpt refused before training: exit code 2, one line on stderr holding each of
+// `says`, and no training step on stdout.
+inline void check_refused(const RunResult& r, std::initializer_list<std::string> says) {
+    CAPTURE(r.err);
+    CHECK(r.code == 2);
+    CHECK(lines(r.err) == 1);
+    for (const std::string& s : says) CHECK(r.err.find(s) != std::string::npos);
+    CHECK(r.out.find("step ") == std::string::npos);
 }
 
 // Starts train_gpt with `args` in `dir`, in the background, its stdout and stderr going to
