@@ -96,7 +96,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     };
     if (app.count("--policy") && a.policy == "both")
         throw UsageError("--resume continues one run: give --policy input or output (the checkpoint's is " +
-                         r.config.value("policy", std::string("?")) + "), not both");
+                         r.config.value("policy", nlohmann::json()).dump() + "), not both");
     take("--steps", a.steps);
     take("--batch", a.batch);
     take("--seq", a.seq);
@@ -115,8 +115,13 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
 }
 
 void check_resume_data(const ResumeState& r, const std::string& text, const std::string& description) {
-    uint64_t want_bytes = r.config.value("data_bytes", uint64_t{0});
-    std::string want_hash = r.config.value("data_fnv1a64", std::string());
+    const nlohmann::json bytes = r.config.value("data_bytes", nlohmann::json()),
+                         hash = r.config.value("data_fnv1a64", nlohmann::json());
+    if (!bytes.is_number_unsigned() || !hash.is_string())
+        throw UsageError("--resume " + r.path + ": the checkpoint's config has data_bytes " + bytes.dump() +
+                         " and data_fnv1a64 " + hash.dump() + ", expected an integer and a string");
+    const uint64_t want_bytes = bytes.get<uint64_t>();
+    const std::string want_hash = hash.get<std::string>();
     if (want_bytes != text.size() || want_hash != hex(fnv1a64(text)))
         throw UsageError("--resume " + r.path + ": the data (" + description + ", " + std::to_string(text.size()) +
                          " bytes, FNV-1a " + hex(fnv1a64(text)) + ") is not the checkpoint's run's (" +

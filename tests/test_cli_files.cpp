@@ -164,6 +164,7 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors are checked as flags are
              Case{set("lr", -1), of + "lr -1: expected a learning rate > 0"},
              Case{set("seed", -1), "config has seed -1, expected an integer from 0 to 2^64 - 1"},
              Case{set("steps", "many"), "config has steps \"many\", expected an integer"},
+             Case{set("data_bytes", "x"), "config has data_bytes \"x\" and data_fnv1a64"},
              Case{[](NamedTensors& t, nlohmann::json&) {
                       for (auto& [name, x] : t)
                           if (name == "h.0.ln_1.weight") x.data_ptr<float>()[3] = std::nanf("");
