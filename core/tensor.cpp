@@ -149,6 +149,23 @@ struct TransposeBackward : Node {
     }
 };
 
+// Backward of narrow(dim, start, length): the gradient written into zeros of the input's shape.
+// With dim moved to the front, the narrowed rows of a contiguous tensor are one contiguous block.
+struct NarrowBackward : Node {
+    Shape input_shape;
+    int64_t dim, start, length;
+    NarrowBackward(Shape s, int64_t d, int64_t st, int64_t len)
+        : input_shape(std::move(s)), dim(d), start(st), length(len) {}
+    const char* name() const override { return "NarrowBackward"; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Shape front = input_shape;
+        std::swap(front[0], front[dim]);
+        Tensor grad = zeros(front, TensorOptions().dtype(grad_output.dtype()).device(grad_output.device()));
+        grad.narrow(0, start, length).copy_(grad_output.transpose(0, dim).contiguous());
+        return {grad.transpose(0, dim).contiguous()};
+    }
+};
+
 // Backward of clone/contiguous: the gradient passes through unchanged.
 struct CloneBackward : Node {
     const char* name() const override { return "CloneBackward"; }
@@ -258,6 +275,22 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
     std::swap(st[dim0], st[dim1]);
     Tensor out = make_view(*this, s, st);
     if (should_record(*this)) record(std::make_shared<TransposeBackward>(dim0, dim1), out, *this);
+    return out;
+}
+
+Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
+    int64_t n = this->dim();
+    NT_CHECK_AS(ShapeError, dim >= -n && dim < n, "narrow: expected a dimension in [", -n, ", ", n, ") for shape ",
+                shape_str(shape()), ", got ", dim);
+    if (dim < 0) dim += n;
+    NT_CHECK_AS(ShapeError, start >= 0 && length >= 0 && start <= size(dim) - length, "narrow: expected 0 <= start and ",
+                "start + length <= ", size(dim), " (dimension ", dim, " of shape ", shape_str(shape()), "), got start ",
+                start, " and length ", length);
+    Shape s = shape();
+    s[dim] = length;
+    Tensor out = make_view(*this, s, strides());
+    out.impl().offset += start * strides()[dim];
+    if (should_record(*this)) record(std::make_shared<NarrowBackward>(shape(), dim, start, length), out, *this);
     return out;
 }
 

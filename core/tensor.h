@@ -94,6 +94,11 @@ public:
     // Same storage with dims dim0 and dim1 swapped (a non-contiguous view). Differentiable.
     // Throws ShapeError on a dim out of range.
     Tensor transpose(int64_t dim0, int64_t dim1) const;
+    // Same storage, elements start .. start + length - 1 of dimension dim (PyTorch's narrow): a
+    // view, contiguous when every dimension before dim has size 1 and this tensor is contiguous.
+    // Differentiable; its backward saves nothing (the gradient lands in zeros of this shape).
+    // Throws ShapeError on a dim out of range or a range outside [0, size(dim)].
+    Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
     // This tensor if contiguous, else a contiguous copy. Differentiable.
     Tensor contiguous() const;
     // A contiguous copy with its own storage. Differentiable.

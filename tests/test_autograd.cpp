@@ -161,6 +161,29 @@ TEST_CASE("autograd: view, reshape, transpose and clone pass gradients through (
     CHECK_GRADCHECK(f, (std::vector<Tensor>{leaf({12})}));
 }
 
+TEST_CASE("autograd: narrow is a view whose backward saves nothing (finite differences, every dim)") {
+    manual_seed(10);
+    for (int64_t dim : {0, 1, -1}) {
+        CAPTURE(dim);
+        auto f = [dim](const std::vector<Tensor>& in) { return gelu(in[0].narrow(dim, 1, 2)); };
+        CHECK_GRADCHECK(f, (std::vector<Tensor>{leaf({3, 4, 5})}));
+    }
+    Tensor x = arange(24, TensorOptions().dtype(DType::F64)).view({2, 3, 4});
+    Tensor n = x.narrow(1, 1, 2);
+    CHECK(n.shape() == Shape{2, 2, 4});
+    CHECK(n.to_vector<double>() == std::vector<double>{4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 20, 21, 22, 23});
+    CHECK(x.narrow(0, 1, 1).is_contiguous());
+    Tensor w = leaf({5, 3});
+    int64_t before = saved_bytes();
+    Tensor y = add(randn({2, 2, 3}, TensorOptions().dtype(DType::F64)), w.narrow(0, 0, 2));
+    CHECK(saved_bytes() == before);
+    sum(y).backward();
+    CHECK(w.grad().to_vector<double>() == std::vector<double>{2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+    CHECK_THROWS_KIND_WITH(x.narrow(3, 0, 1), normtape::ShapeError, "narrow", "dimension in [-3, 3)", "got 3");
+    CHECK_THROWS_KIND_WITH(x.narrow(1, 2, 2), normtape::ShapeError, "narrow", "start + length <= 3", "start 2 and length 2");
+    CHECK_THROWS_KIND_WITH(x.narrow(1, -1, 1), normtape::ShapeError, "narrow", "got start -1");
+}
+
 TEST_CASE("autograd: a parameter saved through a view is still not counted by saved_bytes") {
     Tensor w = leaf({16});
     Tensor x = leaf({2, 4});
