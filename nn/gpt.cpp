@@ -82,7 +82,9 @@ Tensor GPT::forward(const Tensor& idx) const {
     int64_t T = idx.size(1);
     NT_CHECK_AS(ShapeError, T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
                 config_.block_size, "], got ", T);
-    Tensor x = add(wte->forward(idx), wpe->forward(arange(T, TensorOptions().dtype(DType::I64).device(idx.device()))));
+    // The positions 0..T-1 are wpe's first T rows: a view, whose backward saves nothing (an
+    // embedding lookup would save T ids, the one saved tensor not linear in B * T).
+    Tensor x = add(wte->forward(idx), wpe->weight.narrow(0, 0, T));
     // Moving the residual into each block leaves the block the only handle, so the block's input
     // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
     for (const auto& block : h) x = block->forward(std::move(x));

@@ -1,4 +1,6 @@
-// ops/attention.cpp: causal self-attention, plain loops over (b, h, t), in llm.c's style.
+// ops/attention.cpp: causal self-attention: checks, the autograd node, and the CPU kernels, plain
+// loops over (b, h, t) that compute what the CUDA kernels compute (ops/attention.cu): the
+// softmax's row log-sum-exp in forward, the probabilities again in backward.
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -17,81 +19,83 @@ namespace normtape {
 
 namespace {
 
-// out: [B, T, C], att: [B, NH, T, T], qkv: [B, T, 3C]. Arithmetic in A = acc_t<T>.
+// The head-h slices of one position's q, k and v rows in the packed [B, T, 3C] layout.
 template <class T>
-void attention_forward_cpu(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+struct Heads {
+    const T* qkv;
+    int64_t Tn, C, hs;
+    const T* q(int64_t b, int64_t t, int64_t h) const { return qkv + (b * Tn + t) * 3 * C + h * hs; }
+    const T* k(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + C; }
+    const T* v(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + 2 * C; }
+};
+
+template <class A, class T>
+A dot(const T* x, const T* y, int64_t n) {
+    A s = 0;
+    for (int64_t d = 0; d < n; ++d) s += A(x[d]) * A(y[d]);
+    return s;
+}
+
+// out: [B, T, C], lse: [B, NH, T] (natural log of the softmax's denominator, scores scaled),
+// qkv: [B, T, 3C]. Arithmetic in A = acc_t<T>.
+template <class T>
+void attention_forward_cpu(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
     using A = acc_t<T>;
-    int64_t hs = C / NH;
-    A scale = A(1) / std::sqrt(A(hs));
+    const int64_t hs = C / NH;
+    const A scale = A(1) / std::sqrt(A(hs));
+    const Heads<T> x{qkv, Tn, C, hs};
     std::vector<A> a(Tn), o(hs);
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < NH; ++h)
             for (int64_t t = 0; t < Tn; ++t) {
-                const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
-                A maxv = -std::numeric_limits<A>::infinity();
+                A m = -std::numeric_limits<A>::infinity();
                 for (int64_t s = 0; s <= t; ++s) {
-                    const T* k = qkv + (b * Tn + s) * 3 * C + C + h * hs;
-                    A dot = 0;
-                    for (int64_t d = 0; d < hs; ++d) dot += A(q[d]) * A(k[d]);
-                    a[s] = dot * scale;
-                    maxv = std::max(maxv, a[s]);
+                    a[s] = dot<A>(x.q(b, t, h), x.k(b, s, h), hs) * scale;
+                    m = std::max(m, a[s]);
                 }
                 A sum = 0;
-                for (int64_t s = 0; s <= t; ++s) {
-                    a[s] = std::exp(a[s] - maxv);
-                    sum += a[s];
-                }
-                T* att_row = att + ((b * NH + h) * Tn + t) * Tn;
-                for (int64_t s = 0; s < Tn; ++s) {
-                    a[s] = s <= t ? a[s] / sum : A(0);
-                    att_row[s] = static_cast<T>(a[s]);
-                }
+                for (int64_t s = 0; s <= t; ++s) sum += a[s] = std::exp(a[s] - m);
                 std::fill(o.begin(), o.end(), A(0));
                 for (int64_t s = 0; s <= t; ++s) {
-                    const T* v = qkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
+                    const T* v = x.v(b, s, h);
                     for (int64_t d = 0; d < hs; ++d) o[d] += a[s] * A(v[d]);
                 }
                 T* out_row = out + (b * Tn + t) * C + h * hs;
-                for (int64_t d = 0; d < hs; ++d) out_row[d] = static_cast<T>(o[d]);
+                for (int64_t d = 0; d < hs; ++d) out_row[d] = static_cast<T>(o[d] / sum);
+                lse[(b * NH + h) * Tn + t] = m + std::log(sum);
             }
 }
 
-// With datt = dout . v and the softmax backward dpre = att * (datt - sum_s att * datt):
-//   dq[t] = sum_s dpre[s] k[s] / sqrt(hs), dk[s] += dpre[s] q[t] / sqrt(hs), dv[s] += att[s] dout[t].
+// With p[t, s] = exp(q_t . k_s * scale - lse[t]) recomputed, D[t] = dout_t . out_t and
+// ds[t, s] = p[t, s] * (dout_t . v_s - D[t]) (the softmax backward, since sum_s p dp = D):
+//   dq[t] = scale * sum_s ds k_s,  dk[s] = scale * sum_t ds q_t,  dv[s] = sum_t p dout_t.
 // dqkv is overwritten (=); sums are kept in A = acc_t<T> and rounded to T once at the end.
 template <class T>
-void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn, int64_t C,
-                            int64_t NH) {
+void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* out, const acc_t<T>* lse, int64_t B,
+                            int64_t Tn, int64_t C, int64_t NH) {
     using A = acc_t<T>;
-    int64_t hs = C / NH;
-    A scale = A(1) / std::sqrt(A(hs));
-    std::vector<A> grad(B * Tn * 3 * C, A(0)), datt(Tn);
+    const int64_t hs = C / NH;
+    const A scale = A(1) / std::sqrt(A(hs));
+    const Heads<T> x{qkv, Tn, C, hs};
+    std::vector<A> grad(B * Tn * 3 * C, A(0));
+    auto g = [&](int64_t b, int64_t t, int64_t h, int64_t part) { return grad.data() + (b * Tn + t) * 3 * C + part * C + h * hs; };
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < NH; ++h)
             for (int64_t t = 0; t < Tn; ++t) {
-                const T* a = att + ((b * NH + h) * Tn + t) * Tn;
                 const T* go = dout + (b * Tn + t) * C + h * hs;
-                const T* q = qkv + (b * Tn + t) * 3 * C + h * hs;
-                A* dq = grad.data() + (b * Tn + t) * 3 * C + h * hs;
-                A sum_ad = 0;
+                const A D = dot<A>(go, out + (b * Tn + t) * C + h * hs, hs), row_lse = lse[(b * NH + h) * Tn + t];
+                A* dq = g(b, t, h, 0);
                 for (int64_t s = 0; s <= t; ++s) {
-                    const T* v = qkv + (b * Tn + s) * 3 * C + 2 * C + h * hs;
-                    A* dv = grad.data() + (b * Tn + s) * 3 * C + 2 * C + h * hs;
-                    A d_att = 0;
+                    // <= 1 exactly as in forward; at scores whose rounding exceeds 1 (|score| ~ 1e8 in
+                    // f32) the exponent's own rounding would otherwise make p overflow.
+                    const A p = std::min(A(1), std::exp(dot<A>(x.q(b, t, h), x.k(b, s, h), hs) * scale - row_lse));
+                    const A ds = p * (dot<A>(go, x.v(b, s, h), hs) - D) * scale;
+                    const T *q = x.q(b, t, h), *k = x.k(b, s, h);
+                    A *dk = g(b, s, h, 1), *dv = g(b, s, h, 2);
                     for (int64_t d = 0; d < hs; ++d) {
-                        d_att += A(go[d]) * A(v[d]);
-                        dv[d] += A(a[s]) * A(go[d]);
-                    }
-                    datt[s] = d_att;
-                    sum_ad += A(a[s]) * d_att;
-                }
-                for (int64_t s = 0; s <= t; ++s) {
-                    A dp = A(a[s]) * (datt[s] - sum_ad) * scale;
-                    const T* k = qkv + (b * Tn + s) * 3 * C + C + h * hs;
-                    A* dk = grad.data() + (b * Tn + s) * 3 * C + C + h * hs;
-                    for (int64_t d = 0; d < hs; ++d) {
-                        dq[d] += dp * A(k[d]);
-                        dk[d] += dp * A(q[d]);
+                        dq[d] += ds * A(k[d]);
+                        dk[d] += ds * A(q[d]);
+                        dv[d] += p * A(go[d]);
                     }
                 }
             }
@@ -100,24 +104,29 @@ void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* att, 
 
 using detail::device_ptr;
 
+constexpr int64_t kMaxCudaHeadSize = 8192;
+
 struct AttentionBackward : Node {
-    SavedTensor qkv, att;
+    SavedTensor qkv, out, lse;
     int64_t n_head;
-    AttentionBackward(const Tensor& qkv_, const Tensor& att_, int64_t nh) : qkv(qkv_), att(att_), n_head(nh) {}
+    AttentionBackward(const Tensor& qkv_, const Tensor& out_, const Tensor& lse_, int64_t nh)
+        : qkv(qkv_), out(out_), lse(lse_), n_head(nh) {}
     const char* name() const override { return "CausalSelfAttentionBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&qkv, &att}; }
+    std::vector<SavedTensor*> saved_tensors() override { return {&qkv, &out, &lse}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
-        Tensor q = qkv.unpack(name()), a = att.unpack(name()), g = grad_output.contiguous();
-        Tensor dqkv = empty(q.shape(), TensorOptions().dtype(q.dtype()).device(q.device()));
-        dispatch_floating(q.dtype(), name(), [&](auto tag) {
+        Tensor x = qkv.unpack(name()), o = out.unpack(name()), l = lse.unpack(name()), g = grad_output.contiguous();
+        Tensor dqkv = empty(x.shape(), TensorOptions().dtype(x.dtype()).device(x.device()));
+        const int64_t B = x.size(0), Tn = x.size(1), C = x.size(2) / 3;
+        dispatch_floating(x.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
-            if (q.device().is_cuda()) {
-                NT_CUDA(detail::attention_backward_cuda<T>(device_ptr<T>(dqkv), device_ptr<T>(g), device_ptr<T>(q),
-                                                           device_ptr<T>(a), q.size(0), q.size(1), q.size(2) / 3,
-                                                           n_head, q.device().index));
+            using S = acc_t<T>;
+            if (x.device().is_cuda()) {
+                NT_CUDA(detail::attention_backward_cuda<T>(device_ptr<T>(dqkv), device_ptr<T>(g), device_ptr<T>(x),
+                                                           device_ptr<T>(o), device_ptr<S>(l), B, Tn, C, n_head,
+                                                           x.device().index));
             } else {
-                attention_backward_cpu<T>(device_ptr<T>(dqkv), device_ptr<T>(g), device_ptr<T>(q), device_ptr<T>(a),
-                                          q.size(0), q.size(1), q.size(2) / 3, n_head);
+                attention_backward_cpu<T>(device_ptr<T>(dqkv), device_ptr<T>(g), device_ptr<T>(x), device_ptr<T>(o),
+                                          device_ptr<S>(l), B, Tn, C, n_head);
             }
         });
         return {dqkv};
@@ -136,26 +145,29 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
                 ": expected qkv's last dimension to be 3C with C divisible by n_head = ", n_head, ", got shape ",
                 shape_str(qkv_in.shape()));
     int64_t B = qkv_in.size(0), Tn = qkv_in.size(1);
-    // CUDA: cuBLAS takes int sizes, leading dimensions and batch counts; the softmax kernels launch
-    // n_head * T blocks (grid x <= INT32_MAX).
-    detail::check_fits_int32(op, qkv_in, "3C (qkv's last dimension)", qkv_in.size(2));
-    int64_t softmax_blocks = 0;
-    if (__builtin_mul_overflow(n_head, Tn, &softmax_blocks)) softmax_blocks = INT64_MAX;
-    detail::check_fits_int32(op, qkv_in, "n_head * T", softmax_blocks);
+    // CUDA: the kernels launch up to one block per (batch, head, row) on grid x (<= INT32_MAX) and
+    // keep up to two head-size vectors of f64 a row in shared memory.
+    int64_t rows = 0;
+    if (__builtin_mul_overflow(B, n_head, &rows) || __builtin_mul_overflow(rows, Tn, &rows)) rows = INT64_MAX;
+    detail::check_fits_int32(op, qkv_in, "B * n_head * T", rows);
+    NT_CHECK_AS(ShapeError, !qkv_in.device().is_cuda() || C / n_head <= kMaxCudaHeadSize, op,
+                ": expected a head size C / n_head <= ", kMaxCudaHeadSize, " on cuda, got ", C / n_head, " for shape ",
+                shape_str(qkv_in.shape()), " and n_head = ", n_head);
     Tensor qkv = qkv_in.contiguous();
     TensorOptions opts = TensorOptions().dtype(qkv.dtype()).device(qkv.device());
     Tensor out = empty({B, Tn, C}, opts);
-    Tensor att = empty({B, n_head, Tn, Tn}, opts);
+    Tensor lse = empty({B, n_head, Tn}, opts.dtype(stat_dtype(qkv.dtype())));
     dispatch_floating(qkv.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
+        using S = acc_t<T>;
         if (qkv.device().is_cuda()) {
-            NT_CUDA(detail::attention_forward_cuda<T>(device_ptr<T>(out), device_ptr<T>(att), device_ptr<T>(qkv), B, Tn,
+            NT_CUDA(detail::attention_forward_cuda<T>(device_ptr<T>(out), device_ptr<S>(lse), device_ptr<T>(qkv), B, Tn,
                                                       C, n_head, qkv.device().index));
         } else {
-            attention_forward_cpu<T>(device_ptr<T>(out), device_ptr<T>(att), device_ptr<T>(qkv), B, Tn, C, n_head);
+            attention_forward_cpu<T>(device_ptr<T>(out), device_ptr<S>(lse), device_ptr<T>(qkv), B, Tn, C, n_head);
         }
     });
-    if (should_record(qkv)) record(std::make_shared<AttentionBackward>(qkv, att, n_head), out, qkv);
+    if (should_record(qkv)) record(std::make_shared<AttentionBackward>(qkv, out, lse, n_head), out, qkv);
     detail::check_forward_anomaly(op, "out", out, {{"qkv", qkv}});
     return out;
 }

@@ -168,6 +168,22 @@ TEST_CASE("cuda: attention, embedding and cross-entropy match the cpu") {
     }
 }
 
+// Head sizes 64 and 128 (bf16: the tensor-core kernels), T below, at, just past and well past the
+// 64-row tile, scores large enough that the softmax is far from uniform.
+TEST_CASE("cuda: attention at head sizes 64 and 128 matches the cpu at every T, gradients included") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(5);
+    for (DType d : kDtypes)
+        for (int64_t hs : {64, 128})
+            for (int64_t T : {1, 37, 64, 65, 200}) {
+                CAPTURE(hs);
+                CAPTURE(T);
+                const int64_t nh = 2, B = T < 64 ? 3 : 2;
+                check_cuda_matches_cpu(d, {normal({B, T, 3 * nh * hs}, 2.0)},
+                                       [](auto& in) { return causal_self_attention(in[0], 2); });
+            }
+}
+
 TEST_CASE("cuda: layer_norm and rms_norm match the cpu in both policies over every shape class") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(4);

@@ -54,6 +54,18 @@ TEST_CASE("memory: Output saves exactly (2L+1) norm inputs (and LayerNorm means)
     }
 }
 
+TEST_CASE("memory: at a fixed number of tokens the saved bytes do not depend on T") {
+    // Attention saves qkv, out and one statistic a row per head, no T x T tensor: every saved
+    // tensor of the GPT is linear in B * T.
+    for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+        GPTConfig c{.block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 16, .policy = policy};
+        CAPTURE(std::string(policy_name(policy)));
+        AfterForward a = measure(c, policy, 8, 8), b = measure(c, policy, 4, 16), d = measure(c, policy, 1, 64);
+        CHECK(a.saved == b.saved);
+        CHECK(a.saved == d.saved);
+    }
+}
+
 TEST_CASE("memory: after backward and with the graph dropped, the allocator is back where it started") {
     GPTConfig c{.block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
     manual_seed(6);

@@ -1,0 +1,495 @@
+// ops/attention_flash.cu: causal self-attention on bf16 tensor cores, the FlashAttention-2
+// algorithm (Dao 2023, arXiv:2307.08691). Nothing of size T x T is ever stored: the forward walks
+// key/value tiles in shared memory with an online softmax and saves the row log-sum-exp; the
+// backward recomputes the probabilities tile by tile from it.
+//
+// Layout. A block owns 64 rows (forward: queries; backward: keys) and walks 64-row tiles of the
+// other side; each of its 4 warps owns 16 of the rows. Products are mma.sync m16n8k16 (bf16 in,
+// f32 accumulate). Operands that come from shared memory are read with ldmatrix (.trans where the
+// tile is stored the other way round); an operand computed by the warp itself (P, dS) goes from
+// the accumulator layout to the A layout in registers, two 8-column accumulators making one
+// 16-column A fragment. Tiles are padded by 8 elements a row so that ldmatrix's 8 row addresses
+// hit 8 different bank groups.
+//
+// Forward (query tile i): S = Q K_j^T, running max m and sum l, O = O * exp(m_old - m) + P V_j,
+// for key tiles j <= i (the causal mask inside j == i only); out = O / l, lse = m + log(l).
+// K_{j+1} is copied (cp.async) while P V_j is computed, V_{j+1} while S_{j+1} is.
+// Backward (key tile j, query tiles i >= j): P^T = exp(K Q^T * scale - lse), dV += P^T dO,
+// dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dS^T goes through shared memory for
+// dQ = dS K, added into an f32 buffer with atomics (as FlashAttention-2 does), then rounded.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "core/device_ptr.h"
+#include "core/tensor.h"
+#include "ops/attention_flash.cuh"
+#include "ops/cuda_common.cuh"
+
+namespace normtape::detail {
+
+namespace {
+
+constexpr int kTile = 64;              // rows a block owns, and rows of each tile it walks
+constexpr int kThreads = 128;          // 4 warps of 16 rows
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int HS>
+constexpr int kStride = HS + 8;        // a shared tile's row, in elements
+constexpr int kStrideS = kTile + 8;    // the dS^T tile's row
+
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// d += a b: a 16 x 16 (row), b 16 x 8 (col), bf16; d 16 x 8 f32.
+__device__ inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// Four 8 x 8 matrices of b16 from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+template <bool Trans>
+__device__ inline void ldmatrix(uint32_t (&r)[4], const bf16* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    if constexpr (Trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#else
+    __trap();
+#endif
+}
+
+// The operand fragments, from a tile with row stride `ld` elements, at (row0, col0); lane = lane id.
+// A (16 x 16) of a tile stored as [m][k]:
+__device__ inline void load_a(uint32_t (&a)[4], const bf16* tile, int ld, int row0, int col0, int lane) {
+    ldmatrix<false>(a, tile + (row0 + lane % 16) * ld + col0 + (lane / 16) * 8);
+}
+// A (16 x 16) of a tile stored as [k][m] (the transpose): row0 indexes k, col0 indexes m.
+__device__ inline void load_a_trans(uint32_t (&a)[4], const bf16* tile, int ld, int k0, int m0, int lane) {
+    ldmatrix<true>(a, tile + (k0 + lane % 8 + (lane / 16) * 8) * ld + m0 + (lane / 8 % 2) * 8);
+}
+// B for two adjacent 8-column tiles (k 16 x n 16) of a tile stored as [n][k]: {b[0], b[1]} for
+// columns n0..n0+7, {b[2], b[3]} for n0+8..n0+15.
+__device__ inline void load_b(uint32_t (&b)[4], const bf16* tile, int ld, int n0, int k0, int lane) {
+    ldmatrix<false>(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * ld + k0 + (lane / 8 % 2) * 8);
+}
+// The same from a tile stored as [k][n].
+__device__ inline void load_b_trans(uint32_t (&b)[4], const bf16* tile, int ld, int k0, int n0, int lane) {
+    ldmatrix<true>(b, tile + (k0 + lane % 8 + (lane / 8 % 2) * 8) * ld + n0 + (lane / 16) * 8);
+}
+
+// Accumulators c[2j], c[2j+1] (16 x 8 each) as the A fragment of the 16 x 16 block j, in bf16.
+__device__ inline void to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]);
+    a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]);
+    a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+template <int N>
+__device__ inline void copy_async_wait_n() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Rows [row0, row0 + 64) of an [T, HS] matrix whose rows are `ld` elements apart, into a shared
+// tile; rows at or past T are zero. Committed by the caller.
+template <int HS>
+__device__ void load_tile(bf16* tile, const bf16* src, int64_t ld, int row0, int Tn) {
+    constexpr int chunks = HS / 8;  // 16 bytes each
+    for (int i = threadIdx.x; i < kTile * chunks; i += kThreads) {
+        int r = i / chunks, c = (i % chunks) * 8;
+        bf16* to = tile + r * kStride<HS> + c;
+        if (row0 + r < Tn) copy_async16(to, src + static_cast<int64_t>(row0 + r) * ld + c);
+        else *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// 4 bytes from global to shared memory, as copy_async16.
+__device__ inline void copy_async4(float* to_shared, const float* from_global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(to_shared));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(from_global) : "memory");
+#else
+    *to_shared = *from_global;
+#endif
+}
+
+// dq[row0 + r, col0 + c] += scale * acc (an accumulator tile, 16 rows x 8 columns), rows past T
+// skipped. Lanes pair up (lane ^ 1) so that each holds 4 adjacent columns of one row: one 16-byte
+// reduction instead of four atomics (red.global.add.v4.f32, sm_90; four atomicAdds before).
+template <int HS>
+__device__ inline void add_to_dq(float* dq, const float (&acc)[4], int64_t row_base, int row0, int col0, int Tn,
+                                 float scale, int g, int t4) {
+    const bool odd = t4 & 1;
+    const float send0 = odd ? acc[0] : acc[2], send1 = odd ? acc[1] : acc[3];
+    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1), got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+    // even t4: row g, columns 2 t4 .. 2 t4 + 3; odd t4: row g + 8, columns 2 t4 - 2 .. 2 t4 + 1
+    const float v0 = scale * (odd ? got0 : acc[0]), v1 = scale * (odd ? got1 : acc[1]);
+    const float v2 = scale * (odd ? acc[2] : got0), v3 = scale * (odd ? acc[3] : got1);
+    const int row = row0 + g + (odd ? 8 : 0);
+    if (row >= Tn) return;
+    float* dst = dq + (row_base + row) * HS + col0 + 2 * (t4 & 2);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v0), "f"(v1), "f"(v2), "f"(v3)
+                 : "memory");
+#else
+    atomicAdd(dst, v0), atomicAdd(dst + 1, v1), atomicAdd(dst + 2, v2), atomicAdd(dst + 3, v3);
+#endif
+}
+
+__device__ inline float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ inline float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Grid: B * NH * tiles blocks; a head's tiles are neighbours in x (its K and V stay in L2), the
+// last, longest tile first.
+template <int HS>
+__global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
+                                                                 const bf16* __restrict__ qkv, int Tn, int C, int NH,
+                                                                 int tiles, float scale_log2) {
+    extern __shared__ __align__(16) unsigned char shared_raw[];
+    constexpr int S = kStride<HS>;
+    bf16* sq = reinterpret_cast<bf16*>(shared_raw);
+    bf16* sk = sq + kTile * S;
+    bf16* sv = sk + kTile * S;
+    const int bh = blockIdx.x / tiles, tile = tiles - 1 - blockIdx.x % tiles, b = bh / NH, h = bh % NH;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
+    const int64_t ld = 3LL * C;
+    const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
+    const int q0 = tile * kTile;
+
+    load_tile<HS>(sq, base, ld, q0, Tn);
+    copy_async_commit();
+    load_tile<HS>(sk, base + C, ld, 0, Tn);
+    copy_async_commit();
+    load_tile<HS>(sv, base + 2 * C, ld, 0, Tn);
+    copy_async_commit();
+    copy_async_wait_n<2>();
+    __syncthreads();
+    uint32_t qf[HS / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; ++kk) load_a(qf[kk], sq, S, warp * 16, kk * 16, lane);
+
+    float o[HS / 8][4] = {};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    for (int j = 0; j <= tile; ++j) {
+        copy_async_wait_n<1>();  // K_j has landed (V_j may not have)
+        __syncthreads();
+        float s[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; ++kk)
+#pragma unroll
+            for (int n = 0; n < kTile / 16; ++n) {
+                uint32_t bk[4];
+                load_b(bk, sk, S, n * 16, kk * 16, lane);
+                mma(s[2 * n], qf[kk], bk[0], bk[1]);
+                mma(s[2 * n + 1], qf[kk], bk[2], bk[3]);
+            }
+        __syncthreads();  // every warp is done with K_j
+        if (j < tile) load_tile<HS>(sk, base + C, ld, (j + 1) * kTile, Tn);
+        copy_async_commit();
+
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float v = s[n][e] * scale_log2;
+                if (j == tile && j * kTile + n * 8 + 2 * t4 + (e & 1) > row[e / 2]) v = -INFINITY;
+                s[n][e] = v;
+                mx[e / 2] = fmaxf(mx[e / 2], v);
+            }
+        float corr[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = quad_max(mx[r]);  // finite: key 0 of tile 0 is visible to every row
+            corr[r] = exp2f(m[r] - mx[r]);
+            m[r] = mx[r];
+        }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[n][e] = exp2f(s[n][e] - m[e / 2]);
+                sum[e / 2] += s[n][e];
+            }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + sum[r];  // this thread's columns; summed at the end
+#pragma unroll
+        for (int d = 0; d < HS / 8; ++d) {
+            o[d][0] *= corr[0], o[d][1] *= corr[0];
+            o[d][2] *= corr[1], o[d][3] *= corr[1];
+        }
+
+        copy_async_wait_n<1>();  // V_j has landed (K_{j+1} may not have)
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+            uint32_t a[4];
+            to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < HS / 16; ++n) {
+                uint32_t bv[4];
+                load_b_trans(bv, sv, S, kk * 16, n * 16, lane);
+                mma(o[2 * n], a, bv[0], bv[1]);
+                mma(o[2 * n + 1], a, bv[2], bv[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with V_j
+        if (j < tile) load_tile<HS>(sv, base + 2 * C, ld, (j + 1) * kTile, Tn);
+        copy_async_commit();
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] = quad_sum(l[r]);
+        if (row[r] >= Tn) continue;
+        const float inv = 1.f / l[r];
+        bf16* dst = out + (static_cast<int64_t>(b) * Tn + row[r]) * C + h * HS + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < HS / 8; ++d)
+            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+        if (t4 == 0) lse[static_cast<int64_t>(bh) * Tn + row[r]] = (m[r] + log2f(l[r])) / kLog2e;
+    }
+}
+
+// Grid: B * NH * tiles blocks; a head's key tiles are neighbours in x (its Q, dO and f32 dq stay
+// in L2 while they are added into), the first, longest tile first.
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_kernel(bf16* __restrict__ dqkv, float* __restrict__ dq, const bf16* __restrict__ dout,
+                          const bf16* __restrict__ qkv, const float* __restrict__ lse, const float* __restrict__ D,
+                          int Tn, int C, int NH, int tiles, float scale) {
+    extern __shared__ __align__(16) unsigned char shared_raw[];
+    constexpr int S = kStride<HS>;
+    bf16* sk = reinterpret_cast<bf16*>(shared_raw);
+    bf16* sv = sk + kTile * S;
+    bf16* sds = sv + kTile * S;            // dS^T: [key][query]
+    bf16* sq_buf = sds + kTile * kStrideS;  // two buffers each of Q, dO, lse and D: tile i in i % 2
+    bf16* sdo_buf = sq_buf + 2 * kTile * S;
+    float* slse_buf = reinterpret_cast<float*>(sdo_buf + 2 * kTile * S);
+    float* sD_buf = slse_buf + 2 * kTile;
+    const int bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / NH, h = bh % NH;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
+    const int64_t ld = 3LL * C;
+    const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
+    const bf16* dout_base = dout + static_cast<int64_t>(b) * Tn * C + h * HS;
+    const int k0 = tile * kTile;
+    const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+    // Queues query tile i's Q, dO, lse and D into buffer i % 2; rows past T: zeros, lse = +inf (P = 0).
+    auto load_query_tile = [&](int i) {
+        const int q0 = i * kTile, buf = i % 2;
+        load_tile<HS>(sq_buf + buf * kTile * S, base, ld, q0, Tn);
+        load_tile<HS>(sdo_buf + buf * kTile * S, dout_base, C, q0, Tn);
+        if (threadIdx.x < kTile) {
+            const int t = q0 + threadIdx.x;
+            const int64_t at = static_cast<int64_t>(bh) * Tn + t;
+            float *to_lse = slse_buf + buf * kTile + threadIdx.x, *to_D = sD_buf + buf * kTile + threadIdx.x;
+            if (t < Tn) copy_async4(to_lse, lse + at), copy_async4(to_D, D + at);
+            else *to_lse = INFINITY, *to_D = 0.f;
+        }
+        copy_async_commit();
+    };
+
+    load_tile<HS>(sk, base + C, ld, k0, Tn);
+    load_tile<HS>(sv, base + 2 * C, ld, k0, Tn);
+    load_query_tile(tile);
+    float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+    for (int i = tile; i < tiles; ++i) {
+        const int q0 = i * kTile;
+        const bf16* sq = sq_buf + i % 2 * kTile * S;
+        const bf16* sdo = sdo_buf + i % 2 * kTile * S;
+        const float* slse = slse_buf + i % 2 * kTile;
+        const float* sD = sD_buf + i % 2 * kTile;
+        copy_async_wait_n<0>();  // tile i has landed
+        __syncthreads();         // ... for every thread; and tile i - 1's buffers and dS^T are no longer read
+        if (i + 1 < tiles) load_query_tile(i + 1);
+
+        // S^T = K_w Q^T (16 keys x 64 queries), then P^T.
+        float p[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; ++kk) {
+            uint32_t a[4];
+            load_a(a, sk, S, warp * 16, kk * 16, lane);
+#pragma unroll
+            for (int n = 0; n < kTile / 16; ++n) {
+                uint32_t bq[4];
+                load_b(bq, sq, S, n * 16, kk * 16, lane);
+                mma(p[2 * n], a, bq[0], bq[1]);
+                mma(p[2 * n + 1], a, bq[2], bq[3]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = n * 8 + 2 * t4 + (e & 1);
+                const float v = fminf(1.f, exp2f((p[n][e] * scale - slse[c]) * kLog2e));  // <= 1 as in forward
+                p[n][e] = q0 + c < key[e / 2] ? 0.f : v;
+            }
+        // dV += P^T dO
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+            uint32_t a[4];
+            to_a(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < HS / 16; ++n) {
+                uint32_t bo[4];
+                load_b_trans(bo, sdo, S, kk * 16, n * 16, lane);
+                mma(dv[2 * n], a, bo[0], bo[1]);
+                mma(dv[2 * n + 1], a, bo[2], bo[3]);
+            }
+        }
+        // dP^T = V_w dO^T, then dS^T = P^T (dP^T - D), kept in ds.
+        float ds[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; ++kk) {
+            uint32_t a[4];
+            load_a(a, sv, S, warp * 16, kk * 16, lane);
+#pragma unroll
+            for (int n = 0; n < kTile / 16; ++n) {
+                uint32_t bo[4];
+                load_b(bo, sdo, S, n * 16, kk * 16, lane);
+                mma(ds[2 * n], a, bo[0], bo[1]);
+                mma(ds[2 * n + 1], a, bo[2], bo[3]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - sD[n * 8 + 2 * t4 + (e & 1)]);
+        // dK += dS^T Q (scaled at the end); dS^T to shared memory for dQ.
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+            uint32_t a[4];
+            to_a(a, ds[2 * kk], ds[2 * kk + 1]);
+            bf16* row_lo = sds + (warp * 16 + g) * kStrideS + kk * 16 + 2 * t4;
+            *reinterpret_cast<uint32_t*>(row_lo) = a[0];
+            *reinterpret_cast<uint32_t*>(row_lo + 8 * kStrideS) = a[1];
+            *reinterpret_cast<uint32_t*>(row_lo + 8) = a[2];
+            *reinterpret_cast<uint32_t*>(row_lo + 8 * kStrideS + 8) = a[3];
+#pragma unroll
+            for (int n = 0; n < HS / 16; ++n) {
+                uint32_t bq[4];
+                load_b_trans(bq, sq, S, kk * 16, n * 16, lane);
+                mma(dk[2 * n], a, bq[0], bq[1]);
+                mma(dk[2 * n + 1], a, bq[2], bq[3]);
+            }
+        }
+        __syncthreads();
+        // dQ (this warp's 16 queries) += scale * dS K, 16 columns of HS at a time.
+#pragma unroll
+        for (int n = 0; n < HS / 16; ++n) {
+            float acc[2][4] = {};
+#pragma unroll
+            for (int kk = 0; kk < kTile / 16; ++kk) {
+                uint32_t a[4], bk[4];
+                load_a_trans(a, sds, kStrideS, kk * 16, warp * 16, lane);
+                load_b_trans(bk, sk, S, kk * 16, n * 16, lane);
+                mma(acc[0], a, bk[0], bk[1]);
+                mma(acc[1], a, bk[2], bk[3]);
+            }
+            add_to_dq<HS>(dq, acc[0], static_cast<int64_t>(bh) * Tn, q0 + warp * 16, n * 16, Tn, scale, g, t4);
+            add_to_dq<HS>(dq, acc[1], static_cast<int64_t>(bh) * Tn, q0 + warp * 16, n * 16 + 8, Tn, scale, g, t4);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (key[r] >= Tn) continue;
+        bf16* dst = dqkv + (static_cast<int64_t>(b) * Tn + key[r]) * ld + h * HS + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < HS / 8; ++d) {
+            *reinterpret_cast<uint32_t*>(dst + C + d * 8) = pack_bf16(dk[d][2 * r] * scale, dk[d][2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t*>(dst + 2 * C + d * 8) = pack_bf16(dv[d][2 * r], dv[d][2 * r + 1]);
+        }
+    }
+}
+
+// dqkv's q columns from the f32 dq [B, NH, T, hs], grid-stride over its elements.
+__global__ void round_dq_kernel(bf16* __restrict__ dqkv, const float* __restrict__ dq, int Tn, int C, int NH, int hs,
+                                int64_t n) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t d = i % hs, t = i / hs % Tn, bh = i / (static_cast<int64_t>(hs) * Tn);
+        dqkv[(bh / NH * Tn + t) * 3 * C + bh % NH * hs + d] = bf16(dq[i]);
+    }
+}
+
+template <int HS>
+constexpr size_t forward_shared() { return 3u * kTile * kStride<HS> * sizeof(bf16); }
+template <int HS>
+constexpr size_t backward_shared() {
+    return (6u * kTile * kStride<HS> + kTile * kStrideS) * sizeof(bf16) + 4u * kTile * sizeof(float);
+}
+
+}  // namespace
+
+bool flash_attention_applies(int64_t hs, int device, std::initializer_list<const void*> pointers) {
+    if (hs != 64 && hs != 128) return false;
+    for (const void* p : pointers)
+        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 8;
+}
+
+void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                             int device) {
+    const int64_t hs = C / NH, tiles = (Tn + kTile - 1) / kTile, BNH = B * NH;
+    const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(hs)));
+    auto run = [&](auto kernel, size_t shared) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
+            out, lse, qkv, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH),
+            static_cast<int>(tiles), scale_log2);
+        CUDA_LAUNCH_CHECK();
+    };
+    if (hs == 64) run(flash_forward_kernel<64>, forward_shared<64>());
+    else run(flash_forward_kernel<128>, forward_shared<128>());
+}
+
+void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
+                              int64_t B, int64_t Tn, int64_t C, int64_t NH, int device) {
+    const int64_t hs = C / NH, tiles = (Tn + kTile - 1) / kTile, BNH = B * NH;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+    Tensor dq = zeros({B, NH, Tn, hs}, TensorOptions().dtype(DType::F32).device(Device::cuda(device)));
+    auto run = [&](auto kernel, size_t shared) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
+            dqkv, device_ptr<float>(dq), dout, qkv, lse, D, static_cast<int>(Tn), static_cast<int>(C),
+            static_cast<int>(NH), static_cast<int>(tiles), scale);
+        CUDA_LAUNCH_CHECK();
+    };
+    if (hs == 64) run(flash_backward_kernel<64>, backward_shared<64>());
+    else run(flash_backward_kernel<128>, backward_shared<128>());
+    const int64_t n = dq.numel();
+    round_dq_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, cuda::stream(device)>>>(dqkv, device_ptr<float>(dq),
+                                                                         static_cast<int>(Tn), static_cast<int>(C),
+                                                                         static_cast<int>(NH), static_cast<int>(hs), n);
+    CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace normtape::detail

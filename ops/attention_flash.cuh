@@ -1,0 +1,25 @@
+// ops/attention_flash.cuh: the tensor-core path of causal self-attention (ops/attention_flash.cu),
+// called by the launchers in ops/attention.cu for bf16 with head size 64 or 128. Internal.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "core/bf16.h"
+
+namespace normtape::detail {
+
+// True if the flash kernels run this call: head size 64 or 128, a GPU of compute capability 8.0
+// or later, and 16-byte aligned rows (every pointer given 16-byte aligned).
+bool flash_attention_applies(int64_t hs, int device, std::initializer_list<const void*> pointers);
+
+// out [B, T, C] bf16 and lse [B, NH, T] f32 from qkv [B, T, 3C] bf16 (see ops/attention.h).
+void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH,
+                             int device);
+
+// dqkv [B, T, 3C] (=) from dout [B, T, C], qkv, lse and D [B, NH, T] f32 (D = rowsum(dout * out)
+// per head). Uses a [B, NH, T, hs] f32 scratch for dq, accumulated with atomics across key tiles.
+void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
+                              int64_t B, int64_t T_, int64_t C, int64_t NH, int device);
+
+}  // namespace normtape::detail
