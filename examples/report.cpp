@@ -45,6 +45,14 @@ std::string with_commas(int64_t v) {
     return v < 0 ? "-" + out : out;
 }
 
+void print_phase_times(const RunResult& r) {
+    std::printf("[%-6s] median per step over %lld step%s: forward %.2f ms | backward %.2f ms | optimizer %.2f ms "
+                "(%s)\n",
+                policy_name(r.policy), static_cast<long long>(r.phase_median_steps),
+                r.phase_median_steps == 1 ? "" : "s", r.phase_ms_median[0], r.phase_ms_median[1], r.phase_ms_median[2],
+                r.phase_timing.c_str());
+}
+
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
     if (a.preset == "gpt2-medium-ish" && runs.size() == 2)
         std::printf("reference (PyTorch, same model in pure bf16, same GPU model, Apex memory-efficient LayerNorm): "
@@ -126,6 +134,9 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
                              {"saved_activation_bytes", r.saved_activation_bytes},
                              {"peak_allocated_bytes", r.peak_allocated_bytes},
                              {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
-                             {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s}});
+                             {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
+                             {"forward_ms", r.phase_ms_median[0]}, {"backward_ms", r.phase_ms_median[1]},
+                             {"optimizer_ms", r.phase_ms_median[2]}, {"phase_median_steps", r.phase_median_steps},
+                             {"phase_timing", r.phase_timing}});
     write_file("--json", a.json, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }

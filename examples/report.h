@@ -4,6 +4,7 @@
 // (examples/train_gpt.cpp), the drawing of the chart (examples/svg_chart.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,13 @@ struct RunResult {
     int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
+    // Per step: forward (the loss), backward, optimizer (gradient clipping, AdamW, zero_grad), in ms
+    // (examples/phase_timer.h); their medians over the steps after the first two (all steps when
+    // there are no more than two), and how many steps that is.
+    std::vector<std::array<double, 3>> phase_ms;
+    std::array<double, 3> phase_ms_median{};
+    int64_t phase_median_steps = 0;
+    std::string phase_timing;  // PhaseTimer::method(): "cuda events", "host clock", ...
     std::vector<normtape::MemoryEvent> memory_trace;  // allocator events of one step (step 2)
     int64_t forward_allocs = 0;                       // allocations of that step's forward
 };
@@ -28,6 +36,9 @@ std::string mib(int64_t bytes);
 // "-1,234,567"
 std::string with_commas(int64_t v);
 
+// One line: the run's median forward, backward and optimizer time per step (ms), the steps they
+// cover and how they were timed.
+void print_phase_times(const RunResult& r);
 // With --preset gpt2-medium-ish and both runs: PyTorch's figures for the same model beside ours.
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
 // The two runs (input, then output policy) side by side: saved activation bytes, the predicted

@@ -22,7 +22,8 @@
 // cannot be written, or measured saving != predicted saving. Each error is one line on stderr.
 //
 // This file: the flags, their checks, and the training loop. The data and its batches are in
-// examples/batcher.h, the checks of --resume in examples/resume.h, the table, JSON and chart in
+// examples/batcher.h, the checks of --resume in examples/resume.h, the timing of each step's
+// forward, backward and optimizer in examples/phase_timer.h, the table, JSON and chart in
 // examples/report.h.
 #include <CLI/CLI.hpp>
 
@@ -38,6 +39,7 @@
 
 #include "batcher.h"
 #include "normtape.h"
+#include "phase_timer.h"
 #include "report.h"
 #include "resume.h"
 #include "train_args.h"
@@ -150,6 +152,8 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     r.policy = policy;
     r.first_step = start;
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
+    PhaseTimer phases(dev);
+    r.phase_timing = phases.method();
     for (int64_t step = start; step < end; ++step) {
         Tensor idx, targets;
         batcher.next(&idx, &targets);
@@ -161,10 +165,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         try {
             MemoryTraceScope trace(dev, step == trace_step ? &r.memory_trace : nullptr);
             auto t0 = clock::now();
+            phases.mark(PhaseTimer::kStart);
             loss = model.loss(idx, targets);
+            phases.mark(PhaseTimer::kForwardDone);
             if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
             if (step == start) r.saved_activation_bytes = saved_bytes();
             loss.backward();
+            phases.mark(PhaseTimer::kBackwardDone);
             grad_norm = clip_grad_norm_(model.parameters(), 1.0);
             // A non-finite gradient would make the weights NaN: with --on-nan stop, keep them.
             if (std::isfinite(grad_norm) || a.on_nan == "continue") {
@@ -172,8 +179,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                 optimizer.step();
             }
             optimizer.zero_grad();
+            phases.mark(PhaseTimer::kOptimizerDone);
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+            r.phase_ms.push_back(phases.read());  // the step is done: reading its events waits for nothing
         } catch (const AnomalyError& e) {  // say when, beside what and where
             throw AnomalyError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + " of the " +
                                policy_name(policy) + " run)");
@@ -209,6 +218,16 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         if (stop) break;
     }
     r.step_ms_median = median(r.step_ms);
+    // Phase medians leave out the first two steps (the first allocates the caches, the second
+    // records the memory trace) unless there are no others.
+    const size_t skip = r.phase_ms.size() > 2 ? 2 : 0;
+    for (int k = 0; k < 3; ++k) {
+        std::vector<double> v;
+        for (size_t i = skip; i < r.phase_ms.size(); ++i) v.push_back(r.phase_ms[i][k]);
+        r.phase_ms_median[k] = median(v);
+    }
+    r.phase_median_steps = static_cast<int64_t>(r.phase_ms.size() - skip);
+    print_phase_times(r);
     r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
     if (output_policy_fallbacks() > 0 && r.nonfinite_step == 0)
         std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",

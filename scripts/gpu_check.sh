@@ -2,10 +2,11 @@
 # scripts/gpu_check.sh: everything that needs an NVIDIA GPU, in one command. Configures build-gpu/
 # for the architecture CUDA_ARCH (default 90: Hopper; set it for another GPU), builds, runs every
 # test with the GPU visible (the PyTorch cross-check needs a python3 with CUDA torch), the CUDA
-# tests once more under compute-sanitizer's memcheck and racecheck, the norm kernels' benchmark
-# beside PyTorch's, the memory comparison of the gpt2-medium-ish preset in bf16, and a bf16 run on
-# data/tinyshakespeare.txt. Logs, JSON and charts go to $GPU_OUT (default gpu_out/); a short
-# summary is printed last. Exits 1 if a test, a sanitizer run, a benchmark or a training run fails.
+# tests once more under compute-sanitizer's memcheck and racecheck, the norm kernels' and the
+# attention's benchmarks beside PyTorch's, the memory comparison of the gpt2-medium-ish preset in
+# bf16 and its step beside PyTorch eager's, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
+# and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
+# a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|bench|sanitize]   (default all)
 #     tests: the tests and the sanitizers; bench: the benchmarks and training runs only;
 #     sanitize: the sanitizers only.
@@ -76,8 +77,15 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
         > "$GPU_OUT/bench.log" 2>&1
     step bench_torch_norms env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" \
         --out "$GPU_OUT/compare.json" --markdown "$GPU_OUT/table.md" > "$GPU_OUT/compare.log" 2>&1
-    step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 4 --log-every 1 \
+    step bench_attention ./build-gpu/bench_attention --json "$GPU_OUT/attention.json" > "$GPU_OUT/attention.log" 2>&1
+    step bench_torch_attention env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_attention.py \
+        --ours "$GPU_OUT/attention.json" --out "$GPU_OUT/torch_attention.json" --markdown "$GPU_OUT/attention.md" \
+        > "$GPU_OUT/torch_attention.log" 2>&1
+    # 12 steps: the phase medians (forward, backward, optimizer) leave out the first two.
+    step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 12 --log-every 1 \
         --json "$GPU_OUT/medium.json" --chart "$GPU_OUT/medium.svg" > "$GPU_OUT/medium.log" 2>&1
+    step bench_torch_gpt env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py --ours "$GPU_OUT/medium.json" \
+        --json "$GPU_OUT/torch_gpt.json" > "$GPU_OUT/torch_gpt.log" 2>&1
     step "tinyshakespeare bf16" ./build-gpu/train_gpt --device cuda --data data/tinyshakespeare.txt --policy both \
         --steps 300 --log-every 50 --json "$GPU_OUT/shakespeare.json" --chart "$GPU_OUT/shakespeare.svg" \
         > "$GPU_OUT/shakespeare.log" 2>&1
@@ -88,6 +96,8 @@ printf '%s\n' "${summary[@]}"
 cat "$GPU_OUT/crosscheck.txt" 2>/dev/null
 cat "$GPU_OUT/compare.log" 2>/dev/null
 for f in medium shakespeare; do
-    [ -f "$GPU_OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output)\] step" "$GPU_OUT/$f.log" | tail -16; }
+    [ -f "$GPU_OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output) *\] step" "$GPU_OUT/$f.log" | tail -16; }
 done
+[ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
+[ -f "$GPU_OUT/torch_gpt.log" ] && { echo "--- medium preset beside PyTorch eager"; tail -8 "$GPU_OUT/torch_gpt.log"; }
 exit $failed
