@@ -170,7 +170,7 @@ TEST_CASE("cuda: attention, embedding and cross-entropy match the cpu") {
 
 // Head sizes 64 and 128 (bf16: the tensor-core kernels), T below, at, just past and well past the
 // 64-row tile, scores large enough that the softmax is far from uniform.
-TEST_CASE("cuda: attention at head sizes 64 and 128 matches the cpu at every T, gradients included") {
+TEST_CASE("cuda: attention at head sizes 64 and 128 and every T, gradients included, match the cpu") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(5);
     for (DType d : kDtypes)
