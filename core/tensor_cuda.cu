@@ -3,6 +3,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/cuda_map.cuh"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
 
@@ -39,18 +40,6 @@ __global__ void fill_kernel(T* __restrict__ dst, T value, int64_t n) {
 }
 
 template <class T>
-__global__ void add_scaled_kernel(T* __restrict__ a, const T* __restrict__ b, acc_t<T> alpha, int64_t n) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        a[i] = static_cast<T>(acc_t<T>(a[i]) + alpha * acc_t<T>(b[i]));
-}
-
-template <class T>
-__global__ void mul_scalar_kernel(T* __restrict__ a, acc_t<T> value, int64_t n) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        a[i] = static_cast<T>(acc_t<T>(a[i]) * value);
-}
-
-template <class T>
 __global__ void from_float_kernel(T* __restrict__ dst, const float* __restrict__ src, int64_t n) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         dst[i] = static_cast<T>(src[i]);
@@ -71,6 +60,11 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
     }
     layout.offset = src.impl().offset;
     cudaStream_t stream = cuda::stream(dst.device().index);
+    if (src.is_contiguous() && src.dtype() == dst.dtype()) {  // the common case: one DMA copy
+        CUDA_CHECK(cudaMemcpyAsync(byte_ptr(dst), byte_ptr(src), static_cast<size_t>(src.nbytes()),
+                                   cudaMemcpyDeviceToDevice, stream));
+        return;
+    }
     dispatch_all(dst.dtype(), [&](auto dst_tag) {
         using D = decltype(dst_tag);
         dispatch_all(src.dtype(), [&](auto src_tag) {
@@ -94,27 +88,32 @@ void fill_cuda(const Tensor& dst, double value) {
     });
 }
 
+namespace {
+template <class A>
+struct AddScaledOp {
+    A alpha;
+    __device__ A operator()(const A (&x)[2]) const { return x[0] + alpha * x[1]; }
+};
+template <class A>
+struct MulScalarOp {
+    A value;
+    __device__ A operator()(const A (&x)[1]) const { return x[0] * value; }
+};
+}  // namespace
+
 void add_scaled_cuda(const Tensor& a, const Tensor& b, double alpha) {
-    int64_t n = a.numel();
-    if (n == 0) return;
-    cudaStream_t stream = cuda::stream(a.device().index);
     dispatch_floating(a.dtype(), "add_", [&](auto tag) {
         using T = decltype(tag);
-        add_scaled_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(device_ptr<T>(a), device_ptr<T>(b),
-                                                                                static_cast<acc_t<T>>(alpha), n);
-        CUDA_LAUNCH_CHECK();
+        map_cuda<T, 2>(device_ptr<T>(a), {{device_ptr<T>(a), device_ptr<T>(b)}, {0, 0}}, a.numel(),
+                       AddScaledOp<acc_t<T>>{static_cast<acc_t<T>>(alpha)}, a.device().index);
     });
 }
 
 void mul_scalar_cuda(const Tensor& a, double value) {
-    int64_t n = a.numel();
-    if (n == 0) return;
-    cudaStream_t stream = cuda::stream(a.device().index);
     dispatch_floating(a.dtype(), "mul_", [&](auto tag) {
         using T = decltype(tag);
-        mul_scalar_kernel<T>
-            <<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(device_ptr<T>(a), static_cast<acc_t<T>>(value), n);
-        CUDA_LAUNCH_CHECK();
+        map_cuda<T, 1>(device_ptr<T>(a), {{device_ptr<T>(a)}, {0}}, a.numel(),
+                       MulScalarOp<acc_t<T>>{static_cast<acc_t<T>>(value)}, a.device().index);
     });
 }
 

@@ -163,18 +163,18 @@ __device__ inline float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Grid: B * NH * tiles blocks; a head's tiles are neighbours in x (its K and V stay in L2), the
-// last, longest tile first.
+// Grid: B * NH * tiles blocks, x = (bh, then tile from the last, the longest, down): the longest
+// blocks go first and the shortest fill the tail.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                                                                  const bf16* __restrict__ qkv, int Tn, int C, int NH,
-                                                                 int tiles, float scale_log2) {
+                                                                 int BNH, int tiles, float scale_log2) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sq = reinterpret_cast<bf16*>(shared_raw);
     bf16* sk = sq + kTile * S;
     bf16* sv = sk + kTile * S;
-    const int bh = blockIdx.x / tiles, tile = tiles - 1 - blockIdx.x % tiles, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.x % BNH, tile = tiles - 1 - blockIdx.x / BNH, b = bh / NH, h = bh % NH;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
     const int64_t ld = 3LL * C;
     const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
@@ -276,13 +276,12 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
     }
 }
 
-// Grid: B * NH * tiles blocks; a head's key tiles are neighbours in x (its Q, dO and f32 dq stay
-// in L2 while they are added into), the first, longest tile first.
+// Grid: B * NH * tiles blocks, x = (bh, then key tile from the first, the longest, up).
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(bf16* __restrict__ dqkv, float* __restrict__ dq, const bf16* __restrict__ dout,
                           const bf16* __restrict__ qkv, const float* __restrict__ lse, const float* __restrict__ D,
-                          int Tn, int C, int NH, int tiles, float scale) {
+                          int Tn, int C, int NH, int BNH, int tiles, float scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sk = reinterpret_cast<bf16*>(shared_raw);
@@ -292,7 +291,7 @@ __global__ void __launch_bounds__(kThreads)
     bf16* sdo_buf = sq_buf + 2 * kTile * S;
     float* slse_buf = reinterpret_cast<float*>(sdo_buf + 2 * kTile * S);
     float* sD_buf = slse_buf + 2 * kTile;
-    const int bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.x % BNH, tile = blockIdx.x / BNH, b = bh / NH, h = bh % NH;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
     const int64_t ld = 3LL * C;
     const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
@@ -428,13 +427,18 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// dqkv's q columns from the f32 dq [B, NH, T, hs], grid-stride over its elements.
+// dqkv's q columns from the f32 dq [B, NH, T, hs]: 8 columns (a 16-byte store) a thread, grid-stride.
 __global__ void round_dq_kernel(bf16* __restrict__ dqkv, const float* __restrict__ dq, int Tn, int C, int NH, int hs,
                                 int64_t n) {
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t d = i % hs, t = i / hs % Tn, bh = i / (static_cast<int64_t>(hs) * Tn);
-        dqkv[(bh / NH * Tn + t) * 3 * C + bh % NH * hs + d] = bf16(dq[i]);
+    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x * 8) {
+        const int64_t d = i % hs, row = i / hs, t = row % Tn, bh = row / Tn;
+        float v[8], w[4];
+        load_pack(dq + i, w);
+        v[0] = w[0], v[1] = w[1], v[2] = w[2], v[3] = w[3];
+        load_pack(dq + i + 4, w);
+        v[4] = w[0], v[5] = w[1], v[6] = w[2], v[7] = w[3];
+        store_pack(dqkv + (bh / NH * Tn + t) * 3 * C + bh % NH * hs + d, v);
     }
 }
 
@@ -463,7 +467,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, 
     auto run = [&](auto kernel, size_t shared) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
-            out, lse, qkv, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH),
+            out, lse, qkv, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH), static_cast<int>(BNH),
             static_cast<int>(tiles), scale_log2);
         CUDA_LAUNCH_CHECK();
     };
@@ -480,13 +484,13 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
             dqkv, device_ptr<float>(dq), dout, qkv, lse, D, static_cast<int>(Tn), static_cast<int>(C),
-            static_cast<int>(NH), static_cast<int>(tiles), scale);
+            static_cast<int>(NH), static_cast<int>(BNH), static_cast<int>(tiles), scale);
         CUDA_LAUNCH_CHECK();
     };
     if (hs == 64) run(flash_backward_kernel<64>, backward_shared<64>());
     else run(flash_backward_kernel<128>, backward_shared<128>());
     const int64_t n = dq.numel();
-    round_dq_kernel<<<cuda::blocks_for(n), cuda::kThreads, 0, cuda::stream(device)>>>(dqkv, device_ptr<float>(dq),
+    round_dq_kernel<<<cuda::blocks_for(n / 8), cuda::kThreads, 0, cuda::stream(device)>>>(dqkv, device_ptr<float>(dq),
                                                                          static_cast<int>(Tn), static_cast<int>(C),
                                                                          static_cast<int>(NH), static_cast<int>(hs), n);
     CUDA_LAUNCH_CHECK();

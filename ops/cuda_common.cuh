@@ -1,8 +1,8 @@
 // ops/cuda_common.cuh: device helpers shared by the kernels of ops/ and nn/: the cuBLAS type of
-// a dtype, block-wide sums and maxima, 16-byte vector loads and stores of f32 and bf16, and
-// cp.async copies into shared memory. Internal, CUDA code only. Not here: the host launchers of
-// the shared reductions (column_sum_cuda, single_block_sum_cuda: ops/cuda_launchers.h), anything
-// specific to one op (the norms' row groups: ops/norm_rows.cuh).
+// a dtype, block-wide sums and maxima, and cp.async copies into shared memory. Internal, CUDA
+// code only. Not here: 16-byte vectors and the elementwise map (core/cuda_map.cuh, included); the
+// host launchers of the shared reductions (column_sum_cuda, single_block_sum_cuda:
+// ops/cuda_launchers.h), anything specific to one op (the norms' row groups: ops/norm_rows.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/cuda_map.cuh"
 #include "core/dtype.h"
 
 namespace normtape::detail {
@@ -49,46 +50,6 @@ __device__ A block_max(A v, A* shared) {
     for (int w = 1; w < warps; ++w) total = max(total, shared[w]);
     __syncthreads();
     return total;
-}
-
-// ---- 16-byte vectors ------------------------------------------------------------------------
-
-// A 16-byte vector of T, unpacked into E = 16 / sizeof(T) floats.
-template <class T>
-struct Pack {
-    static constexpr int E = 16 / sizeof(T);
-};
-
-// A 16-byte vector already in registers, unpacked (a kernel may keep rows as raw 16-byte vectors:
-// 4 registers whatever the dtype, half of what unpacked bf16 would take).
-__device__ inline void unpack(const uint4& q, float (&v)[4]) {
-    v[0] = __uint_as_float(q.x), v[1] = __uint_as_float(q.y), v[2] = __uint_as_float(q.z), v[3] = __uint_as_float(q.w);
-}
-__device__ inline void unpack(const uint4& q, float (&v)[8]) {
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    for (int k = 0; k < 4; ++k) {
-        v[2 * k] = __uint_as_float(w[k] << 16);
-        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-}
-// One 16-byte load at p (16-byte aligned), unpacked. f32 loads a float4, not a uint4: through a
-// uint4 ptxas spilled in kernels held to 64 registers.
-__device__ inline void load_pack(const float* p, float (&v)[4]) {
-    float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-}
-__device__ inline void load_pack(const bf16* p, float (&v)[8]) { unpack(*reinterpret_cast<const uint4*>(p), v); }
-// One 16-byte store at p (16-byte aligned); bf16 rounds to nearest even.
-__device__ inline void store_pack(float* p, const float (&v)[4]) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ inline void store_pack(bf16* p, const float (&v)[8]) {
-    uint32_t w[4];
-    for (int k = 0; k < 4; ++k) {  // round to nearest even, two at a time (same rounding as bf16's)
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-        w[k] = *reinterpret_cast<uint32_t*>(&h);
-    }
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // ---- cp.async ---------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ template <class T>  // out[i] = gelu_tanh(x[i])
 void gelu_forward_cuda(T* out, const T* x, int64_t n, int device);
 template <class T>  // dx[i] = dy[i] * gelu_tanh'(x[i])
 void gelu_backward_cuda(T* dx, const T* dy, const T* x, int64_t n, int device);
+template <class T>  // out[r, j] += bias[j], out [rows, N]
+void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
 // ops/reduce.cu
 template <class T>  // out[0] = factor * sum of x[0..n)
@@ -69,8 +71,6 @@ void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out,
 template <class T>
 void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
                int64_t b_cols, bool trans_b, int device);
-template <class T>  // out[r, j] += bias[j], out [rows, N]
-void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
 // ops/norm_forward.cu, ops/norm_backward.cu, ops/norm_reference.cu: the norms (see
 // ops/norm_policy.h); mean is nullptr when not centered, weight/bias nullptr when absent;

@@ -1,4 +1,5 @@
-// ops/matmul.cu: matrix products through cuBLAS (cublasGemmEx), and the bias row add of linear.
+// ops/matmul.cu: matrix products through cuBLAS (cublasGemmEx). The bias row add of linear is
+// add_bias_rows_cuda, in ops/elementwise.cu.
 #include <type_traits>
 
 #include "core/cuda_check.h"
@@ -7,18 +8,6 @@
 #include "ops/cuda_launchers.h"
 
 namespace normtape::detail {
-
-namespace {
-
-// out[r, j] += bias[j]; out [rows, N].
-template <class T>
-__global__ void add_bias_rows_kernel(T* __restrict__ out, const T* __restrict__ bias, int64_t rows, int64_t N) {
-    int64_t n = rows * N;
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        out[i] = static_cast<T>(acc_t<T>(out[i]) + acc_t<T>(bias[i % N]));
-}
-
-}  // namespace
 
 // Row-major out = op(a) @ op(b) is column-major out^T = op(b)^T @ op(a)^T: a row-major matrix is
 // its transpose in column-major order, so the operands swap and keep their own transposition.
@@ -41,15 +30,8 @@ void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a,
                               cuda_type<T>(), static_cast<int>(N), compute, CUBLAS_GEMM_DEFAULT));
 }
 
-template <class T>
-void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device) {
-    add_bias_rows_kernel<T><<<cuda::blocks_for(rows * N), cuda::kThreads, 0, cuda::stream(device)>>>(out, bias, rows, N);
-    CUDA_LAUNCH_CHECK();
-}
-
 #define NT_INSTANTIATE(T)                                                                                           \
-    template void gemm_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool, int);       \
-    template void add_bias_rows_cuda<T>(T*, const T*, int64_t, int64_t, int);
+    template void gemm_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

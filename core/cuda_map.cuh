@@ -1,0 +1,145 @@
+// core/cuda_map.cuh: 16-byte vectors of f32 and bf16 (load, store, unpack), and map_cuda(), the
+// one elementwise kernel behind every pointwise op on the GPU: out[i] = f(in_0[i], ..., in_N-1[i])
+// read and written in 16-byte vectors (8 bf16, 4 f32) wherever the pointers allow, with enough
+// independent loads in flight per thread to reach copy bandwidth. Internal, CUDA code only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/bf16.h"
+#include "core/cuda_check.h"
+#include "core/cuda_context.h"
+#include "core/dtype.h"
+
+namespace normtape::detail {
+
+// A 16-byte vector of T, unpacked into E = 16 / sizeof(T) floats.
+template <class T>
+struct Pack {
+    static constexpr int E = 16 / sizeof(T);
+};
+
+// A 16-byte vector already in registers, unpacked (a kernel may keep rows as raw 16-byte vectors:
+// 4 registers whatever the dtype, half of what unpacked bf16 would take).
+__device__ inline void unpack(const uint4& q, float (&v)[4]) {
+    v[0] = __uint_as_float(q.x), v[1] = __uint_as_float(q.y), v[2] = __uint_as_float(q.z), v[3] = __uint_as_float(q.w);
+}
+__device__ inline void unpack(const uint4& q, float (&v)[8]) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+// One 16-byte load at p (16-byte aligned), unpacked. f32 loads a float4, not a uint4: through a
+// uint4 ptxas spilled in kernels held to 64 registers.
+__device__ inline void load_pack(const float* p, float (&v)[4]) {
+    float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ inline void load_pack(const bf16* p, float (&v)[8]) { unpack(*reinterpret_cast<const uint4*>(p), v); }
+// One 16-byte store at p (16-byte aligned); bf16 rounds to nearest even.
+__device__ inline void store_pack(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void store_pack(bf16* p, const float (&v)[8]) {
+    uint32_t w[4];
+    for (int k = 0; k < 4; ++k) {  // round to nearest even, two at a time (same rounding as bf16's)
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        w[k] = *reinterpret_cast<uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The inputs of a map: N pointers to n elements each (index_mod[k] > 0: input k is read at
+// i % index_mod[k], a row broadcast over the leading dimensions).
+template <class T, int N>
+struct MapInputs {
+    const T* p[N];
+    int64_t index_mod[N];
+};
+
+// kUnroll vectors a thread per grid-stride step: that many independent 16-byte loads per input in
+// flight, which is what memory-bound kernels need on Hopper to approach copy bandwidth.
+constexpr int kMapUnroll = 4;
+
+// out[i] = f(x) with x[k] = in.p[k][i] (or [i % index_mod[k]]) as acc_t<T>; E elements a vector
+// (1: scalar, any alignment). f: a functor with `__device__ acc_t<T> operator()(const acc_t<T>
+// (&x)[N]) const`.
+template <class T, int N, int E, class F>
+__global__ void map_kernel(T* __restrict__ out, MapInputs<T, N> in, int64_t n, F f) {
+    using A = acc_t<T>;
+    const int64_t vectors = (n + E - 1) / E;
+    const int64_t step = int64_t(gridDim.x) * blockDim.x * kMapUnroll;
+    for (int64_t first = int64_t(blockIdx.x) * blockDim.x * kMapUnroll + threadIdx.x; first < vectors; first += step) {
+        A x[kMapUnroll][E][N];
+        bool full[kMapUnroll];
+#pragma unroll
+        for (int u = 0; u < kMapUnroll; ++u) {
+            const int64_t v = first + int64_t(u) * blockDim.x, i = v * E;
+            full[u] = v < vectors && i + E <= n;
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                const int64_t at = in.index_mod[k] > 0 ? i % in.index_mod[k] : i;
+                if constexpr (E > 1) {
+                    if (full[u]) {
+                        float tmp[E];
+                        load_pack(in.p[k] + at, tmp);
+#pragma unroll
+                        for (int e = 0; e < E; ++e) x[u][e][k] = tmp[e];
+                        continue;
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    const int64_t j = i + e;
+                    const int64_t jat = in.index_mod[k] > 0 ? j % in.index_mod[k] : j;
+                    x[u][e][k] = v < vectors && j < n ? A(in.p[k][jat]) : A(0);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kMapUnroll; ++u) {
+            const int64_t v = first + int64_t(u) * blockDim.x, i = v * E;
+            if (v >= vectors) break;
+            if constexpr (E > 1) {
+                if (full[u]) {
+                    float r[E];
+#pragma unroll
+                    for (int e = 0; e < E; ++e) r[e] = f(x[u][e]);
+                    store_pack(out + i, r);
+                    continue;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < E; ++e)
+                if (i + e < n) out[i + e] = static_cast<T>(f(x[u][e]));
+        }
+    }
+}
+
+// out[i] = f(in...) for i < n on `device`'s stream (out may be one of the inputs: in place).
+// Vectors where T is f32 or bf16, every pointer is 16-byte aligned and every index_mod a multiple
+// of the vector length; scalars otherwise.
+template <class T, int N, class F>
+void map_cuda(T* out, MapInputs<T, N> in, int64_t n, F f, int device) {
+    if (n == 0) return;
+    constexpr int E = std::is_same_v<T, double> ? 1 : Pack<T>::E;
+    bool vector = E > 1 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    for (int k = 0; k < N; ++k)
+        vector = vector && reinterpret_cast<uintptr_t>(in.p[k]) % 16 == 0 && in.index_mod[k] % E == 0;
+    const int e = vector ? E : 1;
+    const int64_t per_block = int64_t(cuda::kThreads) * kMapUnroll * e;
+    int64_t blocks = (n + per_block - 1) / per_block;
+    blocks = blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks);
+    cudaStream_t stream = cuda::stream(device);
+    if (vector) map_kernel<T, N, E, F><<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(out, in, n, f);
+    else map_kernel<T, N, 1, F><<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(out, in, n, f);
+    CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace normtape::detail
