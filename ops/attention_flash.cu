@@ -14,9 +14,10 @@
 // Forward (query tile i): S = Q K_j^T, running max m and sum l, O = O * exp(m_old - m) + P V_j,
 // for key tiles j <= i (the causal mask inside j == i only); out = O / l, lse = m + log(l).
 // K_{j+1} is copied (cp.async) while P V_j is computed, V_{j+1} while S_{j+1} is.
-// Backward (key tile j, query tiles i >= j): P^T = exp(K Q^T * scale - lse), dV += P^T dO,
-// dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dS^T goes through shared memory for
-// dQ = dS K, added into an f32 buffer with atomics (as FlashAttention-2 does), then rounded.
+// Backward, two kernels, so that every sum has one owner and a fixed order (no atomics):
+// dK, dV (key tile j, query tiles i >= j): P^T = exp(K Q^T * scale - lse), dV += P^T dO,
+// dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dQ (query tile i, key tiles j <= i):
+// S, P and dP again, dQ += dS K. The next tile is copied while the current one is used.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -39,7 +40,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 template <int HS>
 constexpr int kStride = HS + 8;        // a shared tile's row, in elements
-constexpr int kStrideS = kTile + 8;    // the dS^T tile's row
 
 __device__ inline uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -78,10 +78,6 @@ __device__ inline void ldmatrix(uint32_t (&r)[4], const bf16* p) {
 // A (16 x 16) of a tile stored as [m][k]:
 __device__ inline void load_a(uint32_t (&a)[4], const bf16* tile, int ld, int row0, int col0, int lane) {
     ldmatrix<false>(a, tile + (row0 + lane % 16) * ld + col0 + (lane / 16) * 8);
-}
-// A (16 x 16) of a tile stored as [k][m] (the transpose): row0 indexes k, col0 indexes m.
-__device__ inline void load_a_trans(uint32_t (&a)[4], const bf16* tile, int ld, int k0, int m0, int lane) {
-    ldmatrix<true>(a, tile + (k0 + lane % 8 + (lane / 16) * 8) * ld + m0 + (lane / 8 % 2) * 8);
 }
 // B for two adjacent 8-column tiles (k 16 x n 16) of a tile stored as [n][k]: {b[0], b[1]} for
 // columns n0..n0+7, {b[2], b[3]} for n0+8..n0+15.
@@ -128,29 +124,6 @@ __device__ inline void copy_async4(float* to_shared, const float* from_global) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(from_global) : "memory");
 #else
     *to_shared = *from_global;
-#endif
-}
-
-// dq[row0 + r, col0 + c] += scale * acc (an accumulator tile, 16 rows x 8 columns), rows past T
-// skipped. Lanes pair up (lane ^ 1) so that each holds 4 adjacent columns of one row: one 16-byte
-// reduction instead of four atomics (red.global.add.v4.f32, sm_90; four atomicAdds before).
-template <int HS>
-__device__ inline void add_to_dq(float* dq, const float (&acc)[4], int64_t row_base, int row0, int col0, int Tn,
-                                 float scale, int g, int t4) {
-    const bool odd = t4 & 1;
-    const float send0 = odd ? acc[0] : acc[2], send1 = odd ? acc[1] : acc[3];
-    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1), got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-    // even t4: row g, columns 2 t4 .. 2 t4 + 3; odd t4: row g + 8, columns 2 t4 - 2 .. 2 t4 + 1
-    const float v0 = scale * (odd ? got0 : acc[0]), v1 = scale * (odd ? got1 : acc[1]);
-    const float v2 = scale * (odd ? acc[2] : got0), v3 = scale * (odd ? acc[3] : got1);
-    const int row = row0 + g + (odd ? 8 : 0);
-    if (row >= Tn) return;
-    float* dst = dq + (row_base + row) * HS + col0 + 2 * (t4 & 2);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v0), "f"(v1), "f"(v2), "f"(v3)
-                 : "memory");
-#else
-    atomicAdd(dst, v0), atomicAdd(dst + 1, v1), atomicAdd(dst + 2, v2), atomicAdd(dst + 3, v3);
 #endif
 }
 
@@ -278,16 +251,15 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
 
 // Grid: B * NH * tiles blocks, x = (bh, then key tile from the first, the longest, up).
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
-    flash_backward_kernel(bf16* __restrict__ dqkv, float* __restrict__ dq, const bf16* __restrict__ dout,
-                          const bf16* __restrict__ qkv, const float* __restrict__ lse, const float* __restrict__ D,
-                          int Tn, int C, int NH, int BNH, int tiles, float scale) {
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM spill 8 bytes at 64
+    flash_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                      const float* __restrict__ lse, const float* __restrict__ D, int Tn, int C, int NH, int BNH,
+                      int tiles, float scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sk = reinterpret_cast<bf16*>(shared_raw);
     bf16* sv = sk + kTile * S;
-    bf16* sds = sv + kTile * S;            // dS^T: [key][query]
-    bf16* sq_buf = sds + kTile * kStrideS;  // two buffers each of Q, dO, lse and D: tile i in i % 2
+    bf16* sq_buf = sv + kTile * S;  // two buffers each of Q, dO, lse and D: tile i in i % 2
     bf16* sdo_buf = sq_buf + 2 * kTile * S;
     float* slse_buf = reinterpret_cast<float*>(sdo_buf + 2 * kTile * S);
     float* sD_buf = slse_buf + 2 * kTile;
@@ -324,7 +296,7 @@ __global__ void __launch_bounds__(kThreads)
         const float* slse = slse_buf + i % 2 * kTile;
         const float* sD = sD_buf + i % 2 * kTile;
         copy_async_wait_n<0>();  // tile i has landed
-        __syncthreads();         // ... for every thread; and tile i - 1's buffers and dS^T are no longer read
+        __syncthreads();         // ... for every thread; and tile i - 1's buffers are no longer read
         if (i + 1 < tiles) load_query_tile(i + 1);
 
         // S^T = K_w Q^T (16 keys x 64 queries), then P^T.
@@ -380,16 +352,11 @@ __global__ void __launch_bounds__(kThreads)
         for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - sD[n * 8 + 2 * t4 + (e & 1)]);
-        // dK += dS^T Q (scaled at the end); dS^T to shared memory for dQ.
+        // dK += dS^T Q (scaled at the end)
 #pragma unroll
         for (int kk = 0; kk < kTile / 16; ++kk) {
             uint32_t a[4];
             to_a(a, ds[2 * kk], ds[2 * kk + 1]);
-            bf16* row_lo = sds + (warp * 16 + g) * kStrideS + kk * 16 + 2 * t4;
-            *reinterpret_cast<uint32_t*>(row_lo) = a[0];
-            *reinterpret_cast<uint32_t*>(row_lo + 8 * kStrideS) = a[1];
-            *reinterpret_cast<uint32_t*>(row_lo + 8) = a[2];
-            *reinterpret_cast<uint32_t*>(row_lo + 8 * kStrideS + 8) = a[3];
 #pragma unroll
             for (int n = 0; n < HS / 16; ++n) {
                 uint32_t bq[4];
@@ -397,22 +364,6 @@ __global__ void __launch_bounds__(kThreads)
                 mma(dk[2 * n], a, bq[0], bq[1]);
                 mma(dk[2 * n + 1], a, bq[2], bq[3]);
             }
-        }
-        __syncthreads();
-        // dQ (this warp's 16 queries) += scale * dS K, 16 columns of HS at a time.
-#pragma unroll
-        for (int n = 0; n < HS / 16; ++n) {
-            float acc[2][4] = {};
-#pragma unroll
-            for (int kk = 0; kk < kTile / 16; ++kk) {
-                uint32_t a[4], bk[4];
-                load_a_trans(a, sds, kStrideS, kk * 16, warp * 16, lane);
-                load_b_trans(bk, sk, S, kk * 16, n * 16, lane);
-                mma(acc[0], a, bk[0], bk[1]);
-                mma(acc[1], a, bk[2], bk[3]);
-            }
-            add_to_dq<HS>(dq, acc[0], static_cast<int64_t>(bh) * Tn, q0 + warp * 16, n * 16, Tn, scale, g, t4);
-            add_to_dq<HS>(dq, acc[1], static_cast<int64_t>(bh) * Tn, q0 + warp * 16, n * 16 + 8, Tn, scale, g, t4);
         }
     }
 #pragma unroll
@@ -427,18 +378,96 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// dqkv's q columns from the f32 dq [B, NH, T, hs]: 8 columns (a 16-byte store) a thread, grid-stride.
-__global__ void round_dq_kernel(bf16* __restrict__ dqkv, const float* __restrict__ dq, int Tn, int C, int NH, int hs,
-                                int64_t n) {
-    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x * 8) {
-        const int64_t d = i % hs, row = i / hs, t = row % Tn, bh = row / Tn;
-        float v[8], w[4];
-        load_pack(dq + i, w);
-        v[0] = w[0], v[1] = w[1], v[2] = w[2], v[3] = w[3];
-        load_pack(dq + i + 4, w);
-        v[4] = w[0], v[5] = w[1], v[6] = w[2], v[7] = w[3];
-        store_pack(dqkv + (bh / NH * Tn + t) * 3 * C + bh % NH * hs + d, v);
+
+// dQ: a block owns 64 queries and walks key tiles j <= its own, as the forward does:
+// S = Q K^T, P = exp(S * scale - lse), dP = dO V^T, dS = P (dP - D), dQ += dS K (dS goes from the
+// accumulators to the A operand in registers). K and V tiles are double-buffered. Grid as the forward.
+template <int HS>
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 2)
+    flash_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                    const float* __restrict__ lse, const float* __restrict__ D, int Tn, int C, int NH, int BNH,
+                    int tiles, float scale) {
+    extern __shared__ __align__(16) unsigned char shared_raw[];
+    constexpr int S = kStride<HS>;
+    bf16* sq = reinterpret_cast<bf16*>(shared_raw);
+    bf16* sdo = sq + kTile * S;
+    bf16* sk_buf = sdo + kTile * S;  // K_j in buffer j % 2, V_j likewise
+    bf16* sv_buf = sk_buf + 2 * kTile * S;
+    const int bh = blockIdx.x % BNH, tile = tiles - 1 - blockIdx.x / BNH, b = bh / NH, h = bh % NH;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
+    const int64_t ld = 3LL * C;
+    const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
+    const int q0 = tile * kTile;
+    const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    float row_lse[2], row_D[2];  // rows past T: P = 0
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int64_t at = static_cast<int64_t>(bh) * Tn + row[r];
+        row_lse[r] = row[r] < Tn ? lse[at] * kLog2e : INFINITY;
+        row_D[r] = row[r] < Tn ? D[at] : 0.f;
+    }
+    auto load_key_tile = [&](int j) {
+        load_tile<HS>(sk_buf + j % 2 * kTile * S, base + C, ld, j * kTile, Tn);
+        load_tile<HS>(sv_buf + j % 2 * kTile * S, base + 2 * C, ld, j * kTile, Tn);
+        copy_async_commit();
+    };
+    load_tile<HS>(sq, base, ld, q0, Tn);
+    load_tile<HS>(sdo, dout + static_cast<int64_t>(b) * Tn * C + h * HS, C, q0, Tn);
+    load_key_tile(0);
+
+    float dq[HS / 8][4] = {};
+    for (int j = 0; j <= tile; ++j) {
+        const bf16* sk = sk_buf + j % 2 * kTile * S;
+        const bf16* sv = sv_buf + j % 2 * kTile * S;
+        copy_async_wait_n<0>();  // tile j has landed
+        __syncthreads();         // ... for every thread; and tile j - 1's buffers are no longer read
+        if (j < tile) load_key_tile(j + 1);
+
+        float p[kTile / 8][4] = {}, ds[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; ++kk) {
+            uint32_t aq[4], ao[4];
+            load_a(aq, sq, S, warp * 16, kk * 16, lane);
+            load_a(ao, sdo, S, warp * 16, kk * 16, lane);
+#pragma unroll
+            for (int n = 0; n < kTile / 16; ++n) {
+                uint32_t bk[4], bv[4];
+                load_b(bk, sk, S, n * 16, kk * 16, lane);
+                mma(p[2 * n], aq, bk[0], bk[1]);
+                mma(p[2 * n + 1], aq, bk[2], bk[3]);
+                load_b(bv, sv, S, n * 16, kk * 16, lane);
+                mma(ds[2 * n], ao, bv[0], bv[1]);
+                mma(ds[2 * n + 1], ao, bv[2], bv[3]);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = j * kTile + n * 8 + 2 * t4 + (e & 1);
+                const float pv = fminf(1.f, exp2f(p[n][e] * scale * kLog2e - row_lse[e / 2]));  // <= 1 as in forward
+                ds[n][e] = key > row[e / 2] ? 0.f : pv * (ds[n][e] - row_D[e / 2]);
+            }
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+            uint32_t a[4];
+            to_a(a, ds[2 * kk], ds[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < HS / 16; ++n) {
+                uint32_t bk[4];
+                load_b_trans(bk, sk, S, kk * 16, n * 16, lane);
+                mma(dq[2 * n], a, bk[0], bk[1]);
+                mma(dq[2 * n + 1], a, bk[2], bk[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row[r] >= Tn) continue;
+        bf16* dst = dqkv + (static_cast<int64_t>(b) * Tn + row[r]) * ld + h * HS + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < HS / 8; ++d)
+            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
     }
 }
 
@@ -446,7 +475,7 @@ template <int HS>
 constexpr size_t forward_shared() { return 3u * kTile * kStride<HS> * sizeof(bf16); }
 template <int HS>
 constexpr size_t backward_shared() {
-    return (6u * kTile * kStride<HS> + kTile * kStrideS) * sizeof(bf16) + 4u * kTile * sizeof(float);
+    return 6u * kTile * kStride<HS> * sizeof(bf16) + 4u * kTile * sizeof(float);
 }
 
 }  // namespace
@@ -479,21 +508,20 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
                               int64_t B, int64_t Tn, int64_t C, int64_t NH, int device) {
     const int64_t hs = C / NH, tiles = (Tn + kTile - 1) / kTile, BNH = B * NH;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-    Tensor dq = zeros({B, NH, Tn, hs}, TensorOptions().dtype(DType::F32).device(Device::cuda(device)));
     auto run = [&](auto kernel, size_t shared) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
-            dqkv, device_ptr<float>(dq), dout, qkv, lse, D, static_cast<int>(Tn), static_cast<int>(C),
-            static_cast<int>(NH), static_cast<int>(BNH), static_cast<int>(tiles), scale);
+            dqkv, dout, qkv, lse, D, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH),
+            static_cast<int>(BNH), static_cast<int>(tiles), scale);
         CUDA_LAUNCH_CHECK();
     };
-    if (hs == 64) run(flash_backward_kernel<64>, backward_shared<64>());
-    else run(flash_backward_kernel<128>, backward_shared<128>());
-    const int64_t n = dq.numel();
-    round_dq_kernel<<<cuda::blocks_for(n / 8), cuda::kThreads, 0, cuda::stream(device)>>>(dqkv, device_ptr<float>(dq),
-                                                                         static_cast<int>(Tn), static_cast<int>(C),
-                                                                         static_cast<int>(NH), static_cast<int>(hs), n);
-    CUDA_LAUNCH_CHECK();
+    if (hs == 64) {
+        run(flash_dkdv_kernel<64>, backward_shared<64>());
+        run(flash_dq_kernel<64>, backward_shared<64>());
+    } else {
+        run(flash_dkdv_kernel<128>, backward_shared<128>());
+        run(flash_dq_kernel<128>, backward_shared<128>());
+    }
 }
 
 }  // namespace normtape::detail

@@ -18,7 +18,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, 
                              int device);
 
 // dqkv [B, T, 3C] (=) from dout [B, T, C], qkv, lse and D [B, NH, T] f32 (D = rowsum(dout * out)
-// per head). Uses a [B, NH, T, hs] f32 scratch for dq, accumulated with atomics across key tiles.
+// per head); deterministic.
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
                               int64_t B, int64_t T_, int64_t C, int64_t NH, int device);
 

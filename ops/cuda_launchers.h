@@ -6,7 +6,7 @@
 // f64 for double); statistics and log-sum-exps are acc_t<T>. Each is defined, and explicitly
 // instantiated for the three types, in the op's .cu file; ops call them only through NT_CUDA
 // (core/cuda_dispatch.h). Outputs are overwritten (=). Reductions are deterministic: a fixed
-// order, no floating-point atomics, except the bf16 attention backward's dq (ops/attention_flash.cu).
+// order, no floating-point atomics.
 #pragma once
 
 #include <cstdint>
@@ -57,8 +57,7 @@ void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* ls
                                  double grad, int64_t M, int64_t V, int device);
 
 // ops/attention.cu (qkv [B, T, 3C], out [B, T, C], lse [B, NH, T]; see ops/attention.h). The
-// backward reads out only through D = rowsum(dout * out); it allocates D and, for the flash
-// kernels (ops/attention_flash.cuh), an f32 [B, NH, T, hs] dq.
+// backward reads out only through D = rowsum(dout * out), which it allocates.
 template <class T>
 void attention_forward_cuda(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH,
                             int device);
