@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/cuda_event.h"
 #include "core/device.h"
 #include "core/tensor_cuda.h"
 
@@ -85,5 +86,29 @@ bool cuda_is_available() {
 void synchronize(Device device) {
     if (device.is_cuda()) CUDA_CHECK(cudaStreamSynchronize(cuda::stream(device.index)));
 }
+
+namespace detail {
+
+void* cuda_event_create(int device) {
+    cuda::stream(device);  // checks the device and makes it current
+    cudaEvent_t event = nullptr;
+    CUDA_CHECK(cudaEventCreate(&event));
+    return event;
+}
+
+void cuda_event_destroy(void* event) noexcept { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
+void cuda_event_record(void* event, int device) {
+    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), cuda::stream(device)));
+}
+
+double cuda_event_elapsed_ms(void* start, void* end) {
+    CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+    return ms;
+}
+
+}  // namespace detail
 
 }  // namespace normtape

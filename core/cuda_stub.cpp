@@ -2,6 +2,7 @@
 // no GPU is ever available, and anything that would touch one throws.
 #include "core/check.h"
 #include "core/cuda_allocator.h"
+#include "core/cuda_event.h"
 #include "core/device.h"
 
 namespace normtape {
@@ -22,6 +23,12 @@ MemoryStats cuda_memory_stats(int) { return {}; }
 void cuda_reset_peak_memory_stats(int) {}
 void cuda_empty_cache(int) {}
 void cuda_set_memory_trace(int, std::vector<MemoryEvent>*) {}
+void* cuda_event_create(int) {
+    NT_CHECK_AS(DeviceError, false, "Event: expected device cpu, got cuda: this build of normtape has no CUDA backend");
+}
+void cuda_event_destroy(void*) noexcept {}
+void cuda_event_record(void*, int) {}
+double cuda_event_elapsed_ms(void*, void*) { return 0; }
 }  // namespace detail
 
 }  // namespace normtape

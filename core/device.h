@@ -5,6 +5,7 @@
 // cuda_is_available() tells at run time whether a GPU is visible.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace normtape {
@@ -44,5 +45,35 @@ bool cuda_is_built();
 // CUDA in a build without the backend, with no GPU visible or for a GPU index that is not there;
 // Error on a CUDA error, which it reports with the failing call's file and line.
 void synchronize(Device device);
+
+// A point in `device`'s queue of work, for timing that work without waiting for it (as PyTorch's
+// torch.cuda.Event(enable_timing=True)). On CUDA a cudaEvent_t on normtape's stream for the
+// device; on the cpu the host's steady clock (cpu ops are done when they return).
+// Not copyable (it owns the CUDA event); movable.
+class Event {
+public:
+    // Throws DeviceError as synchronize() does; Error on a CUDA error.
+    explicit Event(Device device);
+    ~Event();
+    Event(Event&& other) noexcept;
+    Event& operator=(Event&& other) noexcept;
+    Event(const Event&) = delete;
+    Event& operator=(const Event&) = delete;
+
+    // Marks the point reached once all the work queued on the device so far is done; queues
+    // nothing else and returns at once. May be called again to mark a later point.
+    void record();
+    // The time from `start` to `end` in ms, once `end` is reached (waits for it; no more).
+    // Throws Error naming elapsed_ms if either was never recorded or they are on different devices.
+    static double elapsed_ms(const Event& start, const Event& end);
+
+    Device device() const { return device_; }
+
+private:
+    Device device_;
+    void* cuda_event_ = nullptr;  // cudaEvent_t on CUDA
+    int64_t host_ns_ = 0;         // steady clock at record() on the cpu
+    bool recorded_ = false;
+};
 
 }  // namespace normtape

@@ -5,9 +5,11 @@
 // test_matmul.cpp, test_attention.cpp, test_embedding.cpp, test_cross_entropy.cpp).
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_util.h"
@@ -486,6 +488,34 @@ TEST_CASE("tensor: converting NaN or huge floats to i64 throws") {
     Tensor x = from_vector(std::vector<double>{1.0, std::nan("")});
     CHECK_THROWS_KIND_WITH(x.to(DType::I64), Error, "does not fit in i64");
     CHECK_THROWS_KIND_WITH(zeros({2}, TensorOptions().dtype(DType::I64)).fill_(1e30), Error, "does not fit in i64");
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("tensor") {
+
+TEST_CASE("tensor: Event times the work between two records, and refuses what it cannot time") {
+    Event start(Device::CPU), end(Device::CPU), never(Device::CPU);
+    start.record();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    end.record();
+    const double ms = Event::elapsed_ms(start, end);
+    CHECK(ms >= 19.0);
+    CHECK(ms < 2000.0);
+    Event moved = std::move(end);
+    CHECK(Event::elapsed_ms(start, moved) == ms);
+    CHECK_THROWS_KIND_WITH(Event::elapsed_ms(start, never), Error, "Event::elapsed_ms", "never recorded");
+    CHECK_THROWS_KIND_WITH(Event::elapsed_ms(never, start), Error, "Event::elapsed_ms", "never recorded");
+    if (!cuda_is_built()) CHECK_THROWS_KIND_WITH(Event(Device::CUDA), DeviceError, "Event", "no CUDA backend");
+    if (cuda_is_available()) {
+        Event g0(Device::CUDA), g1(Device::CUDA);
+        g0.record();
+        Tensor x = randn({1 << 20}, TensorOptions().device(Device::CUDA));
+        for (int i = 0; i < 10; ++i) x = gelu(x);
+        g1.record();
+        CHECK(Event::elapsed_ms(g0, g1) > 0.0);
+        CHECK_THROWS_KIND_WITH(Event::elapsed_ms(g0, start), Error, "events of one device", "cuda and cpu");
+    }
 }
 
 }  // TEST_SUITE
