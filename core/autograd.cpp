@@ -178,6 +178,7 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
         Tensor grad_output = std::move(it->second);
         pending.erase(it);
         check_not_released(node->released(), node->name());
+        node->retain_saved_ = retain_graph;
         std::vector<Tensor> grad_inputs = node->apply(grad_output);
         if (!retain_graph) node->release_saved();
         const std::vector<Edge>& edges = node->next_edges();

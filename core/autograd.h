@@ -41,6 +41,9 @@
 namespace normtape {
 
 class Node;
+namespace detail {
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);  // below
+}  // namespace detail
 
 // Where the gradient of one input goes: its producer node, or the leaf whose grad accumulates.
 // Both null: the input needs no gradient.
@@ -93,16 +96,22 @@ public:
     // Frees the saved tensors; a later apply() through this node is refused by the engine.
     void release_saved();
     bool released() const { return released_; }
+    // True while apply() runs in a backward with retain_graph: the node may run again on the same
+    // saved tensors, so it must not write over them (cross-entropy otherwise writes its gradient
+    // over its saved logits). Set by the engine.
+    bool saved_tensors_retained() const { return retain_saved_; }
 
 private:
     template <class... Ts>
     friend void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inputs);
     friend void add_to_tape(const std::shared_ptr<Node>& node);
     void set_next_edges(std::vector<Edge> edges);
+    friend void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 
     std::vector<Edge> next_edges_;
     uint64_t sequence_nr_ = 0;
     bool released_ = false;
+    bool retain_saved_ = false;
 };
 
 // Grad mode: on by default, per thread. NoGradGuard turns it off for its scope.

@@ -11,30 +11,57 @@
 #include "core/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
+#include "ops/elementwise.h"
 
 namespace normtape {
 
 namespace {
 
+// Note [Cross-entropy writes its gradient over its logits]
+// dlogits has the logits' shape, dtype and device, and the backward reads each logit once, just
+// before writing that element of the gradient. So when nothing but this node can reach the saved
+// logits' bytes (no other tensor shares their storage: the caller dropped the logits, as
+// GPT::loss does, no other node saved them, they are no leaf and no parameter; and no handle
+// copied from saved_tensors() is alive), the backward writes dlogits into that storage and
+// returns it: one [M, V] buffer is live in backward instead of two (the logits and their
+// gradient; 1 GiB in bf16 at B*T = 16384, V = 32768). Otherwise it allocates dlogits, and the
+// logits a caller can still see are never written.
+// Under retain_graph (Node::saved_tensors_retained()) the node may run again on its logits, so
+// it never writes over them.
 struct CrossEntropyBackward : Node {
     SavedTensor logits, lse, targets;
     CrossEntropyBackward(const Tensor& l, const Tensor& s, const Tensor& t) : logits(l), lse(s), targets(t) {}
     const char* name() const override { return "CrossEntropyBackward"; }
     std::vector<SavedTensor*> saved_tensors() override { return {&logits, &lse, &targets}; }
+
+    // Whether the saved logits' bytes can be reached through nothing but this node (see the Note):
+    // one handle to the saved tensor (the SavedTensor's own) and one to its storage.
+    bool logits_held_only_here() const {
+        const Tensor& l = logits.data();
+        return l.defined() && l.impl_ptr().use_count() == 1 && l.storage().use_count() == 1 &&
+               !l.storage()->is_parameter();
+    }
+
     std::vector<Tensor> apply(const Tensor& grad_output) override {
+        double grad = 0;
+        dispatch_floating(grad_output.dtype(), name(), [&](auto tag) {
+            grad = static_cast<double>(grad_output.item<decltype(tag)>());
+        });
+        const bool in_place = logits_held_only_here() && !saved_tensors_retained();
         Tensor l = logits.unpack(name()), s = lse.unpack(name()), t = targets.unpack(name());
-        Tensor dlogits = empty(l.shape(), TensorOptions().dtype(l.dtype()).device(l.device()));
+        Tensor dlogits = in_place ? l : empty(l.shape(), TensorOptions().dtype(l.dtype()).device(l.device()));
         dispatch_floating(l.dtype(), name(), [&](auto tag) {
             using T = decltype(tag);
             int64_t V = l.size(-1), M = l.numel() / V;
             if (l.device().is_cuda()) {
                 NT_CUDA(detail::cross_entropy_backward_cuda<T>(
                     detail::device_ptr<T>(dlogits), detail::device_ptr<T>(l), detail::device_ptr<acc_t<T>>(s),
-                    detail::device_ptr<int64_t>(t), static_cast<double>(grad_output.item<T>()), M, V, l.device().index));
+                    detail::device_ptr<int64_t>(t), grad, M, V, l.device().index));
                 return;
             }
+            // pd may be pl: each element is read before it is written.
             using A = acc_t<T>;
-            A g = A(grad_output.item<T>()) / static_cast<A>(M);
+            A g = A(grad) / static_cast<A>(M);
             const T* pl = l.data_ptr<T>();
             const A* ps = s.data_ptr<A>();
             const int64_t* pt = t.data_ptr<int64_t>();
