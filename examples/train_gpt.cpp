@@ -172,16 +172,18 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             if (step == start) r.saved_activation_bytes = saved_bytes();
             loss.backward();
             phases.mark(PhaseTimer::kBackwardDone);
-            grad_norm = clip_grad_norm_(model.parameters(), 1.0);
-            // A non-finite gradient would make the weights NaN: with --on-nan stop, keep them.
-            if (std::isfinite(grad_norm) || a.on_nan == "continue") {
-                optimizer.set_lr(lr_at(a, step));
-                optimizer.step();
-            }
+            Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
+            optimizer.set_lr(lr_at(a, step));
+            // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
+            // skipped (on the device, which knows the norm) and the step not counted.
+            if (a.on_nan == "continue") optimizer.step();
+            else optimizer.step_if_finite(norm);
             optimizer.zero_grad();
             phases.mark(PhaseTimer::kOptimizerDone);
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+            grad_norm = norm.item<double>();
+            if (!std::isfinite(grad_norm) && a.on_nan != "continue") optimizer.set_step_count(optimizer.step_count() - 1);
             r.phase_ms.push_back(phases.read());  // the step is done: reading its events waits for nothing
         } catch (const AnomalyError& e) {  // say when, beside what and where
             throw AnomalyError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + " of the " +

@@ -1,67 +1,282 @@
-// nn/adamw.cu: AdamW and the gradient norm on the GPU (formula: nn/adamw_update.h). block_sum and
-// the gradient norm's last pass (single_block_sum_cuda) are the ops' (ops/cuda_common.cuh,
-// ops/cuda_common.cu: nn may use ops).
+// nn/adamw.cu: the multi-tensor AdamW step and the gradient norm's kernels on the GPU (formula:
+// nn/adamw_update.h; host side: nn/adamw.cpp). block_sum is the ops' (ops/cuda_common.cuh: nn
+// may use ops). Not here: the choice of chunks and launches, and the caching of AdamW's table
+// (nn/adamw.cpp).
+//
+// Note [Multi-tensor AdamW and the gradient norm]
+// A GPT has ~150 parameter tensors; a kernel per tensor is ~150 short launches per step, each too
+// small to reach memory bandwidth. Instead every tensor is cut into chunks of kMultiTensorChunk
+// elements and one launch covers all the chunks of one dtype on one device, a block per chunk
+// (as PyTorch's multi_tensor_apply). AdamW's pointers that stay put from step to step (parameter,
+// master copy, moments) live in a device table that AdamW builds once and rebuilds only when a
+// pointer or the set of parameters with a gradient changes; the gradients, reallocated by every
+// backward, go as kernel arguments (at most kAdamWGradsPerLaunch per launch). A block reads its
+// elements with 16-byte vectors when all its pointers are 16-byte aligned, else one by one, and
+// applies adamw_update to each, so an element's bits do not depend on the path taken.
+// clip_grad_norm_ never reads the norm back: one block per chunk writes the chunk's sum of squares
+// (in double), one block adds those partials in a fixed order (deterministic, no atomics) and
+// writes the norm and the clip coefficient to device memory, and a scaling kernel reads the
+// coefficient there (returning at once where it is 1). AdamW may read the norm to skip a step
+// whose norm is not finite, still without a synchronization.
+#include <type_traits>
+
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/device_ptr.h"
 #include "core/tensor.h"
 #include "nn/adamw_update.h"
 #include "ops/cuda_common.cuh"
-#include "ops/cuda_launchers.h"
 
 namespace normtape::detail {
 
 namespace {
 
-template <class T>
-__global__ void adamw_kernel(T* __restrict__ p, acc_t<T>* __restrict__ master, const T* __restrict__ g,
-                             acc_t<T>* __restrict__ m, acc_t<T>* __restrict__ v, int64_t n, AdamWStep s) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        adamw_update<T>(p + i, master ? master + i : nullptr, g[i], m + i, v + i, s);
+constexpr int kThreads = 256;
+
+static_assert(kMultiTensorChunk % 16 == 0, "a chunk must keep 16-byte alignment");
+static_assert(sizeof(AdamWGrads<float>) + 128 <= 4096 && sizeof(GradList) + 64 <= 4096,
+              "kernel arguments must stay within 4 KiB");
+
+// ---- 16-byte vectors of any element type: 16 / sizeof(U) elements (bf16 8, f32 4, f64 2) ------
+
+__device__ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+__device__ inline void load16(const float* p, float* v) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ inline void load16(const double* p, double* v) {
+    const double2 q = *reinterpret_cast<const double2*>(p);
+    v[0] = q.x, v[1] = q.y;
+}
+__device__ inline void load16(const bf16* p, bf16* v) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k].bits = static_cast<uint16_t>(w[k] & 0xffffu);
+        v[2 * k + 1].bits = static_cast<uint16_t>(w[k] >> 16);
+    }
+}
+__device__ inline void store16(float* p, const float* v) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void store16(double* p, const double* v) {
+    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
+}
+__device__ inline void store16(bf16* p, const bf16* v) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = uint32_t(v[2 * k].bits) | (uint32_t(v[2 * k + 1].bits) << 16);
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+// N elements at p (16-byte aligned; N * sizeof(U) a multiple of 16).
+template <class U, int N>
+__device__ inline void load_vec(const U* p, U (&v)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; k += 16 / int(sizeof(U))) load16(p + k, v + k);
+}
+template <class U, int N>
+__device__ inline void store_vec(U* p, const U (&v)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; k += 16 / int(sizeof(U))) store16(p + k, v + k);
 }
 
-constexpr int kSumBlocks = 256, kSumThreads = 256;
+// The tensor of block `b` in a GradList (the first i with chunk_end[i] > b) and the chunk's
+// first element offset within it.
+__device__ inline int grad_list_tensor(const GradList& list, int b, int64_t* start) {
+    int lo = 0, hi = list.count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (list.chunk_end[mid] > b) hi = mid;
+        else lo = mid + 1;
+    }
+    *start = int64_t(b - (lo > 0 ? list.chunk_end[lo - 1] : 0)) * kMultiTensorChunk;
+    return lo;
+}
 
-// partial[block] = sum of x^2 over a grid-stride slice, in double; then one block sums the
-// partials in order (single_block_sum_cuda): deterministic.
+// One chunk of the AdamW table per block (Note [Multi-tensor AdamW and the gradient norm]). The
+// bf16 master copy is read instead of the parameter and rounded into it; f32 and f64 have none.
+// A thread takes E consecutive elements at a time: one 16-byte vector of each array when all
+// are aligned and E elements remain, else element by element (the chunk's tail, or a tensor
+// whose pointers are not aligned); either way they go through the same E calls of adamw_update
+// (one loop with one set of call sites also keeps ptxas from spilling).
 template <class T>
-__global__ void sum_squares_partial_kernel(double* __restrict__ partial, const T* __restrict__ x, int64_t n) {
+__global__ void __launch_bounds__(kThreads)
+    adamw_multi_tensor_kernel(const AdamWTensor<T>* __restrict__ tensors, const AdamWChunk* __restrict__ chunks,
+                              const __grid_constant__ AdamWGrads<T> grads, AdamWStep s,
+                              const double* __restrict__ skip_if_nonfinite) {
+    using A = acc_t<T>;
+    constexpr bool kMaster = std::is_same_v<T, bf16>;
+    constexpr int E = 16 / sizeof(T);  // elements of a 16-byte vector of T
+    if (skip_if_nonfinite && !isfinite(*skip_if_nonfinite)) return;
+    const AdamWChunk c = chunks[blockIdx.x];
+    const AdamWTensor<T> t = tensors[c.tensor];
+    s.weight_decay = t.weight_decay;
+    const int64_t start = int64_t(c.index) * kMultiTensorChunk;
+    const int n = static_cast<int>(min(kMultiTensorChunk, t.numel - start));
+    T* p = t.p + start;
+    A* master = kMaster ? t.master + start : nullptr;
+    A* m = t.m + start;
+    A* v = t.v + start;
+    const T* g = grads.grad[c.tensor - grads.first_tensor] + start;
+    const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!kMaster || aligned16(master));
+    for (int i = threadIdx.x * E; i < n; i += kThreads * E) {
+        const bool full = vec && i + E <= n;
+        T pv[E], gv[E];
+        A wv[E], mv[E], vv[E];
+        if (full) {
+            load_vec(g + i, gv);
+            load_vec(m + i, mv);
+            load_vec(v + i, vv);
+            if constexpr (kMaster) load_vec(master + i, wv);
+            else load_vec(p + i, pv);
+        } else {
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                const bool in = i + k < n;
+                gv[k] = in ? g[i + k] : T(0);
+                mv[k] = in ? m[i + k] : A(0);
+                vv[k] = in ? v[i + k] : A(0);
+                if constexpr (kMaster) wv[k] = in ? master[i + k] : A(0);
+                else pv[k] = in ? p[i + k] : T(0);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < E; ++k) adamw_update<T>(&pv[k], kMaster ? &wv[k] : nullptr, gv[k], &mv[k], &vv[k], s);
+        if (full) {
+            store_vec(p + i, pv);
+            if constexpr (kMaster) store_vec(master + i, wv);
+            store_vec(m + i, mv);
+            store_vec(v + i, vv);
+        } else {
+#pragma unroll
+            for (int k = 0; k < E; ++k)
+                if (i + k < n) {
+                    p[i + k] = pv[k];
+                    if constexpr (kMaster) master[i + k] = wv[k];
+                    m[i + k] = mv[k];
+                    v[i + k] = vv[k];
+                }
+        }
+    }
+}
+
+// partial[b] = sum of x^2 over the chunk of block b, in double; the order of additions is fixed
+// by the block shape.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    grad_sum_squares_kernel(double* __restrict__ partial, const __grid_constant__ GradList list) {
     __shared__ double shared[32];
+    constexpr int E = 16 / sizeof(T);
+    int64_t start = 0;
+    const int i_tensor = grad_list_tensor(list, blockIdx.x, &start);
+    const T* x = static_cast<const T*>(list.data[i_tensor]) + start;
+    const int n = static_cast<int>(min(kMultiTensorChunk, list.numel[i_tensor] - start));
     double s = 0;
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        double v = double(acc_t<T>(x[i]));
-        s += v * v;
+    int tail = 0;
+    if (aligned16(x)) {
+        tail = n / E * E;
+#pragma unroll 4
+        for (int i = threadIdx.x * E; i < tail; i += kThreads * E) {
+            T xv[E];
+            load_vec(x + i, xv);
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                const double d = double(acc_t<T>(xv[k]));
+                s += d * d;
+            }
+        }
+    }
+    for (int i = tail + threadIdx.x; i < n; i += kThreads) {
+        const double d = double(acc_t<T>(x[i]));
+        s += d * d;
     }
     s = block_sum(s, shared);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+// One block: thread t adds partial[t], partial[t + kThreads], ... in order, block_sum adds the
+// threads' sums in a fixed order; then the norm and the clip coefficient, in double.
+__global__ void __launch_bounds__(kThreads)
+    clip_coef_kernel(double* __restrict__ norm, double* __restrict__ coef, const double* __restrict__ partial,
+                     int64_t n, double max_norm) {
+    __shared__ double shared[32];
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) s += partial[i];
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) {
+        const double r = sqrt(s);
+        *norm = r;
+        *coef = r > max_norm ? max_norm / (r + 1e-6) : 1.0;
+    }
+}
+
+// x *= coef[0] over the chunk of block b, rounded as Tensor::mul_ rounds; nothing where it is 1.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    grad_scale_kernel(const __grid_constant__ GradList list, const double* __restrict__ coef) {
+    using A = acc_t<T>;
+    constexpr int E = 16 / sizeof(T);
+    const double c = *coef;
+    if (c == 1.0) return;
+    const A a = static_cast<A>(c);
+    int64_t start = 0;
+    const int i_tensor = grad_list_tensor(list, blockIdx.x, &start);
+    T* x = static_cast<T*>(list.data[i_tensor]) + start;
+    const int n = static_cast<int>(min(kMultiTensorChunk, list.numel[i_tensor] - start));
+    int tail = 0;
+    if (aligned16(x)) {
+        tail = n / E * E;
+        for (int i = threadIdx.x * E; i < tail; i += kThreads * E) {
+            T xv[E];
+            load_vec(x + i, xv);
+#pragma unroll
+            for (int k = 0; k < E; ++k) xv[k] = static_cast<T>(A(xv[k]) * a);
+            store_vec(x + i, xv);
+        }
+    }
+    for (int i = tail + threadIdx.x; i < n; i += kThreads) x[i] = static_cast<T>(A(x[i]) * a);
+}
+
 }  // namespace
 
 template <class T>
-void adamw_step_cuda(T* p, acc_t<T>* master, const T* g, acc_t<T>* m, acc_t<T>* v, int64_t n, const AdamWStep& s,
-                     int device) {
-    adamw_kernel<T><<<cuda::blocks_for(n), cuda::kThreads, 0, cuda::stream(device)>>>(p, master, g, m, v, n, s);
+void adamw_multi_tensor_cuda(const AdamWTensor<T>* tensors, const AdamWChunk* chunks, int64_t num_chunks,
+                             const AdamWGrads<T>& grads, const AdamWStep& s, const double* skip_if_nonfinite,
+                             int device) {
+    if (num_chunks == 0) return;
+    adamw_multi_tensor_kernel<T><<<static_cast<unsigned>(num_chunks), kThreads, 0, cuda::stream(device)>>>(
+        tensors, chunks, grads, s, skip_if_nonfinite);
     CUDA_LAUNCH_CHECK();
 }
 
 template <class T>
-double sum_squares_cuda(const T* x, int64_t n, int device) {
-    Tensor partial = empty({kSumBlocks + 1}, TensorOptions().dtype(DType::F64).device(Device::cuda(device)));
-    double* pp = device_ptr<double>(partial);
-    cudaStream_t stream = cuda::stream(device);
-    sum_squares_partial_kernel<T><<<kSumBlocks, kSumThreads, 0, stream>>>(pp, x, n);
+void grad_sum_squares_cuda(double* partial, const GradList& list, int device) {
+    const int chunks = list.count > 0 ? list.chunk_end[list.count - 1] : 0;
+    if (chunks == 0) return;
+    grad_sum_squares_kernel<T><<<chunks, kThreads, 0, cuda::stream(device)>>>(partial, list);
     CUDA_LAUNCH_CHECK();
-    single_block_sum_cuda<double, double>(pp + kSumBlocks, pp, kSumBlocks, 1.0, device);
-    double out = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&out, pp + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    return out;
 }
 
-#define NT_INSTANTIATE(T)                                                                                         \
-    template void adamw_step_cuda<T>(T*, acc_t<T>*, const T*, acc_t<T>*, acc_t<T>*, int64_t, const AdamWStep&, int); \
-    template double sum_squares_cuda<T>(const T*, int64_t, int);
+void clip_coef_cuda(double* norm, double* coef, const double* partial, int64_t n, double max_norm, int device) {
+    clip_coef_kernel<<<1, kThreads, 0, cuda::stream(device)>>>(norm, coef, partial, n, max_norm);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void grad_scale_cuda(const GradList& list, const double* coef, int device) {
+    const int chunks = list.count > 0 ? list.chunk_end[list.count - 1] : 0;
+    if (chunks == 0) return;
+    grad_scale_kernel<T><<<chunks, kThreads, 0, cuda::stream(device)>>>(list, coef);
+    CUDA_LAUNCH_CHECK();
+}
+
+#define NT_INSTANTIATE(T)                                                                                   \
+    template void adamw_multi_tensor_cuda<T>(const AdamWTensor<T>*, const AdamWChunk*, int64_t,            \
+                                             const AdamWGrads<T>&, const AdamWStep&, const double*, int);  \
+    template void grad_sum_squares_cuda<T>(double*, const GradList&, int);                                \
+    template void grad_scale_cuda<T>(const GradList&, const double*, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)
