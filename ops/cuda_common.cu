@@ -3,9 +3,9 @@
 // - column_sum_cuda: out[j] = sum over rows of in[r, j] (add's and linear's bias gradients, the
 //   norms' dweight and dbias from their per-block or per-chunk partial rows);
 // - single_block_sum_cuda: out[0] = scale * sum of a short vector, by one block (the last pass of
-//   sum/mean, cross-entropy's mean over rows, the gradient norm's partials).
-// Not here: reductions that compute what they add (the norms' partial rows, sum's first pass,
-// sum_squares_cuda), which stay beside their op.
+//   sum/mean, cross-entropy's mean over rows).
+// Not here: reductions that compute what they add (the norms' partial rows, sum's first pass, the
+// gradient norm's sums of squares in nn/adamw.cu), which stay beside their op.
 #include <algorithm>
 
 #include "core/cuda_check.h"

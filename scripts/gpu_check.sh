@@ -3,8 +3,9 @@
 # for the architecture CUDA_ARCH (default 90: Hopper; set it for another GPU), builds, runs every
 # test with the GPU visible (the PyTorch cross-check needs a python3 with CUDA torch), the CUDA
 # tests once more under compute-sanitizer's memcheck and racecheck, the norm kernels' and the
-# attention's benchmarks beside PyTorch's, the memory comparison of the gpt2-medium-ish preset in
-# bf16 and its step beside PyTorch eager's, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
+# attention's benchmarks beside PyTorch's, the other bandwidth-bound kernels' (bench_ops), the
+# memory comparison of the gpt2-medium-ish preset in bf16 and its step beside PyTorch eager's, the
+# saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|bench|sanitize]   (default all)
@@ -39,17 +40,18 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
 fi
 
 # compute-sanitizer: memcheck (out-of-bounds and misaligned device accesses, leaks, CUDA API
-# errors) over the CUDA suite, without the out-of-memory test (its failing cudaMalloc is the point,
-# and memcheck reports it); racecheck (shared-memory hazards) over the tests that launch our
-# kernels on small shapes: the ops against the cpu, the norms over every shape class (racecheck
-# takes minutes over the benchmark widths' millions of rows). Each is capped at 300 s; a timeout is
-# reported, not counted as a failure. memcheck sees the caching allocator's blocks, not our
-# tensors: an overrun that stays inside a cached block is missed.
+# errors) over the cuda, nn and cross_entropy suites, without the out-of-memory test (its failing
+# cudaMalloc is the point, and memcheck reports it); racecheck (shared-memory hazards) over the
+# tests that launch our kernels on small shapes: the ops against the cpu, AdamW and cross-entropy
+# on CUDA, the norms over every shape class (racecheck takes minutes over the benchmark widths'
+# millions of rows). Each is capped at 300 s; a timeout is reported, not counted as a failure.
+# memcheck sees the caching allocator's blocks, not our tensors: an overrun that stays inside a
+# cached block is missed.
 if [ "$MODE" != bench ]; then
     SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
     for tool in memcheck racecheck; do
-        if [ $tool = memcheck ]; then filter=(-ts=cuda "-tce=*running out of memory*"); else
-            filter=(-ts=cuda "-tc=*match the cpu*,*every shape class*"); fi
+        if [ $tool = memcheck ]; then filter=(-ts=cuda,nn,cross_entropy "-tce=*running out of memory*"); else
+            filter=(-ts=cuda,nn,cross_entropy "-tc=*match the cpu*,*every shape class*,*AdamW step*,* on CUDA*"); fi
         log="$GPU_OUT/sanitizer-$tool.log"
         start=$SECONDS
         timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "${filter[@]}" > "$log" 2>&1
@@ -77,6 +79,7 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
         > "$GPU_OUT/bench.log" 2>&1
     step bench_torch_norms env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" \
         --out "$GPU_OUT/compare.json" --markdown "$GPU_OUT/table.md" > "$GPU_OUT/compare.log" 2>&1
+    step bench_ops ./build-gpu/bench_ops --json "$GPU_OUT/ops.json" > "$GPU_OUT/ops.log" 2>&1
     step bench_attention ./build-gpu/bench_attention --json "$GPU_OUT/attention.json" > "$GPU_OUT/attention.log" 2>&1
     step bench_torch_attention env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_attention.py \
         --ours "$GPU_OUT/attention.json" --out "$GPU_OUT/torch_attention.json" --markdown "$GPU_OUT/attention.md" \
@@ -86,6 +89,17 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
         --json "$GPU_OUT/medium.json" --chart "$GPU_OUT/medium.svg" > "$GPU_OUT/medium.log" 2>&1
     step bench_torch_gpt env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py --ours "$GPU_OUT/medium.json" \
         --json "$GPU_OUT/torch_gpt.json" > "$GPU_OUT/torch_gpt.log" 2>&1
+    # The saved bytes at a fixed number of tokens do not depend on T (nothing T x T is saved).
+    fixed_tokens() {
+        local a b
+        a=$(./build-gpu/train_gpt --device cuda --data random --batch 8 --seq 128 --steps 2 --policy both \
+            --json "$GPU_OUT/tokens_8x128.json" --chart "$GPU_OUT/tokens_8x128.svg" | grep "saved activation bytes")
+        b=$(./build-gpu/train_gpt --device cuda --data random --batch 4 --seq 256 --steps 2 --policy both \
+            --json "$GPU_OUT/tokens_4x256.json" --chart "$GPU_OUT/tokens_4x256.svg" | grep "saved activation bytes")
+        printf 'B=8 T=128: %s\nB=4 T=256: %s\n' "$a" "$b" > "$GPU_OUT/fixed_tokens.log"
+        [ -n "$a" ] && [ "$a" = "$b" ]
+    }
+    step "saved bytes, B*T fixed" fixed_tokens
     step "tinyshakespeare bf16" ./build-gpu/train_gpt --device cuda --data data/tinyshakespeare.txt --policy both \
         --steps 300 --log-every 50 --json "$GPU_OUT/shakespeare.json" --chart "$GPU_OUT/shakespeare.svg" \
         > "$GPU_OUT/shakespeare.log" 2>&1
@@ -98,6 +112,8 @@ cat "$GPU_OUT/compare.log" 2>/dev/null
 for f in medium shakespeare; do
     [ -f "$GPU_OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output) *\] step" "$GPU_OUT/$f.log" | tail -16; }
 done
+[ -f "$GPU_OUT/ops.log" ] && { echo "--- cross-entropy, gelu, add: % of copy"; grep -E "%|copy" "$GPU_OUT/ops.log" | tail -30; }
+[ -f "$GPU_OUT/fixed_tokens.log" ] && { echo "--- saved bytes at a fixed number of tokens"; cat "$GPU_OUT/fixed_tokens.log"; }
 [ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
 [ -f "$GPU_OUT/torch_gpt.log" ] && { echo "--- medium preset beside PyTorch eager"; tail -8 "$GPU_OUT/torch_gpt.log"; }
 exit $failed
