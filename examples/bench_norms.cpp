@@ -30,6 +30,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/device_ptr.h"
+#include "bench_timing.h"
 #include "normtape.h"
 #include "ops/cuda_launchers.h"
 
@@ -42,31 +43,6 @@ struct Row {
     int64_t N, M;
     double ms, gbps, pct_copy;
 };
-
-// Median time in ms of `fn` on the device's stream: `repeats` runs queued back to back, each
-// between its own pair of events, after `warmup` runs.
-double time_ms(const std::function<void()>& fn, int warmup = 3, int repeats = 20) {
-    cudaStream_t stream = cuda::stream(0);
-    for (int i = 0; i < warmup; ++i) fn();
-    std::vector<cudaEvent_t> events(2 * repeats);
-    for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventCreate(&e));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int i = 0; i < repeats; ++i) {
-        CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
-        fn();
-        CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
-    }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<double> times;
-    for (int i = 0; i < repeats; ++i) {
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
-        times.push_back(ms);
-    }
-    for (cudaEvent_t e : events) CUDA_CHECK(cudaEventDestroy(e));
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-}
 
 using detail::device_ptr;
 
@@ -85,7 +61,7 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
         double copy_ms = time_ms([&] {
             CUDA_CHECK(cudaMemcpyAsync(device_ptr<T>(y), device_ptr<T>(x), static_cast<size_t>(bytes),
                                        cudaMemcpyDeviceToDevice, cuda::stream(0)));
-        });
+        }, 3, 20, /*hold=*/false);
         double copy_gbps = 2 * bytes / copy_ms / 1e6;
         rows.push_back({dtype_name_, "-", "copy", "-", N, M, copy_ms, copy_gbps, 100.0});
         auto add_row = [&](const std::string& norm, const std::string& pass, const std::string& policy, double ms,
@@ -104,7 +80,7 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
                 add_row(norm, "forward", "-", time_ms([&] {
                             forward(device_ptr<T>(y), m, device_ptr<float>(rstd), device_ptr<T>(x), device_ptr<T>(w),
                                     bias, M, N, 1e-5, 0);
-                        }),
+                        }, 3, 20, /*hold=*/false),
                         2 * bytes);
                 for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
                     const T* saved = policy == SavePolicy::Input ? device_ptr<T>(x) : device_ptr<T>(y);
@@ -112,7 +88,7 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
                                 backward(device_ptr<T>(dx), device_ptr<T>(dw), centered ? device_ptr<T>(db) : nullptr,
                                          device_ptr<T>(dy), saved, policy == SavePolicy::Input ? m : nullptr,
                                          device_ptr<float>(rstd), device_ptr<T>(w), bias, centered, policy, M, N, 0);
-                            }),
+                            }, 3, 20, /*hold=*/false),
                             3 * bytes);
                 }
             }

@@ -36,18 +36,17 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/device_ptr.h"
+#include "bench_timing.h"
 #include "normtape.h"
 #include "ops/cuda_launchers.h"
 
@@ -59,38 +58,6 @@ struct Row {
     std::string op, dtype, shape;
     double ms, gbps, pct_copy;
 };
-
-// Holds the stream for *(int*)ms milliseconds (a host function the stream waits for).
-void hold_stream(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms))); }
-
-// Median time in ms of `fn` on the device's stream: `repeats` runs queued back to back behind a
-// wait of 2 ms per run, each between its own pair of events, after `warmup` runs. A run that
-// waits on the GPU itself (a copy to the host) ends the wait early and is timed with its gaps.
-double time_ms(const std::function<void()>& fn, int warmup = 3, int repeats = 20) {
-    cudaStream_t stream = cuda::stream(0);
-    for (int i = 0; i < warmup; ++i) fn();
-    std::vector<cudaEvent_t> events(2 * repeats);
-    for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventCreate(&e));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    static int hold_ms = 0;  // static: outlives this call should a check below throw before the wait ran
-    hold_ms = 2 * repeats;
-    CUDA_CHECK(cudaLaunchHostFunc(stream, hold_stream, &hold_ms));
-    for (int i = 0; i < repeats; ++i) {
-        CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
-        fn();
-        CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
-    }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<double> times;
-    for (int i = 0; i < repeats; ++i) {
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
-        times.push_back(ms);
-    }
-    for (cudaEvent_t e : events) CUDA_CHECK(cudaEventDestroy(e));
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-}
 
 using detail::device_ptr;
 
