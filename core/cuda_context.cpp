@@ -1,4 +1,5 @@
-// core/cuda_context.cpp: per-device stream, cuBLAS handle and cuRAND generator; device queries.
+// core/cuda_context.cpp: per-device stream, cuBLAS and cuBLASLt handles with their workspace, and
+// cuRAND generator; device queries.
 #include "core/cuda_context.h"
 
 #include <vector>
@@ -16,6 +17,8 @@ struct DeviceContext {
     bool ready = false;
     cudaStream_t stream = nullptr;
     cublasHandle_t cublas = nullptr;
+    cublasLtHandle_t cublaslt = nullptr;
+    void* workspace = nullptr;
     curandGenerator_t curand = nullptr;
 };
 
@@ -40,6 +43,9 @@ DeviceContext& context(int device) {
         CUBLAS_CHECK(cublasCreate(&c.cublas));
         CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
         CUBLAS_CHECK(cublasSetMathMode(c.cublas, CUBLAS_DEFAULT_MATH));
+        CUBLAS_CHECK(cublasLtCreate(&c.cublaslt));
+        CUDA_CHECK(cudaMalloc(&c.workspace, cuda::kWorkspaceBytes));
+        CUBLAS_CHECK(cublasSetWorkspace(c.cublas, c.workspace, cuda::kWorkspaceBytes));
         CURAND_CHECK(curandCreateGenerator(&c.curand, CURAND_RNG_PSEUDO_PHILOX4_32_10));
         CURAND_CHECK(curandSetStream(c.curand, c.stream));
         CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(c.curand, current_seed));
@@ -54,6 +60,8 @@ namespace cuda {
 
 cudaStream_t stream(int device) { return context(device).stream; }
 cublasHandle_t cublas(int device) { return context(device).cublas; }
+cublasLtHandle_t cublaslt(int device) { return context(device).cublaslt; }
+void* workspace(int device) { return context(device).workspace; }
 curandGenerator_t curand(int device) { return context(device).curand; }
 
 void manual_seed(uint64_t seed) {

@@ -63,68 +63,91 @@ struct MapInputs {
     int64_t index_mod[N];
 };
 
-// kUnroll vectors a thread per grid-stride step: that many independent 16-byte loads per input in
-// flight, which is what memory-bound kernels need on Hopper to approach copy bandwidth.
+// kMapUnroll vectors a thread per grid-stride step: that many independent 16-byte loads per input
+// in flight, which is what memory-bound kernels need on Hopper to approach copy bandwidth.
 constexpr int kMapUnroll = 4;
 
-// out[i] = f(x) with x[k] = in.p[k][i] (or [i % index_mod[k]]) as acc_t<T>; E elements a vector
-// (1: scalar, any alignment). f: a functor with `__device__ acc_t<T> operator()(const acc_t<T>
-// (&x)[N]) const`.
-template <class T, int N, int E, class F>
-__global__ void map_kernel(T* __restrict__ out, MapInputs<T, N> in, int64_t n, F f) {
-    using A = acc_t<T>;
-    const int64_t vectors = (n + E - 1) / E;
-    const int64_t step = int64_t(gridDim.x) * blockDim.x * kMapUnroll;
-    for (int64_t first = int64_t(blockIdx.x) * blockDim.x * kMapUnroll + threadIdx.x; first < vectors; first += step) {
-        A x[kMapUnroll][E][N];
-        bool full[kMapUnroll];
+// The index of input k for element i: i, or i % index_mod[k] for a broadcast row. I: the index
+// type, uint32_t where n fits (a 32-bit modulo is a few instructions, a 64-bit one dozens).
+template <class I, class T, int N>
+__device__ inline I map_index(const MapInputs<T, N>& in, int k, I i) {
+    return in.index_mod[k] > 0 ? i % static_cast<I>(in.index_mod[k]) : i;
+}
+
+// out[v*E .. v*E+E) = f(x) for every whole vector v < vectors, E = Pack<T>::E (16-byte aligned
+// pointers, index_mod multiples of E). Every input's kMapUnroll vectors are loaded raw before any is
+// unpacked, so the loads are in flight together. f: a functor with `__device__ acc_t<T>
+// operator()(const acc_t<T> (&x)[N]) const`.
+template <class I, class T, int N, class F>
+__global__ void __launch_bounds__(cuda::kThreads) map_vector_kernel(T* out, MapInputs<T, N> in, I vectors, F f) {
+    constexpr int E = Pack<T>::E;
+    const I step = I(gridDim.x) * blockDim.x * kMapUnroll;
+    for (I first = I(blockIdx.x) * blockDim.x * kMapUnroll + threadIdx.x; first < vectors; first += step) {
+        uint4 raw[kMapUnroll][N];
 #pragma unroll
         for (int u = 0; u < kMapUnroll; ++u) {
-            const int64_t v = first + int64_t(u) * blockDim.x, i = v * E;
-            full[u] = v < vectors && i + E <= n;
+            const I v = first + I(u) * blockDim.x;
+            if (v >= vectors) continue;
 #pragma unroll
-            for (int k = 0; k < N; ++k) {
-                const int64_t at = in.index_mod[k] > 0 ? i % in.index_mod[k] : i;
-                if constexpr (E > 1) {
-                    if (full[u]) {
-                        float tmp[E];
-                        load_pack(in.p[k] + at, tmp);
-#pragma unroll
-                        for (int e = 0; e < E; ++e) x[u][e][k] = tmp[e];
-                        continue;
-                    }
-                }
-#pragma unroll
-                for (int e = 0; e < E; ++e) {
-                    const int64_t j = i + e;
-                    const int64_t jat = in.index_mod[k] > 0 ? j % in.index_mod[k] : j;
-                    x[u][e][k] = v < vectors && j < n ? A(in.p[k][jat]) : A(0);
-                }
-            }
+            for (int k = 0; k < N; ++k)
+                raw[u][k] = *reinterpret_cast<const uint4*>(in.p[k] + map_index(in, k, v * I(E)));
         }
 #pragma unroll
         for (int u = 0; u < kMapUnroll; ++u) {
-            const int64_t v = first + int64_t(u) * blockDim.x, i = v * E;
+            const I v = first + I(u) * blockDim.x;
             if (v >= vectors) break;
-            if constexpr (E > 1) {
-                if (full[u]) {
-                    float r[E];
+            float x[N][E];
 #pragma unroll
-                    for (int e = 0; e < E; ++e) r[e] = f(x[u][e]);
-                    store_pack(out + i, r);
-                    continue;
-                }
+            for (int k = 0; k < N; ++k) unpack(raw[u][k], x[k]);
+            float r[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                float xe[N];
+#pragma unroll
+                for (int k = 0; k < N; ++k) xe[k] = x[k][e];
+                r[e] = f(xe);
             }
-#pragma unroll
-            for (int e = 0; e < E; ++e)
-                if (i + e < n) out[i + e] = static_cast<T>(f(x[u][e]));
+            store_pack(out + v * I(E), r);
         }
+    }
+}
+
+// out[i] = f(x) for start <= i < n, one element a thread (any alignment; f64; a vector map's tail).
+template <class I, class T, int N, class F>
+__global__ void map_scalar_kernel(T* out, MapInputs<T, N> in, I start, I n, F f) {
+    using A = acc_t<T>;
+    for (I i = start + I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+        A x[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) x[k] = A(in.p[k][map_index(in, k, i)]);
+        out[i] = static_cast<T>(f(x));
+    }
+}
+
+template <class I, class T, int N, class F>
+void map_launch(T* out, const MapInputs<T, N>& in, int64_t n, F f, bool vector, cudaStream_t stream) {
+    constexpr int E = std::is_same_v<T, double> ? 1 : Pack<T>::E;
+    const int64_t vectors = vector ? n / E : 0, done = vectors * E;
+    if constexpr (E > 1) {
+        if (vectors > 0) {
+            const int64_t per_block = int64_t(cuda::kThreads) * kMapUnroll;
+            int64_t blocks = (vectors + per_block - 1) / per_block;
+            blocks = blocks > 65535 * 16 ? 65535 * 16 : blocks;
+            map_vector_kernel<I, T, N, F>
+                <<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(out, in, static_cast<I>(vectors), f);
+            CUDA_LAUNCH_CHECK();
+        }
+    }
+    if (done < n) {
+        map_scalar_kernel<I, T, N, F><<<cuda::blocks_for(n - done), cuda::kThreads, 0, stream>>>(
+            out, in, static_cast<I>(done), static_cast<I>(n), f);
+        CUDA_LAUNCH_CHECK();
     }
 }
 
 // out[i] = f(in...) for i < n on `device`'s stream (out may be one of the inputs: in place).
 // Vectors where T is f32 or bf16, every pointer is 16-byte aligned and every index_mod a multiple
-// of the vector length; scalars otherwise.
+// of the vector length (the last n % E elements, if any, one at a time); scalars otherwise.
 template <class T, int N, class F>
 void map_cuda(T* out, MapInputs<T, N> in, int64_t n, F f, int device) {
     if (n == 0) return;
@@ -132,14 +155,10 @@ void map_cuda(T* out, MapInputs<T, N> in, int64_t n, F f, int device) {
     bool vector = E > 1 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
     for (int k = 0; k < N; ++k)
         vector = vector && reinterpret_cast<uintptr_t>(in.p[k]) % 16 == 0 && in.index_mod[k] % E == 0;
-    const int e = vector ? E : 1;
-    const int64_t per_block = int64_t(cuda::kThreads) * kMapUnroll * e;
-    int64_t blocks = (n + per_block - 1) / per_block;
-    blocks = blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks);
     cudaStream_t stream = cuda::stream(device);
-    if (vector) map_kernel<T, N, E, F><<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(out, in, n, f);
-    else map_kernel<T, N, 1, F><<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(out, in, n, f);
-    CUDA_LAUNCH_CHECK();
+    // uint32_t indices while every index, and the grid-stride loop's next one, stays below 2^32.
+    if (n <= (int64_t(1) << 31)) map_launch<uint32_t>(out, in, n, f, vector, stream);
+    else map_launch<int64_t>(out, in, n, f, vector, stream);
 }
 
 }  // namespace normtape::detail

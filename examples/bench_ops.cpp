@@ -6,8 +6,8 @@
 //                  row kernel and the mean over rows; cross_entropy_backward_cuda into a separate
 //                  dlogits, and in place, dlogits = logits, as the node runs when nothing else holds
 //                  the logits); and the op as a caller meets it: cross_entropy() under NoGradGuard
-//                  (it copies the targets to the host to check them) and its node's apply() (it
-//                  reads the output gradient on the host), both waiting on the GPU
+//                  (it copies the targets to the host to check them, waiting on the GPU) and its
+//                  node's apply()
 //   gelu           [16384, 4096]: gelu() under NoGradGuard; its node's apply() (dx from dy and x)
 //   add            [16384, 1024] + [16384, 1024] (its backward passes the gradient through: no kernel)
 //   add bias       [16384, 4096] + [4096]; its node's apply(): the bias gradient, a column sum over
@@ -114,20 +114,21 @@ void bench_cross_entropy(Bench& b, int64_t M, int64_t V) {
     Tensor logits = scale(randn({M, V}, o), 2.0), dlogits = empty({M, V}, o), targets = targets_for(M, V);
     Tensor loss = empty({}, o), lse = empty({M}, TensorOptions().dtype(DType::F32).device(Device::CUDA));
     const int64_t* pt = device_ptr<int64_t>(targets);
+    Tensor one = ones({}, o);  // the loss's gradient
     b.add("cross_entropy fwd", shape, bytes, double(bytes), [&] {
         detail::cross_entropy_forward_cuda<T>(device_ptr<T>(loss), device_ptr<float>(lse), device_ptr<T>(logits), pt,
                                               M, V, 0);
     });
     b.add("cross_entropy bwd", shape, bytes, 2.0 * bytes, [&] {
         detail::cross_entropy_backward_cuda<T>(device_ptr<T>(dlogits), device_ptr<T>(logits), device_ptr<float>(lse),
-                                               pt, 1.0, M, V, 0);
+                                               pt, device_ptr<T>(one), M, V, 0);
     });
     {
         // In place: the values become gradients run after run; the work per element is the same.
         Tensor work = logits.clone();
         b.add("cross_entropy bwd in place", shape, bytes, 2.0 * bytes, [&] {
             detail::cross_entropy_backward_cuda<T>(device_ptr<T>(work), device_ptr<T>(work), device_ptr<float>(lse),
-                                                   pt, 1.0, M, V, 0);
+                                                   pt, device_ptr<T>(one), M, V, 0);
         });
     }
     b.add("cross_entropy op fwd (host check)", shape, bytes, double(bytes), [&] {
@@ -135,8 +136,8 @@ void bench_cross_entropy(Bench& b, int64_t M, int64_t V) {
         Tensor l = cross_entropy(logits, targets);
     });
     Tensor x = logits.detach().requires_grad_(true);  // held here: the node allocates dlogits
-    Tensor recorded = cross_entropy(x, targets), one = ones({}, o);
-    b.add("cross_entropy op bwd (host read)", shape, bytes, 2.0 * bytes, [&] {
+    Tensor recorded = cross_entropy(x, targets);
+    b.add("cross_entropy op bwd", shape, bytes, 2.0 * bytes, [&] {
         NoGradGuard no_grad;
         std::vector<Tensor> d = recorded.grad_fn()->apply(one);
     });

@@ -1,7 +1,7 @@
 // normtape.h: the umbrella header. Everything public, in namespace normtape:
 //   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes),
 //          anomaly detection
-//   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, causal_self_attention, embedding,
+//   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, linear_gelu, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
 //   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, safetensors,
 //          checkpoints

@@ -7,6 +7,7 @@
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
+#include "ops/matmul.h"
 
 namespace normtape {
 
@@ -48,7 +49,8 @@ MLP::MLP(const GPTConfig& c) {
     c_proj = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
 }
 
-Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(gelu(c_fc->forward(x))); }
+// The hidden layer in one op: on CUDA its bias and GELU ride in the product's epilogue.
+Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(linear_gelu(x, c_fc->weight, c_fc->bias)); }
 
 Block::Block(const GPTConfig& c) {
     ln_1 = register_module("ln_1", make_norm(c.norm, c.n_embd, norm_options(c)));

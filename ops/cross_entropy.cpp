@@ -43,10 +43,6 @@ struct CrossEntropyBackward : Node {
     }
 
     std::vector<Tensor> apply(const Tensor& grad_output) override {
-        double grad = 0;
-        dispatch_floating(grad_output.dtype(), name(), [&](auto tag) {
-            grad = static_cast<double>(grad_output.item<decltype(tag)>());
-        });
         const bool in_place = logits_held_only_here() && !saved_tensors_retained();
         Tensor l = logits.unpack(name()), s = lse.unpack(name()), t = targets.unpack(name());
         Tensor dlogits = in_place ? l : empty(l.shape(), TensorOptions().dtype(l.dtype()).device(l.device()));
@@ -56,12 +52,12 @@ struct CrossEntropyBackward : Node {
             if (l.device().is_cuda()) {
                 NT_CUDA(detail::cross_entropy_backward_cuda<T>(
                     detail::device_ptr<T>(dlogits), detail::device_ptr<T>(l), detail::device_ptr<acc_t<T>>(s),
-                    detail::device_ptr<int64_t>(t), grad, M, V, l.device().index));
+                    detail::device_ptr<int64_t>(t), detail::device_ptr<T>(grad_output), M, V, l.device().index));
                 return;
             }
             // pd may be pl: each element is read before it is written.
             using A = acc_t<T>;
-            A g = A(grad) / static_cast<A>(M);
+            A g = A(grad_output.item<T>()) / static_cast<A>(M);
             const T* pl = l.data_ptr<T>();
             const A* ps = s.data_ptr<A>();
             const int64_t* pt = t.data_ptr<int64_t>();

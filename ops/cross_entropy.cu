@@ -173,15 +173,18 @@ __global__ void __launch_bounds__(kBlock) cross_entropy_forward_kernel(float* __
     }
 }
 
-// dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * g. logits, dlogits: [M, V]
+// dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * g, g = *grad / M, read on the
+// device (no host synchronization for the loss's gradient). logits, dlogits: [M, V]
 // (the same array, or two arrays at the same offset from a 16-byte boundary); lse, targets: [M].
 // Groups as in the forward. Not __restrict__: dlogits may be logits.
 template <class T, bool WARP>
 __global__ void __launch_bounds__(kBlock) cross_entropy_backward_kernel(T* dlogits, const T* logits,
                                                                         const float* __restrict__ lse,
-                                                                        const int64_t* __restrict__ targets, float g,
-                                                                        int64_t M, int64_t V) {
+                                                                        const int64_t* __restrict__ targets,
+                                                                        const T* __restrict__ grad, int64_t M,
+                                                                        int64_t V) {
     constexpr int E = Pack<T>::E, GROUP = WARP ? 32 : kBlock, GROUPS = kBlock / GROUP;
+    const float g = float(*grad) / float(M);
     const int lane = threadIdx.x % GROUP;
     for (int64_t i = int64_t(blockIdx.x) * GROUPS + threadIdx.x / GROUP; i < M; i += int64_t(gridDim.x) * GROUPS) {
         const T* row = logits + i * V;
@@ -246,9 +249,10 @@ __global__ void cross_entropy_forward_plain_kernel(acc_t<T>* __restrict__ lse, a
 // be logits.
 template <class T>
 __global__ void cross_entropy_backward_plain_kernel(T* dlogits, const T* logits, const acc_t<T>* __restrict__ lse,
-                                                    const int64_t* __restrict__ targets, acc_t<T> g, int64_t M,
-                                                    int64_t V) {
+                                                    const int64_t* __restrict__ targets,
+                                                    const T* __restrict__ grad, int64_t M, int64_t V) {
     using A = acc_t<T>;
+    const A g = A(*grad) / A(M);
     for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < M * V; k += int64_t(gridDim.x) * blockDim.x) {
         int64_t i = k / V, v = k % V;
         dlogits[k] = static_cast<T>((exp(A(logits[k]) - lse[i]) - (v == targets[i] ? A(1) : A(0))) * g);
@@ -287,30 +291,29 @@ void cross_entropy_forward_cuda(T* loss, acc_t<T>* lse, const T* logits, const i
 // dlogits may equal logits (the node writes the gradient over its saved logits).
 template <class T>
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* lse, const int64_t* targets,
-                                 double grad, int64_t M, int64_t V, int device) {
+                                 const T* grad, int64_t M, int64_t V, int device) {
     cudaStream_t stream = cuda::stream(device);
-    const acc_t<T> g = acc_t<T>(grad) / acc_t<T>(M);
     if constexpr (!std::is_same_v<T, double>) {
         if ((reinterpret_cast<uintptr_t>(dlogits) - reinterpret_cast<uintptr_t>(logits)) % 16 == 0) {
             if (V / Pack<T>::E <= kWarpRowVecs)
                 cross_entropy_backward_kernel<T, true><<<row_grid(M, true), kBlock, 0, stream>>>(dlogits, logits, lse,
-                                                                                                 targets, g, M, V);
+                                                                                                 targets, grad, M, V);
             else
                 cross_entropy_backward_kernel<T, false><<<row_grid(M, false), kBlock, 0, stream>>>(dlogits, logits, lse,
-                                                                                                   targets, g, M, V);
+                                                                                                   targets, grad, M, V);
             CUDA_LAUNCH_CHECK();
             return;
         }
     }
     cross_entropy_backward_plain_kernel<T><<<cuda::blocks_for(M * V), cuda::kThreads, 0, stream>>>(
-        dlogits, logits, lse, targets, g, M, V);
+        dlogits, logits, lse, targets, grad, M, V);
     CUDA_LAUNCH_CHECK();
 }
 
 #define NT_INSTANTIATE(T)                                                                                     \
     template void cross_entropy_forward_cuda<T>(T*, acc_t<T>*, const T*, const int64_t*, int64_t, int64_t, int); \
-    template void cross_entropy_backward_cuda<T>(T*, const T*, const acc_t<T>*, const int64_t*, double, int64_t, \
-                                                 int64_t, int);
+    template void cross_entropy_backward_cuda<T>(T*, const T*, const acc_t<T>*, const int64_t*, const T*,      \
+                                                 int64_t, int64_t, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

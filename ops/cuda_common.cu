@@ -50,6 +50,21 @@ __global__ void column_sum_kernel(Out* __restrict__ out, const In* __restrict__ 
     }
 }
 
+// The same sums for a few rows (fewer than 32) and many columns, as the gradient of positions
+// broadcast over a batch ([B, T * C] summed over B): a thread per column adds its rows in order,
+// and a warp reads 32 neighbouring columns of a row at once (the kernel above would leave 32 - rows
+// of each block's rows idle).
+template <class In, class Out>
+__global__ void column_sum_thin_kernel(Out* __restrict__ out, const In* __restrict__ in, int64_t rows, int64_t n) {
+    using A = acc_t<Out>;
+    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
+        A s = 0;
+#pragma unroll 8
+        for (int64_t r = 0; r < rows; ++r) s += A(in[r * n + j]);
+        out[j] = static_cast<Out>(s);
+    }
+}
+
 // out[0] = scale * sum of in[0..n), by one block: thread t adds in[t], in[t + blockDim.x], ... in
 // order, then block_sum adds the threads' sums in a fixed order.
 template <class In, class Out>
@@ -74,6 +89,11 @@ void column_sum_cuda(Out* out, const In* in, int64_t rows, int64_t n, int device
     if (n == 0) return;
     cudaStream_t stream = cuda::stream(device);
     const unsigned columns = static_cast<unsigned>((n + 31) / 32);
+    if (rows < 32) {
+        column_sum_thin_kernel<In, Out><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(out, in, rows, n);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     if (rows <= kColumnSumChunkRows) {
         column_sum_kernel<In, Out><<<dim3(columns, 1), dim3(32, 32), 0, stream>>>(out, in, rows, n, rows, 1);
         CUDA_LAUNCH_CHECK();

@@ -52,9 +52,9 @@ void embedding_backward_cuda(T* dweight, const int64_t* ids, const T* dout, int6
 template <class T>  // lse[i] = logsumexp(logits[i, :]); loss[0] = mean over i of lse[i] - logits[i, targets[i]]
 void cross_entropy_forward_cuda(T* loss, acc_t<T>* lse, const T* logits, const int64_t* targets, int64_t M, int64_t V,
                                 int device);
-template <class T>  // dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * grad / M
+template <class T>  // dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * grad[0] / M
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* lse, const int64_t* targets,
-                                 double grad, int64_t M, int64_t V, int device);
+                                 const T* grad, int64_t M, int64_t V, int device);
 
 // ops/attention.cu (qkv [B, T, 3C], out [B, T, C], lse [B, NH, T]; see ops/attention.h). The
 // backward reads out only through D = rowsum(dout * out), which it allocates.
@@ -70,6 +70,17 @@ void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out,
 template <class T>
 void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
                int64_t b_cols, bool trans_b, int device);
+// The same product with a cuBLASLt epilogue, in the row-major picture p = op(a) @ op(b), [M, N]:
+enum class GemmEpilogue {
+    Bias,         // out[i, j] = p[i, j] + bias[j]
+    GeluAuxBias,  // aux[i, j] = p[i, j] + bias[j], rounded to T; out[i, j] = gelu_tanh(aux[i, j])
+    BiasGradA,    // out = p; bias[i] = sum over k of op(a)[i, k] (with op(a) = g^T: g's column sums)
+};
+// Returns false, having queued nothing, where cuBLASLt offers no algorithm (always for double;
+// GeluAuxBias needs N % 8 == 0); the caller then runs gemm_cuda and its own kernels.
+template <class T>
+bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
+                        int64_t b_cols, bool trans_b, GemmEpilogue epilogue, T* bias, T* aux, int device);
 
 // ops/norm_forward.cu, ops/norm_backward.cu, ops/norm_reference.cu: the norms (see
 // ops/norm_policy.h); mean is nullptr when not centered, weight/bias nullptr when absent;

@@ -81,34 +81,13 @@ struct ScaleBackward : Node {
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCoeff = 0.044715;
 
-// dx = g * d/dx gelu(x), with u = sqrt(2/pi) (x + 0.044715 x^3):
-//   d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 struct GeluBackward : Node {
     SavedTensor x;
     explicit GeluBackward(const Tensor& x_) : x(x_) {}
     const char* name() const override { return "GeluBackward"; }
     std::vector<SavedTensor*> saved_tensors() override { return {&x}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
-        Tensor xs = x.unpack(name()), g = grad_output.contiguous();
-        Tensor dx = empty(xs.shape(), TensorOptions().dtype(xs.dtype()).device(xs.device()));
-        dispatch_floating(xs.dtype(), name(), [&](auto tag) {
-            using T = decltype(tag);
-            if (xs.device().is_cuda()) {
-                NT_CUDA(detail::gelu_backward_cuda<T>(detail::device_ptr<T>(dx), detail::device_ptr<T>(g),
-                                                      detail::device_ptr<T>(xs), xs.numel(), xs.device().index));
-                return;
-            }
-            const T *px = xs.data_ptr<T>(), *pg = g.data_ptr<T>();
-            T* pd = dx.data_ptr<T>();
-            using A = acc_t<T>;
-            for (int64_t i = 0, end = xs.numel(); i < end; ++i) {
-                A v = px[i];
-                A th = std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v));
-                A d = A(0.5) * (1 + th) + A(0.5) * v * (1 - th * th) * A(kSqrt2OverPi) * (1 + A(3 * kGeluCoeff) * v * v);
-                pd[i] = static_cast<T>(A(pg[i]) * d);
-            }
-        });
-        return {dx};
+        return {detail::gelu_backward(grad_output, x.unpack(name()))};
     }
 };
 
@@ -186,9 +165,32 @@ Tensor scale(const Tensor& a_in, double s) {
     return out;
 }
 
-Tensor gelu(const Tensor& x_in) {
-    detail::check_floating_input("gelu", "x", x_in);
-    Tensor x = x_in.contiguous();
+// dx = g * d/dx gelu(x), with u = sqrt(2/pi) (x + 0.044715 x^3):
+//   d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+Tensor detail::gelu_backward(const Tensor& grad, const Tensor& x) {
+    Tensor g = grad.contiguous();
+    Tensor dx = empty(x.shape(), TensorOptions().dtype(x.dtype()).device(x.device()));
+    dispatch_floating(x.dtype(), "gelu", [&](auto tag) {
+        using T = decltype(tag);
+        if (x.device().is_cuda()) {
+            NT_CUDA(detail::gelu_backward_cuda<T>(detail::device_ptr<T>(dx), detail::device_ptr<T>(g),
+                                                  detail::device_ptr<T>(x), x.numel(), x.device().index));
+            return;
+        }
+        const T *px = x.data_ptr<T>(), *pg = g.data_ptr<T>();
+        T* pd = dx.data_ptr<T>();
+        using A = acc_t<T>;
+        for (int64_t i = 0, end = x.numel(); i < end; ++i) {
+            A v = px[i];
+            A th = std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v));
+            A d = A(0.5) * (1 + th) + A(0.5) * v * (1 - th * th) * A(kSqrt2OverPi) * (1 + A(3 * kGeluCoeff) * v * v);
+            pd[i] = static_cast<T>(A(pg[i]) * d);
+        }
+    });
+    return dx;
+}
+
+Tensor detail::gelu_forward(const Tensor& x) {
     Tensor out = empty(x.shape(), TensorOptions().dtype(x.dtype()).device(x.device()));
     dispatch_floating(x.dtype(), "gelu", [&](auto tag) {
         using T = decltype(tag);
@@ -205,6 +207,13 @@ Tensor gelu(const Tensor& x_in) {
             po[i] = static_cast<T>(A(0.5) * v * (1 + std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v))));
         }
     });
+    return out;
+}
+
+Tensor gelu(const Tensor& x_in) {
+    detail::check_floating_input("gelu", "x", x_in);
+    Tensor x = x_in.contiguous();
+    Tensor out = detail::gelu_forward(x);
     if (should_record(x)) record(std::make_shared<GeluBackward>(x), out, x);
     detail::check_forward_anomaly("gelu", "out", out, {{"x", x}});
     return out;

@@ -26,4 +26,12 @@ Tensor scale(const Tensor& a, double s);
 //   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Saves x.
 Tensor gelu(const Tensor& x);
 
+namespace detail {
+// gelu's kernels, shared with linear_gelu (ops/matmul.h). Internal: they record nothing and check
+// nothing. gelu_forward: gelu(x), x contiguous. gelu_backward: grad * gelu'(x), x and grad of one
+// shape, dtype and device. Each returns a new contiguous tensor.
+Tensor gelu_forward(const Tensor& x);
+Tensor gelu_backward(const Tensor& grad, const Tensor& x);
+}  // namespace detail
+
 }  // namespace normtape

@@ -11,6 +11,7 @@
 #include "core/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
+#include "ops/elementwise.h"
 
 namespace normtape {
 
@@ -63,6 +64,23 @@ void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, boo
     });
 }
 
+// gemm() with a cuBLASLt epilogue (detail::GemmEpilogue, ops/cuda_launchers.h); aux may be
+// undefined. Returns false, having done nothing, on the cpu or where cuBLASLt offers no
+// algorithm: the caller then does the epilogue's work with its own kernels.
+bool gemm_epilogue(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                   detail::GemmEpilogue epilogue, const Tensor& bias, const Tensor& aux = Tensor()) {
+    if (!a.device().is_cuda()) return false;
+    bool done = false;
+    dispatch_floating(a.dtype(), "linear", [&]([[maybe_unused]] auto tag) {
+        using T [[maybe_unused]] = decltype(tag);
+        NT_CUDA(done = detail::gemm_epilogue_cuda<T>(device_ptr<T>(out), device_ptr<T>(a), a.numel() / a.size(-1),
+                                                     a.size(-1), trans_a, device_ptr<T>(b), b.numel() / b.size(-1),
+                                                     b.size(-1), trans_b, epilogue, device_ptr<T>(bias),
+                                                     device_ptr<T>(aux), a.device().index));
+    });
+    return done;
+}
+
 // out[r, :] += bias for every row r (bias [N], out [..., N]).
 void add_bias_rows(const Tensor& out, const Tensor& bias) {
     dispatch_floating(out.dtype(), "linear", [&](auto tag) {
@@ -79,10 +97,9 @@ void add_bias_rows(const Tensor& out, const Tensor& bias) {
     });
 }
 
-// dbias[j] = sum over rows of g[r, j], accumulated in double.
-Tensor sum_rows(const Tensor& g) {
+// out[j] = sum over rows of g[r, j], accumulated in double (acc_t on CUDA). out: [N].
+void sum_rows(const Tensor& out, const Tensor& g) {
     int64_t N = g.size(-1), rows = g.numel() / N;
-    Tensor out = empty({N}, TensorOptions().dtype(g.dtype()).device(g.device()));
     dispatch_floating(g.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
         if (g.device().is_cuda()) {
@@ -96,7 +113,6 @@ Tensor sum_rows(const Tensor& g) {
         T* po = out.data_ptr<T>();
         for (int64_t j = 0; j < N; ++j) po[j] = static_cast<T>(acc[j]);
     });
-    return out;
 }
 
 Shape with_last(const Shape& s, int64_t last) {
@@ -136,26 +152,46 @@ struct MatmulBackward : Node {
     }
 };
 
+// The gradients of linear(x, weight, bias), g = dout: dx = g @ weight, dweight = g^T @ x, dbias = the
+// column sums of g (on CUDA in dweight's product, as a cuBLASLt epilogue, where it can be).
+std::vector<Tensor> linear_backward(const Node& node, const Tensor& grad, SavedTensor& x, SavedTensor& weight) {
+    Tensor g = grad.contiguous();
+    Tensor dx, dweight, dbias;
+    if (node.needs_input_grad(0)) {  // dx = g @ weight
+        Tensor w = weight.unpack(node.name());
+        dx = empty(with_last(g.shape(), w.size(1)), like(g));
+        gemm(dx, g, false, w, false);
+    }
+    if (node.needs_input_grad(2)) dbias = empty({g.size(-1)}, like(g));
+    if (node.needs_input_grad(1)) {  // dweight = g^T @ x
+        Tensor xs = x.unpack(node.name());
+        dweight = empty({g.size(-1), xs.size(-1)}, like(g));
+        if (dbias.defined() && gemm_epilogue(dweight, g, true, xs, false, detail::GemmEpilogue::BiasGradA, dbias))
+            return {dx, dweight, dbias};
+        gemm(dweight, g, true, xs, false);
+    }
+    if (dbias.defined()) sum_rows(dbias, g);
+    return {dx, dweight, dbias};
+}
+
 struct LinearBackward : Node {
     SavedTensor x, weight;
     LinearBackward(const Tensor& x_, const Tensor& weight_) : x(x_), weight(weight_) {}
     const char* name() const override { return "LinearBackward"; }
     std::vector<SavedTensor*> saved_tensors() override { return {&x, &weight}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
-        Tensor g = grad_output.contiguous();
-        Tensor dx, dweight, dbias;
-        if (needs_input_grad(0)) {  // dx = g @ weight
-            Tensor w = weight.unpack(name());
-            dx = empty(with_last(g.shape(), w.size(1)), like(g));
-            gemm(dx, g, false, w, false);
-        }
-        if (needs_input_grad(1)) {  // dweight = g^T @ x
-            Tensor xs = x.unpack(name());
-            dweight = empty({g.size(-1), xs.size(-1)}, like(g));
-            gemm(dweight, g, true, xs, false);
-        }
-        if (needs_input_grad(2)) dbias = sum_rows(g);
-        return {dx, dweight, dbias};
+        return linear_backward(*this, grad_output, x, weight);
+    }
+};
+
+// The backward of out = gelu(h), h = linear(x, weight, bias): dh = g * gelu'(h), then linear's.
+struct LinearGeluBackward : Node {
+    SavedTensor x, weight, h;
+    LinearGeluBackward(const Tensor& x_, const Tensor& weight_, const Tensor& h_) : x(x_), weight(weight_), h(h_) {}
+    const char* name() const override { return "LinearGeluBackward"; }
+    std::vector<SavedTensor*> saved_tensors() override { return {&x, &weight, &h}; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        return linear_backward(*this, detail::gelu_backward(grad_output, h.unpack(name())), x, weight);
     }
 };
 
@@ -180,32 +216,70 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     return out;
 }
 
-Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-    detail::check_floating_input("linear", "x", x_in);
-    detail::check_floating_input("linear", "weight", weight_in);
-    detail::check_like("linear", "weight", weight_in, "x", x_in);
-    NT_CHECK_AS(ShapeError, x_in.dim() >= 1, "linear: expected x of shape [..., K], got a scalar (shape [])");
-    NT_CHECK_AS(ShapeError, weight_in.dim() == 2 && weight_in.size(1) == x_in.size(-1),
-                "linear: expected weight of shape [N, ", x_in.size(-1), "] for x of shape ", shape_str(x_in.shape()),
-                ", got ", shape_str(weight_in.shape()));
-    int64_t N = weight_in.size(0);
-    if (bias_in.defined()) {
-        detail::check_like("linear", "bias", bias_in, "x", x_in);
-        NT_CHECK_AS(ShapeError, bias_in.dim() == 1 && bias_in.size(0) == N, "linear: expected bias of shape [", N,
-                    "], got ", shape_str(bias_in.shape()));
+namespace {
+
+// linear's and linear_gelu's checks (see ops/matmul.h); bias may be undefined.
+void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    detail::check_floating_input(op, "x", x);
+    detail::check_floating_input(op, "weight", weight);
+    detail::check_like(op, "weight", weight, "x", x);
+    NT_CHECK_AS(ShapeError, x.dim() >= 1, op, ": expected x of shape [..., K], got a scalar (shape [])");
+    NT_CHECK_AS(ShapeError, weight.dim() == 2 && weight.size(1) == x.size(-1), op, ": expected weight of shape [N, ",
+                x.size(-1), "] for x of shape ", shape_str(x.shape()), ", got ", shape_str(weight.shape()));
+    int64_t N = weight.size(0);
+    if (bias.defined()) {
+        detail::check_like(op, "bias", bias, "x", x);
+        NT_CHECK_AS(ShapeError, bias.dim() == 1 && bias.size(0) == N, op, ": expected bias of shape [", N, "], got ",
+                    shape_str(bias.shape()));
     }
-    check_gemm_sizes("linear", x_in, N);
-    Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-    Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-    Tensor out = empty(with_last(x.shape(), N), like(x));
+    check_gemm_sizes(op, x, N);
+}
+
+// out = x @ weight^T + bias (bias may be undefined): the bias in the product's epilogue where
+// cuBLASLt has one, else a second pass over out.
+void linear_into(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    if (bias.defined() && gemm_epilogue(out, x, false, weight, true, detail::GemmEpilogue::Bias, bias)) return;
     gemm(out, x, false, weight, true);
     if (bias.defined()) add_bias_rows(out, bias);
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+    check_linear("linear", x_in, weight_in, bias_in);
+    Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+    Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+    Tensor out = empty(with_last(x.shape(), weight.size(0)), like(x));
+    linear_into(out, x, weight, bias);
     if (should_record(x, weight, bias)) {
         auto node = std::make_shared<LinearBackward>(weight.requires_grad() ? x : Tensor(),
                                                      x.requires_grad() ? weight : Tensor());
         record(node, out, x, weight, bias);
     }
     detail::check_forward_anomaly("linear", "out", out, {{"x", x}, {"weight", weight}, {"bias", bias}});
+    return out;
+}
+
+Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+    NT_CHECK(bias_in.defined(), "linear_gelu: expected a bias of shape [N], got an undefined tensor");
+    check_linear("linear_gelu", x_in, weight_in, bias_in);
+    Tensor x = x_in.contiguous(), weight = weight_in.contiguous(), bias = bias_in.contiguous();
+    Shape shape = with_last(x.shape(), weight.size(0));
+    Tensor h = empty(shape, like(x)), out;
+    if (x.device().is_cuda()) {  // one pass: h and gelu(h) written by the product's epilogue
+        out = empty(shape, like(x));
+        if (!gemm_epilogue(out, x, false, weight, true, detail::GemmEpilogue::GeluAuxBias, bias, h)) out = Tensor();
+    }
+    if (!out.defined()) {
+        linear_into(h, x, weight, bias);
+        out = detail::gelu_forward(h);
+    }
+    if (should_record(x, weight, bias)) {
+        auto node = std::make_shared<LinearGeluBackward>(weight.requires_grad() ? x : Tensor(),
+                                                         x.requires_grad() ? weight : Tensor(), h);
+        record(node, out, x, weight, bias);
+    }
+    detail::check_forward_anomaly("linear_gelu", "out", out, {{"x", x}, {"weight", weight}, {"bias", bias}});
     return out;
 }
 

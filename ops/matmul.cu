@@ -1,5 +1,9 @@
-// ops/matmul.cu: matrix products through cuBLAS (cublasGemmEx). The bias row add of linear is
-// add_bias_rows_cuda, in ops/elementwise.cu.
+// ops/matmul.cu: matrix products through cuBLAS (cublasGemmEx), and through cuBLASLt where an
+// epilogue (bias, bias + GELU, bias gradient) saves a pass over the output. The bias row add used
+// without cuBLASLt is add_bias_rows_cuda, in ops/elementwise.cu.
+#include <array>
+#include <map>
+#include <optional>
 #include <type_traits>
 
 #include "core/cuda_check.h"
@@ -30,8 +34,119 @@ void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a,
                               cuda_type<T>(), static_cast<int>(N), compute, CUBLAS_GEMM_DEFAULT));
 }
 
+namespace {
+
+// The largest power of two, up to 256, that divides p's address: what cuBLASLt's heuristic may
+// assume of each operand (its default assumes 256).
+int64_t alignment(const void* p) {
+    auto v = reinterpret_cast<uintptr_t>(p);
+    int64_t a = 256;
+    while (a > 1 && v % a != 0) a /= 2;
+    return a;
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+    switch (e) {
+        case GemmEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+        case GemmEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        case GemmEpilogue::BiasGradA: return CUBLASLT_EPILOGUE_BGRADB;  // a is cuBLAS's B (see gemm_cuda)
+    }
+    return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Owners of cuBLASLt's descriptors, destroyed on every path out of gemm_epilogue_cuda.
+struct LtDesc {
+    cublasLtMatmulDesc_t d = nullptr;
+    ~LtDesc() { if (d) cublasLtMatmulDescDestroy(d); }
+};
+struct LtLayout {
+    cublasLtMatrixLayout_t l = nullptr;
+    ~LtLayout() { if (l) cublasLtMatrixLayoutDestroy(l); }
+};
+struct LtPreference {
+    cublasLtMatmulPreference_t p = nullptr;
+    ~LtPreference() { if (p) cublasLtMatmulPreferenceDestroy(p); }
+};
+
+template <class V>
+void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+// The heuristic's first choice for each problem (sizes, transpositions, dtype, epilogue, operand
+// alignments and device), or none; asked once per problem: asking costs more host time than a
+// small product takes on the GPU.
+using LtKey = std::array<int64_t, 13>;
+std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>>& lt_algorithms() {
+    static std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> m;
+    return m;
+}
+
+}  // namespace
+
+template <class T>
+bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
+                        int64_t b_cols, bool trans_b, GemmEpilogue epilogue, T* bias, T* aux, int device) {
+    if constexpr (std::is_same_v<T, double>) {
+        return false;
+    } else {
+        int64_t M = trans_a ? a_cols : a_rows, K = trans_a ? a_rows : a_cols;
+        int64_t N = trans_b ? b_rows : b_cols;
+        if (M == 0 || N == 0 || K == 0) return false;
+        if (epilogue == GemmEpilogue::GeluAuxBias && N % 8 != 0) return false;  // cuBLASLt's aux leading dimension
+        const cudaDataType_t type = cuda_type<T>();
+        const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+        LtDesc desc;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        set(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+        set(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+        set(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(epilogue));
+        set(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(bias));
+        if (aux) {
+            set(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
+            set(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, N);
+        }
+        // Column-major, as gemm_cuda: cuBLAS's A is b, its B is a, its D is out^T [N, M].
+        LtLayout la, lb, ld;
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.l, type, b_cols, b_rows, b_cols));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.l, type, a_cols, a_rows, a_cols));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld.l, type, N, M, N));
+        const LtKey key = {M, N, K, trans_a, trans_b, static_cast<int64_t>(type), static_cast<int64_t>(epilogue),
+                           alignment(a), alignment(b), alignment(out), alignment(bias), alignment(aux), device};
+        auto found = lt_algorithms().find(key);
+        if (found == lt_algorithms().end()) {
+            LtPreference pref;
+            CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+            const uint64_t bytes = cuda::kWorkspaceBytes;
+            const uint32_t align_a = uint32_t(alignment(b)), align_b = uint32_t(alignment(a)), align_d = uint32_t(alignment(out));
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)));
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
+            cublasLtMatmulHeuristicResult_t result{};
+            int count = 0;
+            cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda::cublaslt(device), desc.d, la.l, lb.l, ld.l, ld.l,
+                                                               pref.p, 1, &result, &count);
+            std::optional<cublasLtMatmulAlgo_t> algo;
+            if (st == CUBLAS_STATUS_SUCCESS && count > 0) algo = result.algo;
+            else NT_CHECK(st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED, "cuBLASLt error: ",
+                          cublasGetStatusString(st), " in cublasLtMatmulAlgoGetHeuristic");
+            found = lt_algorithms().emplace(key, algo).first;
+        }
+        if (!found->second) return false;
+        const float alpha = 1, beta = 0;
+        CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(device), desc.d, &alpha, b, la.l, a, lb.l, &beta, out, ld.l, out,
+                                    ld.l, &*found->second, cuda::workspace(device), cuda::kWorkspaceBytes,
+                                    cuda::stream(device)));
+        return true;
+    }
+}
+
 #define NT_INSTANTIATE(T)                                                                                           \
-    template void gemm_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool, int);
+    template void gemm_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool, int);        \
+    template bool gemm_epilogue_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool,     \
+                                        GemmEpilogue, T*, T*, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

@@ -180,8 +180,8 @@ TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op tha
     std::string op = r.err.substr(prefix.size(), r.err.find(':', prefix.size()) - prefix.size());
     CAPTURE(op);
     bool known = op.size() > 8 && op.compare(op.size() - 8, 8, "Backward") == 0;
-    for (const char* name : {"add", "mul", "scale", "gelu", "sum", "mean", "matmul", "linear", "causal_self_attention",
-                             "embedding", "cross_entropy", "layer_norm", "rms_norm"})
+    for (const char* name : {"add", "mul", "scale", "gelu", "sum", "mean", "matmul", "linear", "linear_gelu",
+                             "causal_self_attention", "embedding", "cross_entropy", "layer_norm", "rms_norm"})
         known = known || op == name;
     CHECK(known);
     CHECK(r.out.find("nan") == std::string::npos);  // it stopped before printing a NaN loss

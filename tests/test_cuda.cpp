@@ -147,12 +147,34 @@ TEST_CASE("cuda: elementwise ops, reductions and products match the cpu") {
         check_cuda_matches_cpu(d, {normal({7, 65}), normal({7, 65})}, [](auto& in) { return mul(in[0], in[1]); });
         check_cuda_matches_cpu(d, {normal({3, 100})}, [](auto& in) { return scale(in[0], -1.5); });
         check_cuda_matches_cpu(d, {normal({1000}, 2.0)}, [](auto& in) { return gelu(in[0]); });
+        // 16-byte vectors, then the last n % 8 elements one at a time; a vector broadcast row.
+        check_cuda_matches_cpu(d, {normal({1003}, 2.0)}, [](auto& in) { return gelu(in[0]); });
+        check_cuda_matches_cpu(d, {normal({6, 40}), normal({40})}, [](auto& in) { return add(in[0], in[1]); });
         check_cuda_matches_cpu(d, {normal({37, 41})}, [](auto& in) { return sum(in[0]); });
         check_cuda_matches_cpu(d, {normal({37, 41})}, [](auto& in) { return mean(in[0]); });
         check_cuda_matches_cpu(d, {normal({2, 17, 33}), normal({33, 20})}, [](auto& in) { return matmul(in[0], in[1]); });
         check_cuda_matches_cpu(d, {normal({4, 9, 48}), normal({40, 48}), normal({40})},
                                [](auto& in) { return linear(in[0], in[1], in[2]); });
         check_cuda_matches_cpu(d, {normal({300, 64}), normal({96, 64})}, [](auto& in) { return linear(in[0], in[1]); });
+    }
+}
+
+TEST_CASE("cuda: linear and linear_gelu through cuBLASLt's epilogues and without them match the cpu") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(9);
+    for (DType d : kDtypes) {
+        // N % 8 == 0: bias, bias + GELU and the bias gradient in the products' epilogues.
+        check_cuda_matches_cpu(d, {normal({4, 33, 64}), normal({256, 64}), normal({256})},
+                               [](auto& in) { return linear_gelu(in[0], in[1], in[2]); });
+        check_cuda_matches_cpu(d, {normal({130, 96}), normal({64, 96}), normal({64})},
+                               [](auto& in) { return linear(in[0], in[1], in[2]); });
+        // N = 20: no GELU epilogue (its aux's leading dimension), the kernels of our own instead.
+        check_cuda_matches_cpu(d, {normal({5, 7, 24}), normal({20, 24}), normal({20})},
+                               [](auto& in) { return linear_gelu(in[0], in[1], in[2]); });
+        // Operands at an odd element offset: the heuristic is told each pointer's alignment.
+        check_cuda_matches_cpu(d, {normal({41, 33}), normal({24, 33}), normal({24})}, [](auto& in) {
+            return linear_gelu(in[0].narrow(0, 1, 40), in[1].narrow(0, 1, 16), in[2].narrow(0, 3, 16));
+        });
     }
 }
 

@@ -1,7 +1,8 @@
-// tests/test_matmul.cpp: matmul and linear (ops/matmul.h), one TEST_SUITE per op.
+// tests/test_matmul.cpp: matmul, linear and linear_gelu (ops/matmul.h), one TEST_SUITE per op.
 // Per op: (a) forward against a plain computation written here, in f64 and f32; (b) f64
 // finite-difference gradcheck of every differentiable input; (c) every error path of the op's
 // header, each naming the op, and no bytes leaked by the failed calls.
+#include <cmath>
 #include <vector>
 
 #include "test_util.h"
@@ -161,5 +162,57 @@ TEST_SUITE("linear") {
     TEST_CASE("linear: a 0-dim x is refused with an error naming linear") {
         Tensor s = ones({}), w = ones({3, 1});
         CHECK_THROWS_KIND_WITH(linear(s, w), normtape::Error, "linear");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST_SUITE("linear_gelu") {
+    TEST_CASE("linear_gelu: forward matches the tanh GELU of a naive linear") {
+        manual_seed(74);
+        for (DType dt : kFloatTypes) {
+            INFO("dtype ", std::string(dtype_name(dt)));
+            const int64_t K = 6, N = 8;
+            Tensor x = input({2, 3, K}, dt), w = input({N, K}, dt), bias = input({N}, dt);
+            std::vector<double> h = naive_linear(as_f64(x), as_f64(w), as_f64(bias), 6, K, N);
+            for (double& v : h) v = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+            Tensor y = linear_gelu(x, w, bias);
+            CHECK(y.shape() == Shape{2, 3, N});
+            CHECK(y.dtype() == dt);
+            CHECK_CLOSE(y, expected(h, {2, 3, N}), tolerance(dt));
+        }
+    }
+
+    TEST_CASE("linear_gelu: gradcheck") {
+        manual_seed(75);
+        auto f = [](const std::vector<Tensor>& in) { return linear_gelu(in[0], in[1], in[2]); };
+        std::vector<Tensor> in{leaf({2, 3, 4}), leaf({5, 4}), leaf({5})};
+        CHECK_GRADCHECK(f, in);
+    }
+
+    TEST_CASE("linear_gelu: saves the bytes of linear followed by gelu") {
+        manual_seed(76);
+        Tensor x = leaf({7, 4}, 1.0, DType::F32), w = leaf({6, 4}, 1.0, DType::F32), bias = leaf({6}, 1.0, DType::F32);
+        int64_t fused = 0, separate = 0;
+        {
+            Tensor y = linear_gelu(x, w, bias);
+            fused = saved_bytes();
+        }
+        {
+            Tensor y = gelu(linear(x, w, bias));
+            separate = saved_bytes();
+        }
+        CHECK(fused == separate);
+        CHECK(fused == 7 * 6 * 4);  // h, f32; x and weight are leaves that require grad, not counted
+    }
+
+    TEST_CASE("linear_gelu: bad input names linear_gelu") {
+        Tensor x = zeros({3, 4}), w = zeros({5, 4}), bias = zeros({5});
+        int64_t before = cpu_allocated();
+        CHECK_THROWS_KIND_WITH(linear_gelu(x, w, Tensor()), normtape::Error, "linear_gelu", "bias");
+        CHECK_THROWS_KIND_WITH(linear_gelu(x, zeros({5, 3}), bias), normtape::ShapeError, "linear_gelu", "[5, 3]");
+        CHECK_THROWS_KIND_WITH(linear_gelu(x, w, zeros({4})), normtape::ShapeError, "linear_gelu", "[4]");
+        CHECK_THROWS_KIND_WITH(linear_gelu(x, w, zeros({5}, opts(DType::F64))), normtape::DTypeError, "linear_gelu");
+        CHECK_THROWS_KIND_WITH(linear_gelu(ones({}), w, bias), normtape::ShapeError, "linear_gelu");
+        CHECK(cpu_allocated() == before);
     }
 }
