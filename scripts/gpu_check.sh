@@ -8,16 +8,18 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|bench|sanitize]   (default all)
+#   scripts/gpu_check.sh [all|tests|bench|sanitize|profile]   (default all)
 #     tests: the tests and the sanitizers; bench: the benchmarks and training runs only;
-#     sanitize: the sanitizers only.
+#     sanitize: the sanitizers only; profile: only scripts/profile_step.sh, the step's kernel time by
+#     category beside PyTorch's (needs Nsight Compute's ncu; not part of all).
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|bench|sanitize) ;; *) echo "usage: scripts/gpu_check.sh [all|tests|bench|sanitize]" >&2; exit 2;; esac
+case "$MODE" in all|tests|bench|sanitize|profile) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|bench|sanitize|profile]" >&2; exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 summary=()
@@ -47,7 +49,7 @@ fi
 # millions of rows). Each is capped at 300 s; a timeout is reported, not counted as a failure.
 # memcheck sees the caching allocator's blocks, not our tensors: an overrun that stays inside a
 # cached block is missed.
-if [ "$MODE" != bench ]; then
+if [ "$MODE" = all ] || [ "$MODE" = tests ] || [ "$MODE" = sanitize ]; then
     SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
     for tool in memcheck racecheck; do
         if [ $tool = memcheck ]; then filter=(-ts=cuda,nn,cross_entropy "-tce=*running out of memory*"); else
@@ -105,6 +107,11 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
         > "$GPU_OUT/shakespeare.log" 2>&1
 fi
 
+if [ "$MODE" = profile ]; then
+    if scripts/profile_step.sh build-gpu "$GPU_OUT" > "$GPU_OUT/profile.log" 2>&1; then summary+=("profile: ok"); else
+        summary+=("profile: FAILED"); failed=1; fi
+fi
+
 echo "==================== summary"
 printf '%s\n' "${summary[@]}"
 cat "$GPU_OUT/crosscheck.txt" 2>/dev/null
@@ -116,4 +123,5 @@ done
 [ -f "$GPU_OUT/fixed_tokens.log" ] && { echo "--- saved bytes at a fixed number of tokens"; cat "$GPU_OUT/fixed_tokens.log"; }
 [ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
 [ -f "$GPU_OUT/torch_gpt.log" ] && { echo "--- medium preset beside PyTorch eager"; tail -8 "$GPU_OUT/torch_gpt.log"; }
+[ -f "$GPU_OUT/profile.log" ] && { echo "--- kernel time by category"; head -14 "$GPU_OUT/profile.log"; }
 exit $failed
