@@ -12,7 +12,8 @@
 //   add            [16384, 1024] + [16384, 1024] (its backward passes the gradient through: no kernel)
 //   add bias       [16384, 4096] + [4096]; its node's apply(): the bias gradient, a column sum over
 //                  the rows, the same kernel as linear's bias gradient (column_sum_cuda)
-//   linear bias    out[r, :] += bias, [16384, 4096] (add_bias_rows_cuda, linear's forward)
+//   linear bias    out[r, :] += bias, [16384, 4096] (add_bias_rows_cuda, linear's forward without
+//                  cuBLASLt)
 // A node's apply() is called directly, under NoGradGuard, on a node recorded once: it times the
 // backward's own work, without the engine's copy of a leaf's first gradient.
 // Each case is timed with CUDA events on normtape's stream: 3 warm-up runs, then 20 runs queued

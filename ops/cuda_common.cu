@@ -50,6 +50,63 @@ __global__ void column_sum_kernel(Out* __restrict__ out, const In* __restrict__ 
     }
 }
 
+// The same sums read in 16-byte vectors (In f32 or bf16, n a multiple of the vector, in 16-byte
+// aligned), for kVectorSumChunkRows-row chunks: a block of 32 x kVectorSumY threads takes 32
+// vectors of columns (256 bf16 or 128 f32) of a chunk; thread (x, y) adds rows y, y + kVectorSumY,
+// ... of its vector, four rows' loads in flight, then the kVectorSumY sums of a column are added in
+// order. Deterministic. Chunks of 256 rows give enough blocks to fill the GPU at the shapes of a
+// bias gradient ([B*T, N], N in the thousands): a warp reads 512 contiguous bytes of a row.
+constexpr int kVectorSumY = 16;
+constexpr int64_t kVectorSumChunkRows = 256;
+
+template <class In, class Out>
+__global__ void __launch_bounds__(32 * kVectorSumY) column_sum_vector_kernel(Out* __restrict__ out,
+                                                                              const In* __restrict__ in, int64_t rows,
+                                                                              int64_t n, int64_t chunk_rows,
+                                                                              int64_t chunks) {
+    constexpr int E = Pack<In>::E;
+    constexpr int64_t Y = kVectorSumY;
+    __shared__ float sums[kVectorSumY][32 * E];
+    const int64_t j0 = (blockIdx.x * int64_t(32) + threadIdx.x) * E;  // this thread's first column
+    const int t = threadIdx.y * 32 + threadIdx.x;
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+        const int64_t end = min(rows, (c + 1) * chunk_rows);
+        float s[E] = {};
+        if (j0 < n) {
+            int64_t r = c * chunk_rows + threadIdx.y;
+            for (; r + 3 * Y < end; r += 4 * Y) {
+                uint4 q[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) q[u] = *reinterpret_cast<const uint4*>(in + (r + u * Y) * n + j0);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    float v[E];
+                    unpack(q[u], v);
+#pragma unroll
+                    for (int e = 0; e < E; ++e) s[e] += v[e];
+                }
+            }
+            for (; r < end; r += Y) {
+                float v[E];
+                unpack(*reinterpret_cast<const uint4*>(in + r * n + j0), v);
+#pragma unroll
+                for (int e = 0; e < E; ++e) s[e] += v[e];
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) sums[threadIdx.y][threadIdx.x * E + e] = s[e];
+        __syncthreads();
+        for (int k = t; k < 32 * E; k += 32 * kVectorSumY) {
+            const int64_t j = blockIdx.x * int64_t(32 * E) + k;
+            if (j >= n) continue;
+            float total = 0;
+            for (int y = 0; y < kVectorSumY; ++y) total += sums[y][k];
+            out[c * n + j] = static_cast<Out>(total);
+        }
+        __syncthreads();
+    }
+}
+
 // The same sums for a few rows (fewer than 32) and many columns, as the gradient of positions
 // broadcast over a batch ([B, T * C] summed over B): a thread per column adds its rows in order,
 // and a warp reads 32 neighbouring columns of a row at once (the kernel above would leave 32 - rows
@@ -79,8 +136,9 @@ __global__ void single_block_sum_kernel(Out* __restrict__ out, const In* __restr
 
 }  // namespace
 
-// Up to kColumnSumChunkRows rows in one pass; more are summed per chunk of that many rows into a
-// temporary [chunks, n] acc_t<Out> tensor, whose rows are then summed the same way. The temporary
+// Fewer than 32 rows: a thread per column. Else up to a chunk of rows (kVectorSumChunkRows with
+// vectors, kColumnSumChunkRows without) in one pass; more are summed per chunk into a temporary
+// [chunks, n] acc_t<Out> tensor, whose rows are then summed the same way. The temporary
 // is freed on return: the caching allocator may hand it out again at once, as later work is queued
 // on the same stream.
 template <class In, class Out>
@@ -88,24 +146,37 @@ void column_sum_cuda(Out* out, const In* in, int64_t rows, int64_t n, int device
     using A = acc_t<Out>;
     if (n == 0) return;
     cudaStream_t stream = cuda::stream(device);
-    const unsigned columns = static_cast<unsigned>((n + 31) / 32);
     if (rows < 32) {
         column_sum_thin_kernel<In, Out><<<cuda::blocks_for(n), cuda::kThreads, 0, stream>>>(out, in, rows, n);
         CUDA_LAUNCH_CHECK();
         return;
     }
-    if (rows <= kColumnSumChunkRows) {
-        column_sum_kernel<In, Out><<<dim3(columns, 1), dim3(32, 32), 0, stream>>>(out, in, rows, n, rows, 1);
+    // One pass where the rows fit one chunk; else the chunks' sums into a temporary, summed again.
+    using Direct = void (*)(Out*, const In*, int64_t, int64_t, int64_t, int64_t);
+    using Partial = void (*)(A*, const In*, int64_t, int64_t, int64_t, int64_t);
+    auto by_chunks = [&](Direct direct, Partial partial_kernel, dim3 block, unsigned columns, int64_t chunk_rows) {
+        if (rows <= chunk_rows) {
+            direct<<<dim3(columns, 1), block, 0, stream>>>(out, in, rows, n, rows, 1);
+            CUDA_LAUNCH_CHECK();
+            return;
+        }
+        const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+        Tensor partial = empty({chunks, n}, TensorOptions().dtype(dtype_of<A>()).device(Device::cuda(device)));
+        const dim3 grid(columns, static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+        partial_kernel<<<grid, block, 0, stream>>>(device_ptr<A>(partial), in, rows, n, chunk_rows, chunks);
         CUDA_LAUNCH_CHECK();
-        return;
+        column_sum_cuda<A, Out>(out, device_ptr<A>(partial), chunks, n, device);
+    };
+    if constexpr (!std::is_same_v<In, double>) {
+        constexpr int E = Pack<In>::E;
+        if (n % E == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0) {
+            by_chunks(column_sum_vector_kernel<In, Out>, column_sum_vector_kernel<In, A>, dim3(32, kVectorSumY),
+                      static_cast<unsigned>((n / E + 31) / 32), kVectorSumChunkRows);
+            return;
+        }
     }
-    const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
-    Tensor partial = empty({chunks, n}, TensorOptions().dtype(dtype_of<A>()).device(Device::cuda(device)));
-    const dim3 grid(columns, static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
-    column_sum_kernel<In, A><<<grid, dim3(32, 32), 0, stream>>>(device_ptr<A>(partial), in, rows, n,
-                                                                kColumnSumChunkRows, chunks);
-    CUDA_LAUNCH_CHECK();
-    column_sum_cuda<A, Out>(out, device_ptr<A>(partial), chunks, n, device);
+    by_chunks(column_sum_kernel<In, Out>, column_sum_kernel<In, A>, dim3(32, 32), static_cast<unsigned>((n + 31) / 32),
+              kColumnSumChunkRows);
 }
 
 template <class In, class Out>

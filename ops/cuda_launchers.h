@@ -74,7 +74,6 @@ void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a,
 enum class GemmEpilogue {
     Bias,         // out[i, j] = p[i, j] + bias[j]
     GeluAuxBias,  // aux[i, j] = p[i, j] + bias[j], rounded to T; out[i, j] = gelu_tanh(aux[i, j])
-    BiasGradA,    // out = p; bias[i] = sum over k of op(a)[i, k] (with op(a) = g^T: g's column sums)
 };
 // Returns false, having queued nothing, where cuBLASLt offers no algorithm (always for double;
 // GeluAuxBias needs N % 8 == 0); the caller then runs gemm_cuda and its own kernels.

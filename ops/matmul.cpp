@@ -97,9 +97,10 @@ void add_bias_rows(const Tensor& out, const Tensor& bias) {
     });
 }
 
-// out[j] = sum over rows of g[r, j], accumulated in double (acc_t on CUDA). out: [N].
-void sum_rows(const Tensor& out, const Tensor& g) {
+// dbias[j] = sum over rows of g[r, j], accumulated in double (acc_t on CUDA).
+Tensor sum_rows(const Tensor& g) {
     int64_t N = g.size(-1), rows = g.numel() / N;
+    Tensor out = empty({N}, TensorOptions().dtype(g.dtype()).device(g.device()));
     dispatch_floating(g.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
         if (g.device().is_cuda()) {
@@ -113,6 +114,7 @@ void sum_rows(const Tensor& out, const Tensor& g) {
         T* po = out.data_ptr<T>();
         for (int64_t j = 0; j < N; ++j) po[j] = static_cast<T>(acc[j]);
     });
+    return out;
 }
 
 Shape with_last(const Shape& s, int64_t last) {
@@ -153,7 +155,8 @@ struct MatmulBackward : Node {
 };
 
 // The gradients of linear(x, weight, bias), g = dout: dx = g @ weight, dweight = g^T @ x, dbias = the
-// column sums of g (on CUDA in dweight's product, as a cuBLASLt epilogue, where it can be).
+// column sums of g. (cuBLASLt's bias-gradient epilogue in dweight's product measured slower than
+// the product and our column sum: docs/PERFORMANCE.md.)
 std::vector<Tensor> linear_backward(const Node& node, const Tensor& grad, SavedTensor& x, SavedTensor& weight) {
     Tensor g = grad.contiguous();
     Tensor dx, dweight, dbias;
@@ -162,15 +165,12 @@ std::vector<Tensor> linear_backward(const Node& node, const Tensor& grad, SavedT
         dx = empty(with_last(g.shape(), w.size(1)), like(g));
         gemm(dx, g, false, w, false);
     }
-    if (node.needs_input_grad(2)) dbias = empty({g.size(-1)}, like(g));
     if (node.needs_input_grad(1)) {  // dweight = g^T @ x
         Tensor xs = x.unpack(node.name());
         dweight = empty({g.size(-1), xs.size(-1)}, like(g));
-        if (dbias.defined() && gemm_epilogue(dweight, g, true, xs, false, detail::GemmEpilogue::BiasGradA, dbias))
-            return {dx, dweight, dbias};
         gemm(dweight, g, true, xs, false);
     }
-    if (dbias.defined()) sum_rows(dbias, g);
+    if (node.needs_input_grad(2)) dbias = sum_rows(g);
     return {dx, dweight, dbias};
 }
 

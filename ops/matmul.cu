@@ -1,5 +1,5 @@
 // ops/matmul.cu: matrix products through cuBLAS (cublasGemmEx), and through cuBLASLt where an
-// epilogue (bias, bias + GELU, bias gradient) saves a pass over the output. The bias row add used
+// epilogue (bias, bias + GELU) saves a pass over the output. The bias row add used
 // without cuBLASLt is add_bias_rows_cuda, in ops/elementwise.cu.
 #include <array>
 #include <map>
@@ -49,7 +49,6 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
     switch (e) {
         case GemmEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
         case GemmEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-        case GemmEpilogue::BiasGradA: return CUBLASLT_EPILOGUE_BGRADB;  // a is cuBLAS's B (see gemm_cuda)
     }
     return CUBLASLT_EPILOGUE_DEFAULT;
 }

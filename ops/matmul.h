@@ -20,9 +20,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // Saves x if weight needs a gradient and weight if x does (a pre-LN block's Linear therefore
 // saves the norm's output y: Note [Why saving y saves memory]).
 // dx = g @ weight, dweight = g^T @ x (summed over rows), dbias = sum of g over rows.
-// On CUDA (f32, bf16) the bias is added in the product's cuBLASLt epilogue, and dbias is summed
-// in dweight's, where cuBLASLt has an algorithm for the shapes and alignments; else by a pass of
-// our own. The result is the same to rounding either way.
+// On CUDA (f32, bf16) the bias is added in the product's cuBLASLt epilogue where cuBLASLt has an
+// algorithm for the shapes and alignments, else by a pass of our own; the same to rounding.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // linear_gelu(x, weight, bias) = gelu(linear(x, weight, bias)), gelu as in ops/elementwise.h

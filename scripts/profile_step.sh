@@ -32,7 +32,7 @@ import csv, io, re, sys
 out, layers = sys.argv[1], sys.argv[2]
 # First match wins; names are ncu's function names of both frameworks' kernels.
 CATEGORIES = [
-    ("attention", r"flash|fmha|sdpa|attention|cudnn"),
+    ("attention", r"flash|fmha|sdpa|attention|cudnn|dot_do_o"),
     ("cross-entropy", r"cross_entropy|softmax|nll_loss"),
     ("norms", r"norm_(forward|backward|param)|layer_norm|rms_norm|GammaBeta|RowwiseMoments|ComputeInternalGradients"),
     ("optimizer", r"adam|multi_tensor|clip_coef|grad_scale|grad_sum_squares"),

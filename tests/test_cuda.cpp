@@ -150,6 +150,10 @@ TEST_CASE("cuda: elementwise ops, reductions and products match the cpu") {
         // 16-byte vectors, then the last n % 8 elements one at a time; a vector broadcast row.
         check_cuda_matches_cpu(d, {normal({1003}, 2.0)}, [](auto& in) { return gelu(in[0]); });
         check_cuda_matches_cpu(d, {normal({6, 40}), normal({40})}, [](auto& in) { return add(in[0], in[1]); });
+        // The bias gradient's column sums: vectors in one pass and by 256-row chunks; scalars in one
+        // pass and by chunks (33 columns).
+        for (const Shape& shape : {Shape{100, 48}, Shape{700, 48}, Shape{300, 33}, Shape{2100, 33}})
+            check_cuda_matches_cpu(d, {normal(shape), normal({shape[1]})}, [](auto& in) { return add(in[0], in[1]); });
         check_cuda_matches_cpu(d, {normal({37, 41})}, [](auto& in) { return sum(in[0]); });
         check_cuda_matches_cpu(d, {normal({37, 41})}, [](auto& in) { return mean(in[0]); });
         check_cuda_matches_cpu(d, {normal({2, 17, 33}), normal({33, 20})}, [](auto& in) { return matmul(in[0], in[1]); });
@@ -163,7 +167,7 @@ TEST_CASE("cuda: linear and linear_gelu through cuBLASLt's epilogues and without
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(9);
     for (DType d : kDtypes) {
-        // N % 8 == 0: bias, bias + GELU and the bias gradient in the products' epilogues.
+        // N % 8 == 0: bias and bias + GELU in the products' epilogues.
         check_cuda_matches_cpu(d, {normal({4, 33, 64}), normal({256, 64}), normal({256})},
                                [](auto& in) { return linear_gelu(in[0], in[1], in[2]); });
         check_cuda_matches_cpu(d, {normal({130, 96}), normal({64, 96}), normal({64})},
