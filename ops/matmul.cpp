@@ -66,9 +66,12 @@ void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, boo
 
 // gemm() with a cuBLASLt epilogue (detail::GemmEpilogue, ops/cuda_launchers.h); aux may be
 // undefined. Returns false, having done nothing, on the cpu or where cuBLASLt offers no
-// algorithm: the caller then does the epilogue's work with its own kernels.
-bool gemm_epilogue(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                   detail::GemmEpilogue epilogue, const Tensor& bias, const Tensor& aux = Tensor()) {
+// algorithm: the caller then does the epilogue's work with its own kernels. (The parameters are
+// unused in a build without CUDA, where NT_CUDA is a throw.)
+bool gemm_epilogue([[maybe_unused]] const Tensor& out, const Tensor& a, [[maybe_unused]] bool trans_a,
+                   [[maybe_unused]] const Tensor& b, [[maybe_unused]] bool trans_b,
+                   [[maybe_unused]] detail::GemmEpilogue epilogue, [[maybe_unused]] const Tensor& bias,
+                   [[maybe_unused]] const Tensor& aux = Tensor()) {
     if (!a.device().is_cuda()) return false;
     bool done = false;
     dispatch_floating(a.dtype(), "linear", [&]([[maybe_unused]] auto tag) {
