@@ -46,23 +46,54 @@ void check_not_released(bool released, const char* node_name) {
 
 SavedTensor::SavedTensor(const Tensor& t) {
     if (!t.defined()) return;
-    data_ = t.detach();
     version_ = t.storage()->version();
     was_saved_ = true;
+    const std::shared_ptr<const Recipe>& recipe = t.impl().recipe;
+    if (recipe && recipe->version == version_) {  // Note [Rematerialization]
+        recipe_ = recipe;
+        origin_ = t.storage();
+        return;
+    }
+    data_ = t.detach();
 }
+
+namespace {
+void check_version(const char* node_name, uint64_t saved, uint64_t now) {
+    NT_CHECK(now == saved, node_name, ": a tensor saved for backward was modified by an in-place operation (expected version ",
+             saved, ", the one saved, got version ", now, ")");
+}
+}  // namespace
 
 Tensor SavedTensor::unpack(const char* node_name) const {
     check_not_released(released_, node_name);
     if (!was_saved_) return Tensor();
-    NT_CHECK(data_.storage()->version() == version_, node_name,
-             ": a tensor saved for backward was modified by an in-place operation (expected version ",
-             version_, ", the one saved, got version ", data_.storage()->version(), ")");
+    if (recipe_) {
+        if (std::shared_ptr<Storage> origin = origin_.lock()) check_version(node_name, version_, origin->version());
+        std::vector<Tensor> inputs;
+        for (const SavedTensor& in : recipe_->inputs) inputs.push_back(in.unpack(node_name));
+        NoGradGuard no_grad;
+        return recipe_->make(inputs);
+    }
+    check_version(node_name, version_, data_.storage()->version());
     return data_;
 }
 
 void SavedTensor::release() {
     data_ = Tensor();
+    recipe_.reset();
+    origin_.reset();
     released_ = true;
+}
+
+void set_recipe(Tensor& t, const char* name, const std::vector<Tensor>& inputs,
+                std::function<Tensor(const std::vector<Tensor>&)> make) {
+    if (!grad_mode_enabled()) return;
+    auto recipe = std::make_shared<Recipe>();
+    recipe->name = name;
+    for (const Tensor& in : inputs) recipe->inputs.emplace_back(in);
+    recipe->make = std::move(make);
+    recipe->version = t.storage()->version();
+    t.impl().recipe = std::move(recipe);
 }
 
 void Node::release_saved() {
@@ -91,14 +122,20 @@ Edge gradient_edge(const Tensor& t) {
 int64_t saved_bytes() {
     std::unordered_set<const Storage*> seen;
     int64_t total = 0;
+    // A recipe counts what it keeps alive, its inputs (Note [Rematerialization]).
+    std::function<void(const SavedTensor&)> count = [&](const SavedTensor& s) {
+        if (const Recipe* r = s.recipe()) {
+            for (const SavedTensor& in : r->inputs) count(in);
+            return;
+        }
+        if (!s.holds_data()) return;
+        const Storage* storage = s.data().storage().get();
+        if (storage && !storage->is_parameter() && seen.insert(storage).second) total += static_cast<int64_t>(storage->nbytes());
+    };
     for (const std::weak_ptr<Node>& w : tape().nodes) {
         std::shared_ptr<Node> node = w.lock();
         if (!node) continue;
-        for (SavedTensor* s : node->saved_tensors()) {
-            if (!s->holds_data()) continue;
-            const Storage* storage = s->data().storage().get();
-            if (storage && !storage->is_parameter() && seen.insert(storage).second) total += static_cast<int64_t>(storage->nbytes());
-        }
+        for (SavedTensor* s : node->saved_tensors()) count(*s);
     }
     return total;
 }

@@ -1,5 +1,6 @@
-// core/autograd.h: the tape-based reverse-mode engine: Node, Edge, SavedTensor, backward(),
-// NoGradGuard, and saved_bytes(), the bytes held by saved tensors right now.
+// core/autograd.h: the tape-based reverse-mode engine: Node, Edge, SavedTensor, Recipe
+// (rematerialization), backward(), NoGradGuard, and saved_bytes(), the bytes held by saved
+// tensors right now.
 //
 // An op that records builds a Node holding exactly the tensors its backward reads (its saved
 // tensors) and one Edge per differentiable input; record() stamps it with the next sequence
@@ -25,11 +26,32 @@
 // tensors and copies a leaf's first gradient. A leaf's own .grad is updated in place (+= by later
 // backwards, clip_grad_norm_'s scaling).
 //
+// Note [Rematerialization]
+// A tensor that a cheap elementwise op makes from tensors saved anyway can carry a Recipe
+// (set_recipe): those inputs, as SavedTensors, and a function that makes the tensor again, bit
+// for bit, from them. A SavedTensor made from such a tensor keeps the recipe, not the tensor's
+// storage; unpack() makes the tensor again into a transient tensor, which the node's apply() holds
+// until it returns. So a norm's output y = x_hat * weight + bias, saved by the Linear after it,
+// costs nothing beyond the x_hat that the norm saves (SavePolicy::Normalized), and gelu(h), saved
+// by the MLP's second Linear, nothing beyond the h that its backward saves (linear_gelu).
+// - Only a fresh output of an op carries a recipe (a view of it does not, and saves its data).
+// - A tensor modified in place before it is saved saves its data: the recipe holds only while the
+//   storage's version is the one at set_recipe. Modified after it was saved, while the tensor is
+//   still alive, it fails unpack() as any saved tensor would; the recipe's inputs are checked
+//   the same way.
+// - saved_bytes() counts the storages a recipe keeps alive (its inputs, once each across all
+//   holders), not the tensor it makes.
+// - release() drops the recipe; under retain_graph the recipe stays, and each backward makes the
+//   tensor again.
+// - make() runs under NoGradGuard, on the device of its inputs; it must give the same bits as the
+//   op that made the tensor (the ops that set recipes compute the tensor with make() itself).
+//
 // Anomaly detection (Note [Anomaly detection]) is in core/anomaly.h, included here; the engine
 // checks every gradient a node returns while it is on.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <utility>
@@ -54,29 +76,47 @@ struct Edge {
 };
 
 // A tensor saved for backward: shares storage (no copy), holds no grad_fn, remembers the storage
-// version at save time. A default-constructed SavedTensor stands for "nothing saved" (e.g. no
+// version at save time; or, for a tensor that carries a recipe, the recipe (Note
+// [Rematerialization]). A default-constructed SavedTensor stands for "nothing saved" (e.g. no
 // bias) and unpacks to an undefined Tensor.
 class SavedTensor {
 public:
     SavedTensor() = default;
     explicit SavedTensor(const Tensor& t);
 
-    // The saved data as a tensor with no autograd fields. Throws Error naming `node_name` if it
-    // was released by an earlier backward, or if the tensor was modified in place since it was
-    // saved.
+    // The saved data as a tensor with no autograd fields (made again from a recipe: a new tensor,
+    // the caller's to hold). Throws Error naming `node_name` if it was released by an earlier
+    // backward, or if the tensor (or a recipe's input) was modified in place since it was saved.
     Tensor unpack(const char* node_name) const;
-    // Drops the reference to the data (the storage goes back to the allocator if unshared).
+    // Drops the reference to the data or recipe (storages go back to the allocator if unshared).
     void release();
 
     bool holds_data() const { return data_.defined(); }
     const Tensor& data() const { return data_; }
+    // The recipe kept instead of the data, or nullptr.
+    const Recipe* recipe() const { return recipe_.get(); }
 
 private:
     Tensor data_;
+    std::shared_ptr<const Recipe> recipe_;
+    std::weak_ptr<Storage> origin_;  // with a recipe: the storage of the tensor it stands for
     uint64_t version_ = 0;
     bool was_saved_ = false;
     bool released_ = false;
 };
+
+// How to make a tensor again from saved tensors (Note [Rematerialization]).
+struct Recipe {
+    const char* name = "";  // the op that makes it, for messages: "gelu", "norm affine"
+    std::vector<SavedTensor> inputs;
+    std::function<Tensor(const std::vector<Tensor>&)> make;  // from the unpacked inputs, in order
+    uint64_t version = 0;  // the made tensor's storage version at set_recipe
+};
+
+// Gives `t` (an op's fresh output, which make(inputs) computed) a recipe: inputs are saved
+// (shared storage, version checked). Does nothing under NoGradGuard (nothing will be saved).
+void set_recipe(Tensor& t, const char* name, const std::vector<Tensor>& inputs,
+                std::function<Tensor(const std::vector<Tensor>&)> make);
 
 // One recorded op. Subclasses hold their saved tensors and plain values (eps, shapes), nothing
 // else, and list the saved tensors in saved_tensors() so the engine can release and count them.

@@ -27,6 +27,7 @@ namespace normtape {
 using Shape = std::vector<int64_t>;
 
 class Node;
+struct Recipe;
 
 // What a factory makes: TensorOptions().dtype(DType::F64).requires_grad(true). Defaults: f32, cpu,
 // no gradient.
@@ -51,6 +52,7 @@ struct TensorImpl {
     bool requires_grad = false;
     std::shared_ptr<TensorImpl> grad;  // accumulated gradient (leaves only)
     std::shared_ptr<Node> grad_fn;     // the node that produced this tensor (non-leaves only)
+    std::shared_ptr<const Recipe> recipe;  // how to remake it from saved tensors, if it can be (core/autograd.h)
 };
 
 class Tensor {

@@ -88,6 +88,8 @@ bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool
 template <class T>
 void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device);
+template <class T>  // y[i, j] = x_hat[i, j] * weight[j] + bias[j] (either may be nullptr), rows of N
+void norm_affine_cuda(T* y, const T* x_hat, const T* weight, const T* bias, int64_t M, int64_t N, int device);
 template <class T>
 void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
                         const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,

@@ -13,8 +13,9 @@ namespace normtape {
 // [N], same dtype and device as x, each may be undefined (no affine / no bias). Returns y: shape,
 // dtype and device of x. The statistics mean and rstd [M] are f32 for f32 and bf16 x, f64 for
 // f64 (the cpu sums in f64, CUDA in f32; y is rounded to x's dtype once).
-// Saves rstd, weight, bias, and x + mean under SavePolicy::Input or y under SavePolicy::Output,
-// except that a forward under Output whose weight has an |element| < kOutputPolicyMinWeight saves
+// Saves rstd, weight, bias, and x + mean under SavePolicy::Input, y under SavePolicy::Output, or
+// x_hat under SavePolicy::Normalized, where y = x_hat * weight + bias is computed from the rounded
+// x_hat and carries a recipe (Note [SavePolicy::Normalized]); except that a forward under Output whose weight has an |element| < kOutputPolicyMinWeight saves
 // as Input does and is counted by output_policy_fallbacks() (see Note [Why saving y saves memory]
 // and Note [Weights near zero under SavePolicy::Output] in ops/norm_policy.h). Backward returns
 // dx (=) and dweight, dbias, which the engine adds into weight.grad and bias.grad (+=). On CUDA,

@@ -263,13 +263,14 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     return out;
 }
 
-Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, bool recompute_output) {
     NT_CHECK(bias_in.defined(), "linear_gelu: expected a bias of shape [N], got an undefined tensor");
     check_linear("linear_gelu", x_in, weight_in, bias_in);
     Tensor x = x_in.contiguous(), weight = weight_in.contiguous(), bias = bias_in.contiguous();
     Shape shape = with_last(x.shape(), weight.size(0));
     Tensor h = empty(shape, like(x)), out;
-    if (x.device().is_cuda()) {  // one pass: h and gelu(h) written by the product's epilogue
+    const bool recipe = recompute_output && should_record(x, weight, bias);
+    if (x.device().is_cuda() && !recipe) {  // one pass: h and gelu(h) written by the product's epilogue
         out = empty(shape, like(x));
         if (!gemm_epilogue(out, x, false, weight, true, detail::GemmEpilogue::GeluAuxBias, bias, h)) out = Tensor();
     }
@@ -281,6 +282,7 @@ Tensor linear_gelu(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
         auto node = std::make_shared<LinearGeluBackward>(weight.requires_grad() ? x : Tensor(),
                                                          x.requires_grad() ? weight : Tensor(), h);
         record(node, out, x, weight, bias);
+        if (recipe) set_recipe(out, "gelu", {h}, [](const std::vector<Tensor>& in) { return detail::gelu_forward(in[0]); });
     }
     detail::check_forward_anomaly("linear_gelu", "out", out, {{"x", x}, {"weight", weight}, {"bias", bias}});
     return out;

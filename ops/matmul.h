@@ -30,6 +30,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // (rounded to x's dtype) and gelu(h) (CUBLASLT_EPILOGUE_GELU_AUX_BIAS): one pass instead of three.
 // Saves h [..., N] (always, when anything needs a gradient), x if weight needs a gradient and
 // weight if x does: the bytes of linear followed by gelu. dh = g * gelu'(h), then as linear.
-Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// recompute_output: the output carries a recipe (core/autograd.h, Note [Rematerialization]):
+// whoever saves it (the MLP's second Linear) keeps h, already saved, instead of its own
+// [..., N] tensor, and gelu(h) is made again in backward. The output is then computed from the
+// rounded h by gelu's own kernel (on CUDA: the bias in the epilogue, GELU a pass of its own), so
+// that the two agree bit for bit.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool recompute_output = false);
 
 }  // namespace normtape

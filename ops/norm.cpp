@@ -87,8 +87,8 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
     for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(db[j]);
 }
 
-// Saved: x (Input) or y (Output) [M, N]; mean [M] (LayerNorm under Input), rstd [M]; weight,
-// bias [N] when present. Gradients: dx [.., N], dweight, dbias [N].
+// Saved: x (Input), y (Output) or x_hat (Normalized) [M, N]; mean [M] (LayerNorm under Input),
+// rstd [M]; weight, bias [N] when present. Gradients: dx [.., N], dweight, dbias [N].
 struct NormBackward : Node {
     const char* node_name;
     bool centered;
@@ -154,7 +154,14 @@ bool weight_allows_output_policy(const Tensor& weight_any) {
 
 }  // namespace
 
-const char* policy_name(SavePolicy policy) { return policy == SavePolicy::Input ? "input" : "output"; }
+const char* policy_name(SavePolicy policy) {
+    switch (policy) {
+        case SavePolicy::Input: return "input";
+        case SavePolicy::Output: return "output";
+        case SavePolicy::Normalized: return "normalized";
+    }
+    return "?";
+}
 
 int64_t output_policy_fallbacks() { return fallback_count; }
 
@@ -178,6 +185,9 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
     Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
     TensorOptions opts = TensorOptions().dtype(x.dtype()).device(x.device());
     TensorOptions stat_opts = opts.dtype(stat_dtype(x.dtype()));
+    // Under Normalized with a weight or bias (Note [SavePolicy::Normalized]) the kernels write x_hat
+    // (no affine parameters), and y is made from it below, once we know whether anything records.
+    const bool normalized = policy == SavePolicy::Normalized && (weight.defined() || bias.defined());
     Tensor y = empty(x.shape(), opts);
     // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
     Tensor mean = centered ? empty({M}, stat_opts) : Tensor();
@@ -185,27 +195,64 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
     dispatch_floating(x.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
         using S = acc_t<T>;
+        const T* w = normalized ? nullptr : device_ptr<T>(weight);
+        const T* b = normalized ? nullptr : device_ptr<T>(bias);
         if (x.device().is_cuda()) {
             NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd),
-                                                 device_ptr<T>(x), device_ptr<T>(weight), device_ptr<T>(bias), M, N,
-                                                 eps, x.device().index));
+                                                 device_ptr<T>(x), w, b, M, N, eps, x.device().index));
         } else {
-            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
-                                device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
+            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x), w, b, M,
+                                N, eps);
         }
     });
+    if (normalized) {
+        Tensor x_hat = y;
+        y = norm_affine(x_hat, weight, bias);
+        if (should_record(x, weight, bias)) {
+            auto node = std::make_shared<NormBackward>(node_name, centered, policy, x_hat, Tensor(), rstd, weight, bias);
+            record(node, y, x, weight, bias);
+            set_recipe(y, "norm affine", {x_hat, weight, bias},
+                       [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
+        }
+        detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"weight", weight}, {"bias", bias}});
+        return y;
+    }
 
     if (should_record(x, weight, bias)) {
         if (policy == SavePolicy::Output && !weight_allows_output_policy(weight)) {
             policy = SavePolicy::Input;
             ++fallback_count;
         }
-        const Tensor& saved = policy == SavePolicy::Input ? x : y;
+        const Tensor& saved = policy == SavePolicy::Input ? x : y;  // Output, or Normalized without affine: y = x_hat
         auto node = std::make_shared<NormBackward>(node_name, centered, policy, saved,
                                                    policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias);
         record(node, y, x, weight, bias);
     }
     detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"weight", weight}, {"bias", bias}});
+    return y;
+}
+
+Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias) {
+    Tensor y = empty(x_hat.shape(), TensorOptions().dtype(x_hat.dtype()).device(x_hat.device()));
+    int64_t N = x_hat.size(-1), M = x_hat.numel() / N;
+    dispatch_floating(x_hat.dtype(), "norm", [&](auto tag) {
+        using T = decltype(tag);
+        using A = acc_t<T>;
+        if (x_hat.device().is_cuda()) {
+            NT_CUDA(detail::norm_affine_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight),
+                                                device_ptr<T>(bias), M, N, x_hat.device().index));
+            return;
+        }
+        const T *px = device_ptr<T>(x_hat), *pw = device_ptr<T>(weight), *pb = device_ptr<T>(bias);
+        T* py = device_ptr<T>(y);
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+                A v = A(px[i * N + j]);
+                if (pw) v *= A(pw[j]);
+                if (pb) v += A(pb[j]);
+                py[i * N + j] = static_cast<T>(v);
+            }
+    });
     return y;
 }
 

@@ -16,4 +16,9 @@ namespace normtape::detail {
 Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x, const Tensor& weight,
                     const Tensor& bias, double eps, SavePolicy policy);
 
+// y = x_hat * weight + bias, rows of x_hat [.., N] (weight, bias [N] or undefined), arithmetic in
+// acc_t rounded once: how SavePolicy::Normalized makes y in the forward and again from its recipe
+// (Note [SavePolicy::Normalized], ops/norm_policy.h), so the two agree bit for bit. Records nothing.
+Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias);
+
 }  // namespace normtape::detail

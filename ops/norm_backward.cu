@@ -115,6 +115,8 @@ __device__ inline float divide_approx(float a, float b) {
 //   512 threads (backward_budget).
 // - __launch_bounds__(MAX_BLOCK, 1): without the 1, ptxas held the cluster kernel to 64
 //   registers and spilled.
+// - SavePolicy::Normalized runs the Input kernels with `normalized` set: the saved row is x_hat,
+//   so the per-row scale applied to it is 1 instead of rstd (and the mean is absent, 0).
 // - OUTPUT: SavePolicy::Output, where x_hat = (y - bias) / weight. The first pass and the dweight
 //   sums work with y - bias (no division: g * x_hat = dy * (y - bias)), and the partial dweight is
 //   divided by the weight once per column. Where a thread has at most 16 columns (8 at 64
@@ -178,8 +180,8 @@ template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER, boo
 __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
     const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, int64_t M, int N, int threads_per_row,
-    int stages) {
+    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, bool normalized, int64_t M, int N,
+    int threads_per_row, int stages) {
     static_assert(CLUSTER == 1 || CLUSTER == 2);
     constexpr int E = Pack<T>::E, Q = E / 4;
     constexpr bool kInRegisters = OUTPUT && affine_in_registers<T, VECS, MAX_BLOCK>();
@@ -234,12 +236,13 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
         const int64_t row = base + group;
         const bool active = row < M;
         const float m = active && mean ? mean[row] : 0.0f, r = active ? rstd[row] : 0.0f;  // their latency overlaps the wait
+        const float x_scale = normalized ? 1.0f : r;  // Normalized saved x_hat itself (and no mean: m = 0)
         fetch(row + (stages - 1) * stride, (slot + stages - 1) % stages);
         copy_async_wait(stages - 1);
         const T* row_dy = ring + size_t(slot) * 2 * cols;
         const T* row_saved = row_dy + cols;
         slot = slot + 1 == stages ? 0 : slot + 1;
-        // From the row's vectors: d = dy, g = dy * weight, and s = x_hat (Input) or y - bias =
+        // From the row's vectors: d = dy, g = dy * weight, and s = x_hat (Input, Normalized) or y - bias =
         // x_hat * weight (Output: x_hat_from_saved of ops/norm_policy.h without its division).
         auto terms = [&](int k, int c, float (&d)[E], float (&g)[E], float (&s)[E], float (&w)[E]) {
             const uint4 qd = *reinterpret_cast<const uint4*>(row_dy + c * E);
@@ -256,7 +259,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
                 else load_affine(bias, c, 0.0f, b);
                 for (int e = 0; e < E; ++e) s[e] -= b[e];
             } else {
-                for (int e = 0; e < E; ++e) s[e] = (s[e] - m) * r;
+                for (int e = 0; e < E; ++e) s[e] = (s[e] - m) * x_scale;
             }
             for (int e = 0; e < E; ++e) g[e] = d[e] * w[e];
         };
@@ -337,7 +340,7 @@ size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int sta
 template <class T, bool OUTPUT, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
 bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, T* dweight, T* dbias, const T* dy,
                         const T* saved, const float* mean, const float* rstd, const T* weight, const T* bias,
-                        bool centered, int64_t M, int64_t N, int device) {
+                        bool centered, bool normalized, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     // Under SavePolicy::Output, where 1 / weight is not in registers, the second pass divides by
     // the weight with subnormals flushed (divide_approx<true>: fewer instructions an element), except
@@ -364,7 +367,8 @@ bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, 
     cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(partial_rows * CLUSTER)), l.block, shared,
                                               CLUSTER, stream, attribute);
     CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, dx, device_ptr<float>(pw), device_ptr<float>(pb), dy, saved, mean,
-                                  rstd, weight, bias, centered, M, static_cast<int>(N), l.threads_per_row, stages));
+                                  rstd, weight, bias, centered, normalized, M, static_cast<int>(N), l.threads_per_row,
+                                  stages));
     CUDA_LAUNCH_CHECK();
     if (dweight) column_sum_cuda<float, T>(dweight, device_ptr<float>(pw), partial_rows, N, device);
     if (dbias) column_sum_cuda<float, T>(dbias, device_ptr<float>(pb), partial_rows, N, device);
@@ -388,7 +392,8 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
                 if constexpr (shape() < backward_budget<T, OUTPUT>().count) {
                     constexpr Shape s = backward_budget<T, OUTPUT>().shapes[shape()];
                     return norm_backward_fast<T, OUTPUT, s.vecs, s.max_block, s.shared_affine, s.cluster>(
-                        l, limits, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, M, N, device);
+                        l, limits, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered,
+                        policy == SavePolicy::Normalized, M, N, device);
                 }
                 return false;
             };

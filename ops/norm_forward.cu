@@ -174,6 +174,34 @@ void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T
     norm_forward_reference_cuda<T>(y, mean, rstd, x, weight, bias, M, N, eps, device);
 }
 
+namespace {
+template <class A>
+struct AffineOp {  // x = {x_hat, weight, bias}
+    __device__ A operator()(const A (&x)[3]) const { return x[0] * x[1] + x[2]; }
+};
+template <class A>
+struct ScaleRowOp {  // x = {x_hat, weight}
+    __device__ A operator()(const A (&x)[2]) const { return x[0] * x[1]; }
+};
+template <class A>
+struct ShiftRowOp {  // x = {x_hat, bias}
+    __device__ A operator()(const A (&x)[2]) const { return x[0] + x[1]; }
+};
+}  // namespace
+
+template <class T>
+void norm_affine_cuda(T* y, const T* x_hat, const T* weight, const T* bias, int64_t M, int64_t N, int device) {
+    using A = acc_t<T>;
+    if (weight && bias) map_cuda<T, 3>(y, {{x_hat, weight, bias}, {0, N, N}}, M * N, AffineOp<A>{}, device);
+    else if (weight) map_cuda<T, 2>(y, {{x_hat, weight}, {0, N}}, M * N, ScaleRowOp<A>{}, device);
+    else if (bias) map_cuda<T, 2>(y, {{x_hat, bias}, {0, N}}, M * N, ShiftRowOp<A>{}, device);
+    else CUDA_CHECK(cudaMemcpyAsync(y, x_hat, size_t(M * N) * sizeof(T), cudaMemcpyDeviceToDevice, cuda::stream(device)));
+}
+
+template void norm_affine_cuda<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int);
+template void norm_affine_cuda<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int);
+template void norm_affine_cuda<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int64_t, int64_t, int);
+
 template void norm_forward_cuda<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
                                        int64_t, double, int);
 template void norm_forward_cuda<double>(double*, double*, double*, const double*, const double*, const double*,

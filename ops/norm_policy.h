@@ -4,7 +4,7 @@
 // node and kernels they share (ops/norm.h, ops/norm.cpp, ops/norm_*.cu).
 //
 // Note [Why saving y saves memory]
-// Both policies save rstd ([M] statistics), weight and bias. SavePolicy::Input also saves x and
+// Every policy saves rstd ([M] statistics), weight and bias. SavePolicy::Input also saves x and
 // (LayerNorm) mean; SavePolicy::Output saves y instead and recomputes
 //     x_hat = (y - bias) / weight        (RMSNorm: y / weight)
 // in backward (NVIDIA Apex PR 1715, memory_efficient=True). Saving y costs nothing extra when
@@ -12,6 +12,16 @@
 // (saved tensors share storage, core/autograd.h). With nothing else holding x (the residual),
 // x is freed after the forward: per norm, Output saves numel(x) elements (+ M f32 means for
 // LayerNorm) fewer than Input.
+//
+// Note [SavePolicy::Normalized]
+// Output's division is where it loses accuracy (next Note). SavePolicy::Normalized saves x_hat
+// itself (x's dtype) and computes y from that rounded x_hat, y = x_hat * weight + bias
+// (detail::norm_affine, ops/norm.h), so that y can be made again bit for bit: y carries a recipe
+// (core/autograd.h, Note [Rematerialization]) and the Linear that saves y keeps the recipe, which
+// keeps x_hat alive, not y. The saved bytes equal Output's (x_hat is y's size); the gradients
+// are Input's to rounding, at any weight, 0 included, with no fallback and no host read of the
+// weight. The cost: a pass over the row in the forward (y from x_hat) and one in the backward of
+// the Linear (y made again).
 //
 // Note [Weights near zero under SavePolicy::Output]
 // x_hat cannot be recovered from y where weight_j == 0 (y_j == bias_j whatever x was), and the
@@ -31,10 +41,11 @@
 
 namespace normtape {
 
-// What a norm saves for backward: its input (textbook) or its output (memory-efficient).
-enum class SavePolicy { Input, Output };
+// What a norm saves for backward: its input (textbook), its output (memory-efficient, Apex's), or
+// its normalized input x_hat with y made again where it is saved (memory-efficient and exact).
+enum class SavePolicy { Input, Output, Normalized };
 
-// "input" or "output", as the CLI and JSON spell them.
+// "input", "output" or "normalized", as the CLI and JSON spell them.
 const char* policy_name(SavePolicy policy);
 
 // Note [Weights near zero under SavePolicy::Output].
@@ -45,11 +56,13 @@ constexpr double kOutputPolicyMinWeight = 1e-3;
 int64_t output_policy_fallbacks();
 
 // x_hat of element j of a row, from what the policy saved: Input passes (x_j, mean, rstd),
-// Output passes (y_j) and the affine parameters (nullptr when absent). For RMSNorm mean is 0.
-// T is the data type, S the statistics type (f32, or f64 for f64 data); the result is in S.
+// Output passes (y_j) and the affine parameters (nullptr when absent), Normalized passes x_hat_j.
+// For RMSNorm mean is 0. T is the data type, S the statistics type (f32, or f64 for f64 data);
+// the result is in S.
 template <class T, class S>
 NT_HOST_DEVICE inline S x_hat_from_saved(SavePolicy policy, T saved, S mean, S rstd, const T* weight, const T* bias, int64_t j) {
     if (policy == SavePolicy::Input) return (S(saved) - mean) * rstd;
+    if (policy == SavePolicy::Normalized) return S(saved);
     S shifted = bias ? S(saved) - S(bias[j]) : S(saved);
     return weight ? shifted / S(weight[j]) : shifted;
 }

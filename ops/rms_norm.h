@@ -12,8 +12,9 @@ namespace normtape {
 // dtype and device as x, or undefined (no affine). Returns y: shape, dtype and device of x. rstd
 // [M] is f32 for f32 and bf16 x, f64 for f64 (the cpu sums in f64, CUDA in f32; y is
 // rounded to x's dtype once).
-// Saves rstd, weight, and x under SavePolicy::Input or y under SavePolicy::Output (backward then
-// uses x_hat = y / weight), except that a forward under Output whose weight has an |element| <
+// Saves rstd, weight, and x under SavePolicy::Input, y under SavePolicy::Output (backward then
+// uses x_hat = y / weight), or x_hat under SavePolicy::Normalized (y = x_hat * weight, with a
+// recipe: Note [SavePolicy::Normalized]), except that a forward under Output whose weight has an |element| <
 // kOutputPolicyMinWeight saves x and is counted by output_policy_fallbacks() (see the notes in
 // ops/norm_policy.h). Backward returns dx (=) and dweight, which the engine adds into weight.grad
 // (+=). On CUDA, dweight is summed in a fixed order: the same bits run to run on one GPU model.

@@ -192,4 +192,76 @@ TEST_CASE("autograd: a parameter saved through a view is still not counted by sa
     CHECK(y.defined());
 }
 
+
+// Note [Rematerialization] (core/autograd.h).
+namespace {
+// The SavedTensor of `node` that keeps a recipe (nullptr if none).
+SavedTensor* recipe_slot(const std::shared_ptr<Node>& node) {
+    for (SavedTensor* s : node->saved_tensors())
+        if (s->recipe()) return s;
+    return nullptr;
+}
+std::vector<uint16_t> bits(const Tensor& t) {  // a bf16 tensor's raw bits
+    std::vector<uint16_t> out(t.numel());
+    const bf16* p = t.data_ptr<bf16>();
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = p[i].bits;
+    return out;
+}
+}  // namespace
+
+TEST_CASE("autograd: a saved tensor made again from its recipe has the forward's bits") {
+    manual_seed(21);
+    TensorOptions o = TensorOptions().dtype(DType::BF16);
+    Tensor x = scale(randn({6, 32}, o), 3.0).requires_grad_(true);
+    Tensor w = scale(randn({32}, o), 0.5).requires_grad_(true), b = randn({32}, o).requires_grad_(true);
+    Tensor w1 = randn({48, 32}, o).requires_grad_(true), b1 = randn({48}, o).requires_grad_(true);
+    Tensor w2 = randn({16, 48}, o).requires_grad_(true);
+    Tensor y = layer_norm(x, w, b, 1e-5, SavePolicy::Normalized);
+    Tensor g = linear_gelu(y, w1, b1, /*recompute_output=*/true);
+    Tensor out = linear(g, w2);
+    SavedTensor* y_slot = recipe_slot(g.grad_fn());  // linear_gelu saved y: as its recipe
+    SavedTensor* g_slot = recipe_slot(out.grad_fn());  // the last linear saved g: as its recipe
+    REQUIRE(y_slot != nullptr);
+    REQUIRE(g_slot != nullptr);
+    CHECK(std::string(y_slot->recipe()->name) == "norm affine");
+    CHECK(std::string(g_slot->recipe()->name) == "gelu");
+    CHECK_FALSE(y_slot->holds_data());
+    CHECK(bits(y_slot->unpack("test")) == bits(y));
+    CHECK(bits(g_slot->unpack("test")) == bits(g));
+    // What the recipes keep alive is counted, once: x_hat (6*32 bf16, shared with the norm's node),
+    // the norm's rstd (6 f32) and linear_gelu's h (6*48 bf16), and nothing for y or g.
+    CHECK(saved_bytes() == 6 * 32 * 2 + 6 * 4 + 6 * 48 * 2);
+    // A second backward under retain_graph makes them again, to the same gradients.
+    sum(out).backward(Tensor(), /*retain_graph=*/true);
+    Tensor first = x.grad().clone();
+    x.zero_grad();
+    sum(out).backward();
+    CHECK(bits(x.grad()) == bits(first));
+}
+
+TEST_CASE("autograd: a recipe's tensor modified in place is caught, before or after it is saved") {
+    manual_seed(22);
+    Tensor x = leaf({4, 8}), w = leaf({8}), b = leaf({8}), w1 = leaf({5, 8});
+    {
+        Tensor y = layer_norm(x, w, b, 1e-5, SavePolicy::Normalized);
+        Tensor out = linear(y, w1);
+        {
+            NoGradGuard no_grad;
+            y.add_(ones({4, 8}, TensorOptions().dtype(DType::F64)));  // after: unpack refuses, as for any saved tensor
+        }
+        CHECK_THROWS_KIND_WITH(sum(out).backward(), Error, "modified by an in-place operation");
+    }
+    {
+        Tensor y = layer_norm(x, w, b, 1e-5, SavePolicy::Normalized);
+        {
+            NoGradGuard no_grad;
+            y.add_(ones({4, 8}, TensorOptions().dtype(DType::F64)));  // before: the recipe no longer holds
+        }
+        Tensor out = linear(y, w1);
+        CHECK(recipe_slot(out.grad_fn()) == nullptr);
+        sum(out).backward();  // the data was saved, and y is what the linear saw
+        CHECK(w1.grad().defined());
+    }
+}
+
 }  // TEST_SUITE

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "core/device_ptr.h"
+#include "norm_test_cases.h"
 #include "ops/cuda_launchers.h"
 #include "test_util.h"
 
@@ -163,6 +164,20 @@ TEST_CASE("cuda: elementwise ops, reductions and products match the cpu") {
     }
 }
 
+TEST_CASE("cuda: SavePolicy::Normalized is as exact as Input at any weight, in bf16, both norms") {
+    REQUIRE_CUDA_OR_SKIP();
+    check_normalized_at_any_weight({"layer_norm", true,
+                                    [](const Tensor& x, const Tensor& w, const Tensor& b, double eps, SavePolicy p) {
+                                        return layer_norm(x, w, b, eps, p);
+                                    }},
+                                   Device::CUDA);
+    check_normalized_at_any_weight({"rms_norm", false,
+                                    [](const Tensor& x, const Tensor& w, const Tensor&, double eps, SavePolicy p) {
+                                        return rms_norm(x, w, eps, p);
+                                    }},
+                                   Device::CUDA);
+}
+
 TEST_CASE("cuda: linear and linear_gelu through cuBLASLt's epilogues and without them match the cpu") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(9);
@@ -248,7 +263,7 @@ TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benc
     for (DType dtype : kDtypes)
         for (auto [N, M] : shapes)
             for (bool centered : {true, false})
-                for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+                for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
                     CAPTURE(dtype_name(dtype));
                     CAPTURE(N);
                     CAPTURE(centered);
@@ -307,7 +322,7 @@ TEST_CASE("cuda: weights near zero under SavePolicy::Output follow the cpu's rul
 TEST_CASE("cuda: a GPT step on the GPU matches the same step on the cpu (f32, and bf16 against f32)") {
     REQUIRE_CUDA_OR_SKIP();
     for (NormKind norm : {NormKind::Layer, NormKind::RMS})
-        for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output})
+        for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized})
             for (DType dtype : {DType::F32, DType::BF16}) {
                 CAPTURE(norm_kind_name(norm));
                 CAPTURE(policy_name(policy));

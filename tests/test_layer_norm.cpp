@@ -55,11 +55,15 @@ TEST_CASE("layer_norm: gradients match finite differences in f64 under both poli
     check_norm_gradcheck(kLayerNorm);
 }
 
-TEST_CASE("layer_norm: SavePolicy::Output gives the outputs and gradients of SavePolicy::Input") {
+TEST_CASE("layer_norm: SavePolicy::Output and Normalized give the outputs and gradients of SavePolicy::Input") {
     check_policies_agree(kLayerNorm);
 }
 
 TEST_CASE("layer_norm: weights near zero under SavePolicy::Output") { check_weights_near_zero(kLayerNorm); }
+
+TEST_CASE("layer_norm: SavePolicy::Normalized is as exact as Input at any weight, in bf16") {
+    check_normalized_at_any_weight(kLayerNorm, Device::CPU);
+}
 
 TEST_CASE("layer_norm: saved bytes: x + mean + rstd under Input, y + rstd under Output") {
     check_saved_bytes(kLayerNorm, true);

@@ -50,11 +50,15 @@ TEST_CASE("rms_norm: gradients match finite differences in f64 under both polici
     check_norm_gradcheck(kRMSNorm);
 }
 
-TEST_CASE("rms_norm: SavePolicy::Output gives the outputs and gradients of SavePolicy::Input") {
+TEST_CASE("rms_norm: SavePolicy::Output and Normalized give the outputs and gradients of SavePolicy::Input") {
     check_policies_agree(kRMSNorm);
 }
 
 TEST_CASE("rms_norm: weights near zero under SavePolicy::Output") { check_weights_near_zero(kRMSNorm); }
+
+TEST_CASE("rms_norm: SavePolicy::Normalized is as exact as Input at any weight, in bf16") {
+    check_normalized_at_any_weight(kRMSNorm, Device::CPU);
+}
 
 TEST_CASE("rms_norm: saved bytes: x + rstd under Input, y + rstd under Output") {
     check_saved_bytes(kRMSNorm, false);
