@@ -87,17 +87,32 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
     for (size_t i = 0; i < in.losses.size(); ++i)
         worst = std::max(worst, std::abs(in.losses[i] - out.losses[i]) / std::abs(in.losses[i]));
     std::printf("largest relative difference between the two loss curves: %.2e\n", worst);
+    // --policy all: the normalized run, against the input run.
+    for (size_t k = 2; k < runs.size(); ++k) {
+        const RunResult& r = runs[k];
+        double diff = 0;
+        for (size_t i = 0; i < in.losses.size() && i < r.losses.size(); ++i)
+            diff = std::max(diff, std::abs(in.losses[i] - r.losses[i]) / std::abs(in.losses[i]));
+        std::printf("save %s: saved activation bytes %s (saving %s, %s), peak allocated bytes %s, final loss %.4f, "
+                    "median step %.1f ms, largest relative difference from the input run's loss curve %.2e\n",
+                    policy_name(r.policy), with_commas(r.saved_activation_bytes).c_str(),
+                    with_commas(in.saved_activation_bytes - r.saved_activation_bytes).c_str(),
+                    predicted == in.saved_activation_bytes - r.saved_activation_bytes ? "= predicted, to the byte"
+                                                                                      : "!= predicted",
+                    with_commas(r.peak_allocated_bytes).c_str(), r.losses.back(), r.step_ms_median, diff);
+    }
 }
 
 void write_chart(const Args& a, const std::vector<RunResult>& runs) {
     ChartPanel loss{"Training loss", "step", "loss (nats)", {}, {}};
     ChartPanel mem{"Allocated memory during one training step", "tensors allocated so far in the step", "allocated MiB",
                    {}, {}};
-    const char* colors[] = {"#1f77b4", "#d62728"};
+    const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c"};  // by SavePolicy: input, output, normalized
     for (size_t k = 0; k < runs.size(); ++k) {
         const RunResult& r = runs[k];
         std::string name = std::string("save ") + policy_name(r.policy);
-        ChartSeries ls{name, colors[r.policy == SavePolicy::Output], {}, {}, r.policy == SavePolicy::Output};
+        const char* color = colors[static_cast<int>(r.policy)];
+        ChartSeries ls{name, color, {}, {}, r.policy != SavePolicy::Input};
         for (size_t i = 0; i < r.losses.size(); ++i) {
             if (!std::isfinite(r.losses[i])) continue;
             ls.x.push_back(static_cast<double>(r.first_step + static_cast<int64_t>(i) + 1));
@@ -106,7 +121,7 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
         loss.series.push_back(ls);
         if (r.nonfinite_step > 0)
             loss.markers.push_back({static_cast<double>(r.nonfinite_step), name + ": loss non-finite from here"});
-        ChartSeries ms{name, colors[r.policy == SavePolicy::Output], {}, {}, false};
+        ChartSeries ms{name, color, {}, {}, false};
         for (const MemoryEvent& e : r.memory_trace) {
             ms.x.push_back(static_cast<double>(e.num_allocs));
             ms.y.push_back(static_cast<double>(e.allocated_bytes) / (1 << 20));
@@ -122,7 +137,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predi
                 int64_t params) {
     nlohmann::json j;
     j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
-                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
+                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy}, {"recompute_gelu", a.recompute_gelu == "on"},
                    {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset},
                    {"parameters", params}, {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan}};
     j["predicted_saving_bytes"] = predicted;

@@ -94,9 +94,9 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
                              " (a resumed run must be the same run: leave the flag out to take the checkpoint's)");
         }
     };
-    if (app.count("--policy") && a.policy == "both")
-        throw UsageError("--resume continues one run: give --policy input or output (the checkpoint's is " +
-                         r.config.value("policy", nlohmann::json()).dump() + "), not both");
+    if (app.count("--policy") && (a.policy == "both" || a.policy == "all"))
+        throw UsageError("--resume continues one run: give --policy input, output or normalized (the checkpoint's is " +
+                         r.config.value("policy", nlohmann::json()).dump() + "), not " + a.policy);
     take("--steps", a.steps);
     take("--batch", a.batch);
     take("--seq", a.seq);

@@ -88,7 +88,8 @@ void check_args(const Args& a) {
     if (!(std::isfinite(a.lr) && a.lr > 0 && a.lr <= 1e6))
         fail(a, "lr", format_real(a.lr), "a learning rate > 0 and <= 1e6");
     check_choice(a, "norm", a.norm, {"layer", "rms"});
-    check_choice(a, "policy", a.policy, {"input", "output", "both"});
+    check_choice(a, "policy", a.policy, {"input", "output", "normalized", "both", "all"});
+    check_choice(a, "recompute-gelu", a.recompute_gelu, {"on", "off"});
     check_choice(a, "device", a.device, {"cpu", "cuda"});
     check_choice(a, "dtype", a.dtype, {"f32", "bf16"});
     check_choice(a, "preset", a.preset, {"", "gpt2-medium-ish"});
@@ -100,8 +101,8 @@ void check_args(const Args& a) {
         throw UsageError(describe(a, "embd", std::to_string(a.embd)) + " is not divisible by " +
                          describe(a, "heads", std::to_string(a.heads)));
     if (a.save_every > 0 && a.save.empty()) throw UsageError("--save-every needs --save FILE");
-    if ((!a.resume.empty() || a.save_every > 0 || a.stop_at > 0) && a.policy == "both")
-        throw UsageError("--resume, --stop-at and --save-every follow one run: give --policy input or output");
+    if ((!a.resume.empty() || a.save_every > 0 || a.stop_at > 0) && (a.policy == "both" || a.policy == "all"))
+        throw UsageError("--resume, --stop-at and --save-every follow one run: give --policy input, output or normalized");
     if (a.stop_at > a.steps)
         throw UsageError("--stop-at " + std::to_string(a.stop_at) + " is past " +
                          describe(a, "steps", std::to_string(a.steps)));

@@ -44,13 +44,15 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
     return c_proj->forward(causal_self_attention(c_attn->forward(x), n_head));
 }
 
-MLP::MLP(const GPTConfig& c) {
+MLP::MLP(const GPTConfig& c) : recompute_gelu(c.recompute_gelu) {
     c_fc = register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, true, param_options(c)));
     c_proj = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
 }
 
-// The hidden layer in one op: on CUDA its bias and GELU ride in the product's epilogue.
-Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(linear_gelu(x, c_fc->weight, c_fc->bias)); }
+// The hidden layer in one op: on CUDA its bias (and GELU, unless made again) ride in the product's epilogue.
+Tensor MLP::forward(const Tensor& x) const {
+    return c_proj->forward(linear_gelu(x, c_fc->weight, c_fc->bias, recompute_gelu));
+}
 
 Block::Block(const GPTConfig& c) {
     ln_1 = register_module("ln_1", make_norm(c.norm, c.n_embd, norm_options(c)));

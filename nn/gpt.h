@@ -31,6 +31,9 @@ struct GPTConfig {
     DType dtype = DType::F32;          // of parameters and activations (bf16: AdamW keeps f32 masters)
     Device device = Device::CPU;
     double norm_eps = 1e-5;
+    // The MLP's gelu(h) [B, T, 4C], saved by its second Linear, is made again in backward from the
+    // h that linear_gelu saves anyway (ops/matmul.h): 4 * B * T * C elements a layer fewer saved.
+    bool recompute_gelu = false;
 };
 
 // Throws, naming GPTConfig: ShapeError when a size is not positive or n_embd % n_head != 0,
@@ -47,13 +50,15 @@ public:
     int64_t n_head;
 };
 
-// c_fc: Linear(C, 4C) -> gelu (tanh) -> c_proj: Linear(4C, C).
+// c_fc: Linear(C, 4C) -> gelu (tanh) -> c_proj: Linear(4C, C); the first two as one
+// linear_gelu, whose output is made again in backward when recompute_gelu is set.
 class MLP : public Module {
 public:
     explicit MLP(const GPTConfig& config);
     Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
 
     std::shared_ptr<Linear> c_fc, c_proj;
+    bool recompute_gelu;
 };
 
 // Pre-LN block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).

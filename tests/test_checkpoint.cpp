@@ -321,14 +321,15 @@ TEST_CASE("checkpoint: train_gpt refuses to resume another run, naming what diff
           Case{"--resume " + ck + " --steps 8", {"--steps 4", "asks for 8"}},
           Case{"--resume " + ck + " --norm rms", {"--norm \"layer\"", "asks for \"rms\""}},
           Case{"--resume " + ck + " --policy input", {"--policy \"output\"", "asks for \"input\""}},
-          Case{"--resume " + ck + " --policy both", {"--policy input or output", "output"}},
+          Case{"--resume " + ck + " --policy both", {"--policy input, output or normalized", "output"}},
+          Case{"--resume " + ck + " --policy all", {"--policy input, output or normalized", "not all"}},
           Case{"--resume " + ck + " --data " + (dir / "b.txt"), {"b.txt", "is not the checkpoint's run's"}},
           Case{"--resume " + ck + " --stop-at 2", {"at step 2", "nothing is left"}},
           Case{"--resume " + ck + " --preset gpt2-medium-ish", {"--preset"}},
           Case{"--resume " + (dir / "model_only.safetensors"), {"model_only.safetensors", "not a train_gpt checkpoint"}},
           Case{"--resume " + (dir / "garbage.safetensors"), {"garbage.safetensors", "unsupported dtype \"F16\""}},
           Case{"--resume " + (dir / "missing.safetensors"), {"missing.safetensors", "cannot open"}},
-          Case{"--stop-at 2 --save " + ck, {"--policy input or output"}},
+          Case{"--stop-at 2 --save " + ck, {"--policy input, output or normalized"}},
           Case{"--save-every 2 --policy input", {"--save-every needs --save"}},
           Case{"--stop-at 9 --steps 4 --policy input", {"--stop-at 9 is past --steps 4"}}}) {
         CAPTURE(c.args);

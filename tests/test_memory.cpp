@@ -1,5 +1,5 @@
-// tests/test_memory.cpp: the memory the Output policy saves in a GPT, measured by the tape
-// (saved_bytes) and by the allocator, against predicted_saving_bytes(), to the byte.
+// tests/test_memory.cpp: the memory the Output and Normalized policies and GELU recompute save in
+// a GPT, measured by the tape (saved_bytes) and by the allocator, against predictions, to the byte.
 #include "test_util.h"
 
 using namespace normtape;
@@ -50,6 +50,27 @@ TEST_CASE("memory: Output saves exactly (2L+1) norm inputs (and LayerNorm means)
                 // The allocator agrees: the freed norm inputs are really gone, not just uncounted.
                 CHECK(in.allocated - out.allocated == predicted);
             }
+        }
+    }
+}
+
+TEST_CASE("memory: Normalized saves what Output saves, and GELU recompute L * 4 * B*T*C elements more") {
+    for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
+        for (DType dtype : {DType::F32, DType::BF16}) {
+            const int64_t L = 2, B = 3, T = 10;
+            GPTConfig c{.block_size = 16, .n_layer = L, .n_head = 2, .n_embd = 24, .norm = norm, .dtype = dtype};
+            CAPTURE(norm_kind_name(norm));
+            CAPTURE(dtype_name(dtype));
+            AfterForward out = measure(c, SavePolicy::Output, B, T);
+            AfterForward normalized = measure(c, SavePolicy::Normalized, B, T);
+            CHECK(normalized.saved == out.saved);
+            CHECK(normalized.allocated == out.allocated);
+            c.recompute_gelu = true;
+            AfterForward recomputed = measure(c, SavePolicy::Normalized, B, T);
+            const int64_t gelu_bytes = L * 4 * B * T * c.n_embd * static_cast<int64_t>(element_size(dtype));
+            CHECK(normalized.saved - recomputed.saved == gelu_bytes);
+            // The allocator agrees: gelu(h) is gone after the forward, not just uncounted.
+            CHECK(normalized.allocated - recomputed.allocated == gelu_bytes);
         }
     }
 }
