@@ -201,7 +201,8 @@ SavedTensor* recipe_slot(const std::shared_ptr<Node>& node) {
         if (s->recipe()) return s;
     return nullptr;
 }
-std::vector<uint16_t> bits(const Tensor& t) {  // a bf16 tensor's raw bits
+std::vector<uint16_t> bits(const Tensor& t_any) {  // a bf16 tensor's raw bits, on any device
+    Tensor t = t_any.to(Device::CPU);
     std::vector<uint16_t> out(t.numel());
     const bf16* p = t.data_ptr<bf16>();
     for (int64_t i = 0; i < t.numel(); ++i) out[i] = p[i].bits;
@@ -209,9 +210,12 @@ std::vector<uint16_t> bits(const Tensor& t) {  // a bf16 tensor's raw bits
 }
 }  // namespace
 
-TEST_CASE("autograd: a saved tensor made again from its recipe has the forward's bits") {
+namespace {
+// Through layer_norm under Normalized, linear_gelu with recompute_output and a linear, on `device`.
+void check_recipes_give_the_forwards_bits(Device device) {
+    CAPTURE(device_name(device));
     manual_seed(21);
-    TensorOptions o = TensorOptions().dtype(DType::BF16);
+    TensorOptions o = TensorOptions().dtype(DType::BF16).device(device);
     Tensor x = scale(randn({6, 32}, o), 3.0).requires_grad_(true);
     Tensor w = scale(randn({32}, o), 0.5).requires_grad_(true), b = randn({32}, o).requires_grad_(true);
     Tensor w1 = randn({48, 32}, o).requires_grad_(true), b1 = randn({48}, o).requires_grad_(true);
@@ -237,6 +241,12 @@ TEST_CASE("autograd: a saved tensor made again from its recipe has the forward's
     x.zero_grad();
     sum(out).backward();
     CHECK(bits(x.grad()) == bits(first));
+}
+}  // namespace
+
+TEST_CASE("autograd: a saved tensor made again from its recipe has the forward's bits") {
+    check_recipes_give_the_forwards_bits(Device::CPU);
+    if (cuda_is_available()) check_recipes_give_the_forwards_bits(Device::CUDA);
 }
 
 TEST_CASE("autograd: a recipe's tensor modified in place is caught, before or after it is saved") {
