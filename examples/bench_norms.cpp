@@ -3,9 +3,11 @@
 //
 // For N in {768, 1024, 2048, 3000, 4096, 8192, 16384} and M = 2^28 / N rows, dtypes bf16 and f32,
 // LayerNorm and RMSNorm: the forward, and the backward (dx, dweight and dbias, complete) under
-// SavePolicy::Input and SavePolicy::Output. Each case is timed with CUDA events: 3 warm-up runs,
-// then 20 runs queued back to back, each between its own pair of events, and their median (the
-// host queues ahead of the GPU, so its launch overhead is not counted). The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
+// SavePolicy::Input and SavePolicy::Output; under SavePolicy::Normalized, the forward (x_hat by the
+// kernel without affine parameters, then y from it: norm_affine_cuda) and the backward. Each
+// case is timed with CUDA events: 3 warm-up runs, then 20 runs queued back to back, each between
+// its own pair of events, and their median (the host queues ahead of the GPU, so its launch
+// overhead is not counted). The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
 // so nothing is served from it between runs. Effective bandwidth = bytes that must move / time:
 // forward x in and y out; backward x (or y) and dy in, dx out (weights and statistics, M*8
 // bytes at most, are not counted); copy = bytes read + bytes written.
@@ -82,7 +84,15 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
                                     bias, M, N, 1e-5, 0);
                         }, 3, 20, /*hold=*/false),
                         2 * bytes);
-                for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output}) {
+                if (kernels == 0)  // x_hat into dx's array (free until the backward), then y
+                    add_row(norm, "forward", "normalized", time_ms([&] {
+                                forward(device_ptr<T>(dx), m, device_ptr<float>(rstd), device_ptr<T>(x), nullptr,
+                                        nullptr, M, N, 1e-5, 0);
+                                detail::norm_affine_cuda<T>(device_ptr<T>(y), device_ptr<T>(dx), device_ptr<T>(w), bias,
+                                                            M, N, 0);
+                            }, 3, 20, /*hold=*/false),
+                            2 * bytes);
+                for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
                     const T* saved = policy == SavePolicy::Input ? device_ptr<T>(x) : device_ptr<T>(y);
                     add_row(norm, "backward", policy_name(policy), time_ms([&] {
                                 backward(device_ptr<T>(dx), device_ptr<T>(dw), centered ? device_ptr<T>(db) : nullptr,

@@ -68,18 +68,22 @@ def torch_rows(total, cases):
 
 
 def markdown_table(merged):
-    """One row per (dtype, norm, N): % of copy forward and backward under both policies, the
-    save-output backward's time over the save-input one's, and ours / PyTorch (for the backward,
-    the slower of our two policies)."""
+    """One row per (dtype, norm, N): % of copy forward and backward under the input and output
+    policies, the save-output backward's time over the save-input one's, forward and backward under
+    the normalized policy (its forward counts x in and y out, as the others: the x_hat pass is
+    its cost), and ours / PyTorch (for the backward, the slower of input and output)."""
     by = {(r["dtype"], r["norm"], r["N"], r["pass"], r["policy"]): r for r in merged}
     lines = ["| dtype | norm | N | forward % copy | backward input % | backward output % | output / input time "
+             "| forward normalized % | backward normalized % "
              "| PyTorch fwd % | PyTorch bwd % | ours / PyTorch fwd | ours / PyTorch bwd |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for dtype, norm, N in sorted({(k[0], k[1], k[2]) for k in by}, key=lambda k: (k[0], k[1], k[2])):
         f, bi, bo = by[(dtype, norm, N, "forward", "-")], by[(dtype, norm, N, "backward", "input")], \
             by[(dtype, norm, N, "backward", "output")]
+        fn, bn = by[(dtype, norm, N, "forward", "normalized")], by[(dtype, norm, N, "backward", "normalized")]
         lines.append(f"| {dtype} | {norm} | {N} | {f['pct_copy']:.1f} | {bi['pct_copy']:.1f} | {bo['pct_copy']:.1f} "
-                     f"| {bo['ms'] / bi['ms']:.3f} | {f['torch_pct_copy']:.1f} | {bi['torch_pct_copy']:.1f} "
+                     f"| {bo['ms'] / bi['ms']:.3f} | {fn['pct_copy']:.1f} | {bn['pct_copy']:.1f} "
+                     f"| {f['torch_pct_copy']:.1f} | {bi['torch_pct_copy']:.1f} "
                      f"| {f['speedup']:.2f} | {min(bi['speedup'], bo['speedup']):.2f} |")
     return "\n".join(lines) + "\n"
 
