@@ -1,8 +1,8 @@
 // ops/mma.cuh: warp-level bf16 tensor-core products for the kernels that tile their own matrices
 // (ops/attention_flash.cu): mma.sync m16n8k16 (bf16 in, f32 accumulate), its operand fragments
-// read from shared memory with ldmatrix, the accumulator-to-operand conversion, and the cp.async
-// helpers those kernels add to ops/cuda_common.cuh's. sm_80 and later; earlier GPUs trap (callers
-// check the compute capability). Internal, CUDA code only.
+// read from shared memory with ldmatrix, the accumulator-to-operand conversion, and a cp.async
+// wait by immediate count beside ops/cuda_common.cuh's cp.async helpers. sm_80 and later; earlier
+// GPUs trap (callers check the compute capability). Internal, CUDA code only.
 //
 // Fragments (PTX ISA, "Matrix fragments for mma.m16n8k16"): lane l, g = l / 4, t = l % 4 holds
 // A rows g and g + 8, columns 2t, 2t + 1 (+ 8); B column g, rows 2t, 2t + 1 (+ 8); C rows g and
@@ -78,16 +78,6 @@ template <int N>
 __device__ inline void copy_async_wait_n() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// 4 bytes from global to shared memory, as copy_async16.
-__device__ inline void copy_async4(float* to_shared, const float* from_global) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(to_shared));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(from_global) : "memory");
-#else
-    *to_shared = *from_global;
 #endif
 }
 
