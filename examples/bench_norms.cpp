@@ -3,14 +3,14 @@
 //
 // For N in {768, 1024, 2048, 3000, 4096, 8192, 16384} and M = 2^28 / N rows, dtypes bf16 and f32,
 // LayerNorm and RMSNorm: the forward, and the backward (dx, dweight and dbias, complete) under
-// SavePolicy::Input and SavePolicy::Output; under SavePolicy::Normalized, the forward (x_hat by the
-// kernel without affine parameters, then y from it: norm_affine_cuda) and the backward. Each
+// SavePolicy::Input and SavePolicy::Output; under SavePolicy::Normalized, the forward (x_hat and y
+// by one kernel) and the backward. Each
 // case is timed with CUDA events: 3 warm-up runs, then 20 runs queued back to back, each between
 // its own pair of events, and their median (the host queues ahead of the GPU, so its launch
 // overhead is not counted). The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
 // so nothing is served from it between runs. Effective bandwidth = bytes that must move / time:
-// forward x in and y out; backward x (or y) and dy in, dx out (weights and statistics, M*8
-// bytes at most, are not counted); copy = bytes read + bytes written.
+// forward x in and y out (Normalized: x_hat out too); backward x (or y, or x_hat) and dy in, dx
+// out (weights and statistics, M*8 bytes at most, are not counted); copy = bytes read + written.
 //
 //   bench_norms [--quick] [--reference] [--n N...] [--dtype bf16|f32...] [--csv FILE] [--json FILE]
 //   --quick: M = 2^20 / N (a smoke test; CI compiles this program, it has no GPU to run it)
@@ -72,7 +72,6 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
             rows.push_back({dtype_name_, norm, pass, policy, N, M, ms, gbps, 100.0 * gbps / copy_gbps});
         };
         for (int kernels = 0; kernels < (reference ? 2 : 1); ++kernels) {
-            auto forward = kernels == 0 ? detail::norm_forward_cuda<T> : detail::norm_forward_reference_cuda<T>;
             auto backward = kernels == 0 ? detail::norm_backward_cuda<T> : detail::norm_backward_reference_cuda<T>;
             std::string suffix = kernels == 0 ? "" : " (reference)";
             for (bool centered : {true, false}) {
@@ -80,18 +79,22 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
                 float* m = centered ? device_ptr<float>(mean) : nullptr;
                 T* bias = centered ? device_ptr<T>(b) : nullptr;
                 add_row(norm, "forward", "-", time_ms([&] {
-                            forward(device_ptr<T>(y), m, device_ptr<float>(rstd), device_ptr<T>(x), device_ptr<T>(w),
-                                    bias, M, N, 1e-5, 0);
+                            if (kernels == 0)
+                                detail::norm_forward_cuda<T>(device_ptr<T>(y), nullptr, m, device_ptr<float>(rstd),
+                                                             device_ptr<T>(x), device_ptr<T>(w), bias, M, N, 1e-5, 0);
+                            else
+                                detail::norm_forward_reference_cuda<T>(device_ptr<T>(y), m, device_ptr<float>(rstd),
+                                                                       device_ptr<T>(x), device_ptr<T>(w), bias, M, N,
+                                                                       1e-5, 0);
                         }, 3, 20, /*hold=*/false),
                         2 * bytes);
-                if (kernels == 0)  // x_hat into dx's array (free until the backward), then y
+                if (kernels == 0)  // x_hat into dx's array (free until the backward) beside y: 3 passes
                     add_row(norm, "forward", "normalized", time_ms([&] {
-                                forward(device_ptr<T>(dx), m, device_ptr<float>(rstd), device_ptr<T>(x), nullptr,
-                                        nullptr, M, N, 1e-5, 0);
-                                detail::norm_affine_cuda<T>(device_ptr<T>(y), device_ptr<T>(dx), device_ptr<T>(w), bias,
-                                                            M, N, 0);
+                                detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(dx), m,
+                                                             device_ptr<float>(rstd), device_ptr<T>(x),
+                                                             device_ptr<T>(w), bias, M, N, 1e-5, 0);
                             }, 3, 20, /*hold=*/false),
-                            2 * bytes);
+                            3 * bytes);
                 for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
                     const T* saved = policy == SavePolicy::Input ? device_ptr<T>(x) : device_ptr<T>(y);
                     add_row(norm, "backward", policy_name(policy), time_ms([&] {

@@ -85,10 +85,12 @@ bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool
 // ops/norm_policy.h); mean is nullptr when not centered, weight/bias nullptr when absent;
 // dx/dweight/dbias nullptr when not wanted. norm_*_cuda run the fast kernels where they apply;
 // norm_*_reference_cuda always run the plain ones (tests compare).
+// x_hat (SavePolicy::Normalized; nullptr otherwise): the forward writes x_hat too and computes y
+// from the rounded x_hat as norm_affine_cuda does, so that the two agree bit for bit.
 template <class T>
-void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
-                       int64_t N, double eps, int device);
-template <class T>  // y[i, j] = x_hat[i, j] * weight[j] + bias[j] (either may be nullptr), rows of N
+void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias,
+                       int64_t M, int64_t N, double eps, int device);
+template <class T>  // y[i, j] = fma(x_hat[i, j], weight[j], bias[j]) (either may be nullptr), rows of N
 void norm_affine_cuda(T* y, const T* x_hat, const T* weight, const T* bias, int64_t M, int64_t N, int device);
 template <class T>
 void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,

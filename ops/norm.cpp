@@ -52,6 +52,19 @@ void norm_forward_cpu(T* y, S* mean, S* rstd, const T* x, const T* weight, const
     }
 }
 
+// y = x_hat * weight + bias in acc_t rounded once, rows of N (weight, bias nullptr when absent).
+template <class T>
+void norm_affine_cpu(T* y, const T* x_hat, const T* weight, const T* bias, int64_t M, int64_t N) {
+    using A = acc_t<T>;
+    for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+            A v = A(x_hat[i * N + j]);
+            if (weight) v *= A(weight[j]);
+            if (bias) v += A(bias[j]);
+            y[i * N + j] = static_cast<T>(v);
+        }
+}
+
 // With g = dy * weight and means over the row (Ba et al. 2016; PyTorch's layer_norm_backward):
 //   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))     (RMSNorm: no mean(g) term)
 //   dweight = sum over rows of dy * x_hat,  dbias = sum over rows of dy.
@@ -185,40 +198,37 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
     Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
     TensorOptions opts = TensorOptions().dtype(x.dtype()).device(x.device());
     TensorOptions stat_opts = opts.dtype(stat_dtype(x.dtype()));
-    // Under Normalized with a weight or bias (Note [SavePolicy::Normalized]) the kernels write x_hat
-    // (no affine parameters), and y is made from it below, once we know whether anything records.
-    const bool normalized = policy == SavePolicy::Normalized && (weight.defined() || bias.defined());
+    // Under Normalized with a weight or bias, when the call records (Note [SavePolicy::Normalized]),
+    // the forward writes x_hat too and makes y from the rounded x_hat; otherwise y alone.
+    const bool normalized =
+        policy == SavePolicy::Normalized && (weight.defined() || bias.defined()) && should_record(x, weight, bias);
     Tensor y = empty(x.shape(), opts);
+    Tensor x_hat = normalized ? empty(x.shape(), opts) : Tensor();
     // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
     Tensor mean = centered ? empty({M}, stat_opts) : Tensor();
     Tensor rstd = empty({M}, stat_opts);
     dispatch_floating(x.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
         using S = acc_t<T>;
-        const T* w = normalized ? nullptr : device_ptr<T>(weight);
-        const T* b = normalized ? nullptr : device_ptr<T>(bias);
         if (x.device().is_cuda()) {
-            NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd),
-                                                 device_ptr<T>(x), w, b, M, N, eps, x.device().index));
+            NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<S>(mean),
+                                                 device_ptr<S>(rstd), device_ptr<T>(x), device_ptr<T>(weight),
+                                                 device_ptr<T>(bias), M, N, eps, x.device().index));
+        } else if (normalized) {
+            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
+                                nullptr, nullptr, M, N, eps);
+            norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M, N);
         } else {
-            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x), w, b, M,
-                                N, eps);
+            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
+                                device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
         }
     });
     if (normalized) {
-        Tensor x_hat = y;
-        y = norm_affine(x_hat, weight, bias);
-        if (should_record(x, weight, bias)) {
-            auto node = std::make_shared<NormBackward>(node_name, centered, policy, x_hat, Tensor(), rstd, weight, bias);
-            record(node, y, x, weight, bias);
-            set_recipe(y, "norm affine", {x_hat, weight, bias},
-                       [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
-        }
-        detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"weight", weight}, {"bias", bias}});
-        return y;
-    }
-
-    if (should_record(x, weight, bias)) {
+        auto node = std::make_shared<NormBackward>(node_name, centered, policy, x_hat, Tensor(), rstd, weight, bias);
+        record(node, y, x, weight, bias);
+        set_recipe(y, "norm affine", {x_hat, weight, bias},
+                   [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
+    } else if (should_record(x, weight, bias)) {
         if (policy == SavePolicy::Output && !weight_allows_output_policy(weight)) {
             policy = SavePolicy::Input;
             ++fallback_count;
@@ -237,21 +247,12 @@ Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias
     int64_t N = x_hat.size(-1), M = x_hat.numel() / N;
     dispatch_floating(x_hat.dtype(), "norm", [&](auto tag) {
         using T = decltype(tag);
-        using A = acc_t<T>;
         if (x_hat.device().is_cuda()) {
             NT_CUDA(detail::norm_affine_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight),
                                                 device_ptr<T>(bias), M, N, x_hat.device().index));
-            return;
+        } else {
+            norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M, N);
         }
-        const T *px = device_ptr<T>(x_hat), *pw = device_ptr<T>(weight), *pb = device_ptr<T>(bias);
-        T* py = device_ptr<T>(y);
-        for (int64_t i = 0; i < M; ++i)
-            for (int64_t j = 0; j < N; ++j) {
-                A v = A(px[i * N + j]);
-                if (pw) v *= A(pw[j]);
-                if (pb) v += A(pb[j]);
-                py[i * N + j] = static_cast<T>(v);
-            }
     });
     return y;
 }

@@ -47,10 +47,20 @@ constexpr Budget forward_budget() {
     else return {{{4, 1024, 256, false, true, 4, 1}, {4, 1024, 1024, true, false, 4, 1}}, 2};
 }
 
+// v rounded to T and back: what a stored and reloaded element holds.
+template <class T>
+__device__ inline float rounded(float v) {
+    if constexpr (std::is_same_v<T, float>) return v;
+    else return __bfloat162float(__float2bfloat16_rn(v));
+}
+
 // y, mean and rstd per row, each row's group of threads walking the rows gridDim.x * groups apart.
-template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE>
+// X_HAT (SavePolicy::Normalized): it writes x_hat too, and y = fma(rounded x_hat, weight, bias), as
+// norm_affine_cuda makes y again from the stored x_hat, bit for bit. A template argument, not a
+// branch: the branch's registers cost the plain bf16 forward at N = 16384 a fifth of its speed.
+template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE, bool X_HAT>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
-    T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
+    T* __restrict__ y, T* __restrict__ x_hat, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
     const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
     constexpr int E = Pack<T>::E;
     extern __shared__ float4 shared4[];
@@ -127,7 +137,14 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
                 load_affine(weight, c, 1.0f, w);
                 load_affine(bias, c, 0.0f, b);
             }
-            for (int e = 0; e < E; ++e) out[e] = (v[e] - m) * r * w[e] + b[e];
+            if constexpr (X_HAT) {
+                float h[E];
+                for (int e = 0; e < E; ++e) h[e] = (v[e] - m) * r;
+                store_pack(x_hat + row * N + c * E, h);
+                for (int e = 0; e < E; ++e) out[e] = fmaf(rounded<T>(h[e]), w[e], b[e]);
+            } else {
+                for (int e = 0; e < E; ++e) out[e] = (v[e] - m) * r * w[e] + b[e];
+            }
             store_pack(yr + c * E, out);
         }
     }
@@ -137,55 +154,64 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
 // blocks taking their place (see forward_budget), except where that would leave the GPU emptier
 // than one row a group in as many blocks as fit at once (small M).
 template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE, int ROWS_PER_GROUP>
-void norm_forward_fast(const FastLayout& l, T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
+void norm_forward_fast(const FastLayout& l, T* y, T* x_hat, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
                        int64_t M, int64_t N, double eps, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE>;
+    auto kernel = x_hat ? norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE, true>
+                        : norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE, false>;
     size_t shared = sizeof(float4) * kReduceFloat4s + (SHARED_AFFINE ? 2 * N * sizeof(T) : 0);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     const int64_t groups = l.block / l.threads_per_row, rows_per_block = groups * ROWS_PER_GROUP;
     const int64_t resident = resident_blocks(kernel, l.block, shared, device);
     unsigned grid = grid_size(M, groups, std::max(resident, (M + rows_per_block - 1) / rows_per_block));
-    kernel<<<grid, l.block, shared, stream>>>(y, mean, rstd, x, weight, bias, M, static_cast<int>(N),
+    kernel<<<grid, l.block, shared, stream>>>(y, x_hat, mean, rstd, x, weight, bias, M, static_cast<int>(N),
                                               static_cast<float>(eps), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-// The fast kernels where they apply (f32 and bf16, see the file comment), else the reference.
+// The fast kernels where they apply (f32 and bf16, see the file comment), else the reference, which
+// with x_hat writes x_hat and then y by norm_affine_cuda.
 template <class T>
-void norm_forward_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
+void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
                        int64_t N, double eps, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x, weight, bias});
+        FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x_hat, x, weight, bias});
         auto run = [&](auto shape) {
             if constexpr (shape() < forward_budget<T>().count) {
                 constexpr Shape s = forward_budget<T>().shapes[shape()];
                 norm_forward_fast<T, s.vecs, s.max_block, s.next_row, s.shared_affine, s.rows_per_group>(
-                    l, y, mean, rstd, x, weight, bias, M, N, eps, device);
+                    l, y, x_hat, mean, rstd, x, weight, bias, M, N, eps, device);
                 return true;
             }
             return false;
         };
         if (with_shape(l.shape, run)) return;
     }
-    norm_forward_reference_cuda<T>(y, mean, rstd, x, weight, bias, M, N, eps, device);
+    if (x_hat) {
+        norm_forward_reference_cuda<T>(x_hat, mean, rstd, x, nullptr, nullptr, M, N, eps, device);
+        norm_affine_cuda<T>(y, x_hat, weight, bias, M, N, device);
+    } else {
+        norm_forward_reference_cuda<T>(y, mean, rstd, x, weight, bias, M, N, eps, device);
+    }
 }
 
 namespace {
+// y = x_hat * weight + bias rounded once (one fma), as the fused forward above computes it; an
+// absent weight is 1 and an absent bias 0, which an fma passes through exactly.
 template <class A>
 struct AffineOp {  // x = {x_hat, weight, bias}
-    __device__ A operator()(const A (&x)[3]) const { return x[0] * x[1] + x[2]; }
+    __device__ A operator()(const A (&x)[3]) const { return fma(x[0], x[1], x[2]); }
 };
 template <class A>
 struct ScaleRowOp {  // x = {x_hat, weight}
-    __device__ A operator()(const A (&x)[2]) const { return x[0] * x[1]; }
+    __device__ A operator()(const A (&x)[2]) const { return fma(x[0], x[1], A(0)); }
 };
 template <class A>
 struct ShiftRowOp {  // x = {x_hat, bias}
-    __device__ A operator()(const A (&x)[2]) const { return x[0] + x[1]; }
+    __device__ A operator()(const A (&x)[2]) const { return fma(x[0], A(1), x[1]); }
 };
 }  // namespace
 
@@ -202,11 +228,11 @@ template void norm_affine_cuda<float>(float*, const float*, const float*, const 
 template void norm_affine_cuda<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int);
 template void norm_affine_cuda<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int64_t, int64_t, int);
 
-template void norm_forward_cuda<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
-                                       int64_t, double, int);
-template void norm_forward_cuda<double>(double*, double*, double*, const double*, const double*, const double*,
-                                        int64_t, int64_t, double, int);
-template void norm_forward_cuda<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*, int64_t, int64_t,
-                                      double, int);
+template void norm_forward_cuda<float>(float*, float*, float*, float*, const float*, const float*, const float*,
+                                       int64_t, int64_t, double, int);
+template void norm_forward_cuda<double>(double*, double*, double*, double*, const double*, const double*,
+                                        const double*, int64_t, int64_t, double, int);
+template void norm_forward_cuda<bf16>(bf16*, bf16*, float*, float*, const bf16*, const bf16*, const bf16*, int64_t,
+                                      int64_t, double, int);
 
 }  // namespace normtape::detail

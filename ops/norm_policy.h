@@ -20,8 +20,9 @@
 // (core/autograd.h, Note [Rematerialization]) and the Linear that saves y keeps the recipe, which
 // keeps x_hat alive, not y. The saved bytes equal Output's (x_hat is y's size); the gradients
 // are Input's to rounding, at any weight, 0 included, with no fallback and no host read of the
-// weight. The cost: a pass over the row in the forward (y from x_hat) and one in the backward of
-// the Linear (y made again).
+// weight. The cost: the forward writes x_hat beside y (on the GPU in the same kernel, one more
+// write of the row), and the backward of the Linear makes y again (a pass over the row). A forward
+// that records nothing (NoGradGuard) computes y as Input does and writes no x_hat.
 //
 // Note [Weights near zero under SavePolicy::Output]
 // x_hat cannot be recovered from y where weight_j == 0 (y_j == bias_j whatever x was), and the

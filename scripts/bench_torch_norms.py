@@ -70,8 +70,7 @@ def torch_rows(total, cases):
 def markdown_table(merged):
     """One row per (dtype, norm, N): % of copy forward and backward under the input and output
     policies, the save-output backward's time over the save-input one's, forward and backward under
-    the normalized policy (its forward counts x in and y out, as the others: the x_hat pass is
-    its cost), and ours / PyTorch (for the backward, the slower of input and output)."""
+    the normalized policy (its forward counts x in, x_hat and y out), and ours / PyTorch (for the backward, the slower of input and output)."""
     by = {(r["dtype"], r["norm"], r["N"], r["pass"], r["policy"]): r for r in merged}
     lines = ["| dtype | norm | N | forward % copy | backward input % | backward output % | output / input time "
              "| forward normalized % | backward normalized % "

@@ -7,6 +7,7 @@
 #include "core/device_ptr.h"
 #include "norm_test_cases.h"
 #include "ops/cuda_launchers.h"
+#include "ops/norm.h"
 #include "test_util.h"
 
 using namespace normtape;
@@ -273,19 +274,30 @@ TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benc
                     TensorOptions so = o.dtype(DType::F32);
                     Tensor x = add(scale(randn({M, N}, o), 2.0), full({N}, 0.5, o)), dy = randn({M, N}, o);
                     Tensor w = add(ones({N}, o), scale(randn({N}, o), 0.2)), b = centered ? scale(randn({N}, o), 0.3) : Tensor();
-                    Tensor y[2], mean[2], rstd[2], dx[2], dw[2], db[2];
+                    const bool normalized = policy == SavePolicy::Normalized;
+                    Tensor y[2], x_hat[2], mean[2], rstd[2], dx[2], dw[2], db[2];
                     auto run = [&](auto tag) {  // k = 0: the fast kernels, k = 1: the reference
                         using T = decltype(tag);
                         auto p = detail::device_ptr<T>;
                         auto f = detail::device_ptr<float>;
                         for (int k = 0; k < 2; ++k) {
                             y[k] = empty({M, N}, o), dx[k] = empty({M, N}, o), dw[k] = empty({N}, o);
+                            x_hat[k] = normalized ? empty({M, N}, o) : Tensor();
                             db[k] = centered ? empty({N}, o) : Tensor();
                             mean[k] = centered ? empty({M}, so) : Tensor(), rstd[k] = empty({M}, so);
-                            auto forward = k == 0 ? detail::norm_forward_cuda<T> : detail::norm_forward_reference_cuda<T>;
                             auto backward = k == 0 ? detail::norm_backward_cuda<T> : detail::norm_backward_reference_cuda<T>;
-                            forward(p(y[k]), f(mean[k]), f(rstd[k]), p(x), p(w), p(b), M, N, 1e-5, 0);
-                            const T* saved = policy == SavePolicy::Input ? p(x) : p(y[k]);
+                            if (k == 0) {  // Normalized: x_hat and y in one kernel
+                                detail::norm_forward_cuda<T>(p(y[k]), p(x_hat[k]), f(mean[k]), f(rstd[k]), p(x), p(w),
+                                                             p(b), M, N, 1e-5, 0);
+                            } else if (normalized) {  // x_hat, then y from it
+                                detail::norm_forward_reference_cuda<T>(p(x_hat[k]), f(mean[k]), f(rstd[k]), p(x),
+                                                                       nullptr, nullptr, M, N, 1e-5, 0);
+                                detail::norm_affine_cuda<T>(p(y[k]), p(x_hat[k]), p(w), p(b), M, N, 0);
+                            } else {
+                                detail::norm_forward_reference_cuda<T>(p(y[k]), f(mean[k]), f(rstd[k]), p(x), p(w),
+                                                                       p(b), M, N, 1e-5, 0);
+                            }
+                            const T* saved = policy == SavePolicy::Input ? p(x) : normalized ? p(x_hat[k]) : p(y[k]);
                             backward(p(dx[k]), p(dw[k]), p(db[k]), p(dy), saved,
                                      policy == SavePolicy::Input ? f(mean[k]) : nullptr, f(rstd[k]), p(w), p(b),
                                      centered, policy, M, N, 0);
@@ -295,6 +307,10 @@ TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benc
                     else run(bf16{});
                     double tol = normwise_tolerance(dtype);
                     CHECK_NORMWISE(y[0], y[1], tol);
+                    if (normalized) {  // the fused kernel's y is the recipe's, bit for bit
+                        CHECK_NORMWISE(x_hat[0], x_hat[1], tol);
+                        CHECK_NORMWISE(y[0], detail::norm_affine(x_hat[0], w, b), 0.0);
+                    }
                     CHECK_NORMWISE(rstd[0], rstd[1], 1e-5);
                     if (centered) CHECK_NORMWISE(mean[0], mean[1], 1e-5);
                     CHECK_NORMWISE(dx[0], dx[1], tol);
