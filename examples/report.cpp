@@ -54,7 +54,7 @@ void print_phase_times(const RunResult& r) {
 }
 
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
-    if (a.preset == "gpt2-medium-ish" && runs.size() == 2)
+    if (a.preset == "gpt2-medium-ish" && runs.size() >= 2)
         std::printf("reference (PyTorch, same model in pure bf16, same GPU model, Apex memory-efficient LayerNorm): "
                     "peak 801.6 MiB lower, predicted 800 MiB; ours: predicted %.1f MiB, peak %.1f MiB lower\n",
                     static_cast<double>(predicted) / (1 << 20),
@@ -103,6 +103,16 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
     }
 }
 
+void print_gelu_recompute(const std::vector<RunResult>& runs, int64_t predicted) {
+    if (predicted == 0) return;
+    for (const RunResult& r : runs)
+        std::printf("[%-6s] GELU recompute: saved activation bytes %s lower, predicted %s (L * 4 * B*T*C elements), "
+                    "%s\n",
+                    policy_name(r.policy), with_commas(r.gelu_recompute_saving_bytes).c_str(),
+                    with_commas(predicted).c_str(),
+                    r.gelu_recompute_saving_bytes == predicted ? "= measured, to the byte" : "!= measured");
+}
+
 void write_chart(const Args& a, const std::vector<RunResult>& runs) {
     ChartPanel loss{"Training loss", "step", "loss (nats)", {}, {}};
     ChartPanel mem{"Allocated memory during one training step", "tensors allocated so far in the step", "allocated MiB",
@@ -133,25 +143,32 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
     std::printf("chart: %s\n", a.chart.c_str());
 }
 
-void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predicted, const std::string& data_desc,
-                int64_t params) {
+void write_json(const Args& a, const std::vector<RunResult>& runs, const Predicted& predicted,
+                const std::string& data_desc, int64_t params) {
     nlohmann::json j;
     j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
-                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy}, {"recompute_gelu", a.recompute_gelu == "on"},
-                   {"lr", a.lr}, {"seed", a.seed}, {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset},
-                   {"parameters", params}, {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan}};
-    j["predicted_saving_bytes"] = predicted;
+                   {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
+                   {"recompute_gelu", a.recompute_gelu == "on"}, {"lr", a.lr}, {"seed", a.seed},
+                   {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset}, {"parameters", params},
+                   {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan}};
+    j["predicted_saving_bytes"] = predicted.norm_policy;
+    j["predicted_gelu_recompute_saving_bytes"] = predicted.gelu_recompute;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
     j["runs"] = nlohmann::json::array();
-    for (const RunResult& r : runs)
-        j["runs"].push_back({{"policy", policy_name(r.policy)}, {"norm", a.norm}, {"first_step", r.first_step},
-                             {"nonfinite_step", r.nonfinite_step},
-                             {"saved_activation_bytes", r.saved_activation_bytes},
-                             {"peak_allocated_bytes", r.peak_allocated_bytes},
-                             {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
-                             {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
-                             {"forward_ms", r.phase_ms_median[0]}, {"backward_ms", r.phase_ms_median[1]},
-                             {"optimizer_ms", r.phase_ms_median[2]}, {"phase_median_steps", r.phase_median_steps},
-                             {"phase_timing", r.phase_timing}});
+    for (const RunResult& r : runs) {
+        nlohmann::json run = {{"policy", policy_name(r.policy)}, {"norm", a.norm}, {"first_step", r.first_step},
+                              {"nonfinite_step", r.nonfinite_step},
+                              {"saved_activation_bytes", r.saved_activation_bytes},
+                              {"gelu_recompute_saving_bytes", r.gelu_recompute_saving_bytes},
+                              {"peak_allocated_bytes", r.peak_allocated_bytes},
+                              {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
+                              {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
+                              {"forward_ms", r.phase_ms_median[0]}, {"backward_ms", r.phase_ms_median[1]},
+                              {"optimizer_ms", r.phase_ms_median[2]}, {"phase_median_steps", r.phase_median_steps},
+                              {"phase_timing", r.phase_timing}};
+        if (&r != &runs[0] && runs[0].policy == SavePolicy::Input)
+            run["measured_saving_bytes"] = runs[0].saved_activation_bytes - r.saved_activation_bytes;
+        j["runs"].push_back(run);
+    }
     write_file("--json", a.json, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }

@@ -18,6 +18,9 @@ struct RunResult {
     int64_t nonfinite_step = 0;  // the first step (from 1) whose loss or gradient norm was NaN or Inf; 0: none
     std::string nonfinite_what;  // "the loss is nan", "the gradient norm is inf"
     int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
+    // With --recompute-gelu on: saved_activation_bytes of the first batch with it off, minus with it
+    // on (0 when off).
+    int64_t gelu_recompute_saving_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
     // Per step: forward (the loss), backward, optimizer (gradient clipping, AdamW, zero_grad), in ms
@@ -31,6 +34,12 @@ struct RunResult {
     int64_t forward_allocs = 0;                       // allocations of that step's forward
 };
 
+// What each memory mechanism is predicted to save, in bytes (nn/gpt.h): the norm policy (Output
+// or Normalized over Input) and GELU recompute (0 when off).
+struct Predicted {
+    int64_t norm_policy = 0, gelu_recompute = 0;
+};
+
 // "1.50 MiB"
 std::string mib(int64_t bytes);
 // "-1,234,567"
@@ -39,18 +48,23 @@ std::string with_commas(int64_t v);
 // One line: the run's median forward, backward and optimizer time per step (ms), the steps they
 // cover and how they were timed.
 void print_phase_times(const RunResult& r);
-// With --preset gpt2-medium-ish and both runs: PyTorch's figures for the same model beside ours.
+// With --preset gpt2-medium-ish and two runs or more: PyTorch's figures for the same model beside
+// ours (the input and output runs).
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
 // The two runs (input, then output policy) side by side: saved activation bytes, the predicted
 // saving and whether it equals the measured one, peak bytes, final loss, step time, tokens/s,
 // and the largest relative difference between the loss curves.
 void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
+// With GELU recompute on, one line per run: its measured saving beside the prediction.
+void print_gelu_recompute(const std::vector<RunResult>& runs, int64_t predicted);
 // Writes a.chart: the loss of each run per step (its finite values; a marker where it became
 // non-finite), and the allocated bytes during one step. Throws normtape::IOError naming the file
 // and the reason when it cannot be written.
 void write_chart(const Args& a, const std::vector<RunResult>& runs);
-// Writes a.json: the config (`data_desc` for the data, `params` parameters), the predicted and
-// (with two runs) measured saving, and each run's figures and losses (null where non-finite).
-// Throws normtape::IOError naming the file and the reason when it cannot be written.
-void write_json(const Args& a, const std::vector<RunResult>& runs, int64_t predicted, const std::string& data_desc,
-                int64_t params);
+// Writes a.json: the config (`data_desc` for the data, `params` parameters), the predicted savings
+// (predicted_saving_bytes: the norm policy's; predicted_gelu_recompute_saving_bytes), with two runs
+// the measured norm-policy saving, and each run's figures, measured savings (measured_saving_bytes
+// against the input run, for the runs after it; gelu_recompute_saving_bytes) and losses (null where
+// non-finite). Throws normtape::IOError naming the file and the reason when it cannot be written.
+void write_json(const Args& a, const std::vector<RunResult>& runs, const Predicted& predicted,
+                const std::string& data_desc, int64_t params);

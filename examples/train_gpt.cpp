@@ -101,6 +101,20 @@ std::string nonfinite_parameter(const Module& model) {
     return "";
 }
 
+// saved_bytes() after a forward of (idx, targets) with the MLPs' GELU recompute off, the graph
+// dropped before it returns: what the run would save without it.
+int64_t saved_bytes_without_gelu_recompute(GPT& model, const Tensor& idx, const Tensor& targets) {
+    struct Restore {  // the flags go back on even if the forward throws
+        GPT& m;
+        ~Restore() {
+            for (auto& block : m.h) block->mlp->recompute_gelu = true;
+        }
+    } restore{model};
+    for (auto& block : model.h) block->mlp->recompute_gelu = false;
+    Tensor loss = model.loss(idx, targets);
+    return saved_bytes();
+}
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     size_t n = v.size();
@@ -158,6 +172,9 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     for (int64_t step = start; step < end; ++step) {
         Tensor idx, targets;
         batcher.next(&idx, &targets);
+        // GELU recompute's saving, measured on the first batch before the step's peak is reset.
+        if (step == start && a.recompute_gelu == "on")
+            r.gelu_recompute_saving_bytes = saved_bytes_without_gelu_recompute(model, idx, targets);
         synchronize(dev);
         reset_peak_memory_stats(dev);
         int64_t allocs_at_start = memory_stats(dev).num_allocs;
@@ -170,7 +187,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             loss = model.loss(idx, targets);
             phases.mark(PhaseTimer::kForwardDone);
             if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
-            if (step == start) r.saved_activation_bytes = saved_bytes();
+            if (step == start) {
+                r.saved_activation_bytes = saved_bytes();
+                if (a.recompute_gelu == "on") r.gelu_recompute_saving_bytes -= r.saved_activation_bytes;
+            }
             loss.backward();
             phases.mark(PhaseTimer::kBackwardDone);
             Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
@@ -263,8 +283,11 @@ int run(const Args& a, ResumeState* resume) {
         if (runs.back().nonfinite_step > 0 && a.on_nan == "stop") break;
     }
 
-    int64_t predicted = predicted_saving_bytes(make_config(a, SavePolicy::Input), a.batch, a.seq);
-    print_preset_reference(a, runs, predicted);
+    const GPTConfig config = make_config(a, SavePolicy::Input);
+    const Predicted predicted{predicted_saving_bytes(config, a.batch, a.seq),
+                              a.recompute_gelu == "on" ? predicted_gelu_recompute_saving_bytes(config, a.batch, a.seq) : 0};
+    print_preset_reference(a, runs, predicted.norm_policy);
+    print_gelu_recompute(runs, predicted.gelu_recompute);
     if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
     write_chart(a, runs);
     const RunResult& last = runs.back();
@@ -276,11 +299,18 @@ int run(const Args& a, ResumeState* resume) {
                      policy_name(last.policy));
         return 1;
     }
+    // GELU recompute saves its prediction in every run, and Output and Normalized each save theirs
+    // over Input, to the byte.
+    for (const RunResult& r : runs)
+        if (r.gelu_recompute_saving_bytes != predicted.gelu_recompute) {
+            std::fprintf(stderr, "train_gpt: measured saving of GELU recompute in the %s run differs from the prediction\n",
+                         policy_name(r.policy));
+            return 1;
+        }
     if (runs.size() < 2) return 0;
-    print_table(a, runs, predicted);
-    // Output and Normalized each save the prediction over Input, to the byte.
+    print_table(a, runs, predicted.norm_policy);
     for (size_t k = 1; k < runs.size(); ++k)
-        if (runs[0].saved_activation_bytes - runs[k].saved_activation_bytes != predicted) {
+        if (runs[0].saved_activation_bytes - runs[k].saved_activation_bytes != predicted.norm_policy) {
             std::fprintf(stderr, "train_gpt: measured saving of the %s run differs from the prediction\n",
                          policy_name(runs[k].policy));
             return 1;
@@ -331,7 +361,8 @@ int main(int argc, char** argv) {
     app.add_option("--norm", a.norm, "layer or rms");
     app.add_option("--policy", a.policy, "input, output, normalized, both (input and output) or all (the three)");
     app.add_option("--recompute-gelu", a.recompute_gelu,
-                   "on: the MLP's gelu(h) is made again in backward instead of saved (4*B*T*C elements a layer)");
+                   "on (default): the MLP's gelu(h) is made again in backward instead of saved (4*B*T*C elements "
+                   "a layer); off: saved");
     app.add_option("--lr", a.lr,
                    "peak learning rate, > 0 and <= 1e6 (warm-up over 10% of --steps, cosine decay to lr/10)")
         ->check(real);

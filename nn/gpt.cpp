@@ -121,4 +121,8 @@ int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
     return norms * (x_bytes + mean_bytes);
 }
 
+int64_t predicted_gelu_recompute_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    return c.n_layer * 4 * B * T * c.n_embd * static_cast<int64_t>(element_size(c.dtype));
+}
+
 }  // namespace normtape

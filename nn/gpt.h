@@ -32,8 +32,9 @@ struct GPTConfig {
     Device device = Device::CPU;
     double norm_eps = 1e-5;
     // The MLP's gelu(h) [B, T, 4C], saved by its second Linear, is made again in backward from the
-    // h that linear_gelu saves anyway (ops/matmul.h): 4 * B * T * C elements a layer fewer saved.
-    bool recompute_gelu = false;
+    // h that linear_gelu saves anyway (ops/matmul.h): 4 * B * T * C elements a layer fewer saved
+    // (predicted_gelu_recompute_saving_bytes), for one GELU pass over them in backward.
+    bool recompute_gelu = true;
 };
 
 // Throws, naming GPTConfig: ShapeError when a size is not positive or n_embd % n_head != 0,
@@ -114,5 +115,10 @@ int64_t num_parameters(const GPTConfig& config);
 // of stat_dtype(config.dtype) (f32 for f32 and bf16, f64 for f64). Assumes no Output forward fell back to saving its input
 // (every |norm weight| >= kOutputPolicyMinWeight; see output_policy_fallbacks()).
 int64_t predicted_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
+
+// Bytes that GPTConfig::recompute_gelu saves in saved_bytes() right after a forward of a [B, T]
+// batch, whatever the norm policy: each layer's gelu(h), L * 4 * B*T*C elements of config.dtype
+// (docs/DESIGN.md, Note [Rematerialization]). The same bytes leave the allocator's peak.
+int64_t predicted_gelu_recompute_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
 
 }  // namespace normtape

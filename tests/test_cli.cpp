@@ -150,8 +150,33 @@ TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted 
         CHECK(j["runs"][0]["losses"].size() == 3);
         CHECK(j["runs"][0]["saved_activation_bytes"].get<int64_t>() - j["runs"][1]["saved_activation_bytes"].get<int64_t>() ==
               j["measured_saving_bytes"].get<int64_t>());
+        CHECK(j["runs"][1]["measured_saving_bytes"] == j["measured_saving_bytes"]);
+        // GELU recompute (on by default): L * 4 * B*T*C elements, measured in each run.
+        const int64_t element = j["config"]["dtype"] == "bf16" ? 2 : 4;  // bf16 by default on a GPU
+        CHECK(j["predicted_gelu_recompute_saving_bytes"].get<int64_t>() == 1 * 4 * 2 * 8 * 16 * element);
+        for (int k = 0; k < 2; ++k)
+            CHECK(j["runs"][k]["gelu_recompute_saving_bytes"] == j["predicted_gelu_recompute_saving_bytes"]);
         CHECK(slurp(chart).find("<svg") == 0);
     }
+}
+
+TEST_CASE("train_gpt: --recompute-gelu off saves gelu(h), and the report measures no saving for it") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    std::string json = dir / "run.json";
+    const std::string tiny = "--steps 2 --batch 2 --seq 8 --layers 2 --heads 2 --embd 16 --policy input --json " + json;
+    RunResult on = run_train_gpt(dir, tiny);
+    REQUIRE(on.code == 0);
+    int64_t saved_on = nlohmann::json::parse(slurp(json))["runs"][0]["saved_activation_bytes"].get<int64_t>();
+    RunResult off = run_train_gpt(dir, tiny + " --recompute-gelu off");
+    CAPTURE(off.err);
+    REQUIRE(off.code == 0);
+    CHECK(off.out.find("GELU recompute") == std::string::npos);
+    nlohmann::json j = nlohmann::json::parse(slurp(json));
+    CHECK(j["predicted_gelu_recompute_saving_bytes"].get<int64_t>() == 0);
+    CHECK(j["runs"][0]["gelu_recompute_saving_bytes"].get<int64_t>() == 0);
+    const int64_t element = j["config"]["dtype"] == "bf16" ? 2 : 4;  // bf16 by default on a GPU
+    CHECK(j["runs"][0]["saved_activation_bytes"].get<int64_t>() - saved_on == 2 * 4 * 2 * 8 * 16 * element);
 }
 
 TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op that made a NaN or Inf, exit code 1") {

@@ -59,6 +59,7 @@ TEST_CASE("memory: Normalized saves what Output saves, and GELU recompute L * 4 
         for (DType dtype : {DType::F32, DType::BF16}) {
             const int64_t L = 2, B = 3, T = 10;
             GPTConfig c{.block_size = 16, .n_layer = L, .n_head = 2, .n_embd = 24, .norm = norm, .dtype = dtype};
+            c.recompute_gelu = false;
             CAPTURE(norm_kind_name(norm));
             CAPTURE(dtype_name(dtype));
             AfterForward out = measure(c, SavePolicy::Output, B, T);
@@ -68,6 +69,7 @@ TEST_CASE("memory: Normalized saves what Output saves, and GELU recompute L * 4 
             c.recompute_gelu = true;
             AfterForward recomputed = measure(c, SavePolicy::Normalized, B, T);
             const int64_t gelu_bytes = L * 4 * B * T * c.n_embd * static_cast<int64_t>(element_size(dtype));
+            CHECK(predicted_gelu_recompute_saving_bytes(c, B, T) == gelu_bytes);
             CHECK(normalized.saved - recomputed.saved == gelu_bytes);
             // The allocator agrees: gelu(h) is gone after the forward, not just uncounted.
             CHECK(normalized.allocated - recomputed.allocated == gelu_bytes);
