@@ -87,22 +87,26 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
         --ours "$GPU_OUT/attention.json" --out "$GPU_OUT/torch_attention.json" --markdown "$GPU_OUT/attention.md" \
         > "$GPU_OUT/torch_attention.log" 2>&1
     # 12 steps: the phase medians (forward, backward, optimizer) leave out the first two.
-    step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy both --steps 12 --log-every 1 \
+    # The three policies with GELU recompute (the default), then without it.
+    step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all --steps 12 --log-every 1 \
         --json "$GPU_OUT/medium.json" --chart "$GPU_OUT/medium.svg" > "$GPU_OUT/medium.log" 2>&1
+    step "medium preset, no GELU recompute" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all \
+        --recompute-gelu off --steps 12 --log-every 1 --json "$GPU_OUT/medium_saved_gelu.json" \
+        --chart "$GPU_OUT/medium_saved_gelu.svg" > "$GPU_OUT/medium_saved_gelu.log" 2>&1
     step bench_torch_gpt env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py --ours "$GPU_OUT/medium.json" \
         --json "$GPU_OUT/torch_gpt.json" > "$GPU_OUT/torch_gpt.log" 2>&1
     # The saved bytes at a fixed number of tokens do not depend on T (nothing T x T is saved).
     fixed_tokens() {
         local a b
         a=$(./build-gpu/train_gpt --device cuda --data random --batch 8 --seq 128 --steps 2 --policy both \
-            --json "$GPU_OUT/tokens_8x128.json" --chart "$GPU_OUT/tokens_8x128.svg" | grep "saved activation bytes")
+            --json "$GPU_OUT/tokens_8x128.json" --chart "$GPU_OUT/tokens_8x128.svg" | grep "saved activation bytes (tape)")
         b=$(./build-gpu/train_gpt --device cuda --data random --batch 4 --seq 256 --steps 2 --policy both \
-            --json "$GPU_OUT/tokens_4x256.json" --chart "$GPU_OUT/tokens_4x256.svg" | grep "saved activation bytes")
+            --json "$GPU_OUT/tokens_4x256.json" --chart "$GPU_OUT/tokens_4x256.svg" | grep "saved activation bytes (tape)")
         printf 'B=8 T=128: %s\nB=4 T=256: %s\n' "$a" "$b" > "$GPU_OUT/fixed_tokens.log"
         [ -n "$a" ] && [ "$a" = "$b" ]
     }
     step "saved bytes, B*T fixed" fixed_tokens
-    step "tinyshakespeare bf16" ./build-gpu/train_gpt --device cuda --data data/tinyshakespeare.txt --policy both \
+    step "tinyshakespeare bf16" ./build-gpu/train_gpt --device cuda --data data/tinyshakespeare.txt --policy all \
         --steps 300 --log-every 50 --json "$GPU_OUT/shakespeare.json" --chart "$GPU_OUT/shakespeare.svg" \
         > "$GPU_OUT/shakespeare.log" 2>&1
 fi
@@ -116,8 +120,8 @@ echo "==================== summary"
 printf '%s\n' "${summary[@]}"
 cat "$GPU_OUT/crosscheck.txt" 2>/dev/null
 cat "$GPU_OUT/compare.log" 2>/dev/null
-for f in medium shakespeare; do
-    [ -f "$GPU_OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output) *\] step" "$GPU_OUT/$f.log" | tail -16; }
+for f in medium medium_saved_gelu shakespeare; do
+    [ -f "$GPU_OUT/$f.log" ] && { echo "--- $f"; grep -vE "^\[(input|output|normalized) *\] step" "$GPU_OUT/$f.log" | tail -20; }
 done
 [ -f "$GPU_OUT/ops.log" ] && { echo "--- cross-entropy, gelu, add: % of copy"; grep -E "%|copy" "$GPU_OUT/ops.log" | tail -30; }
 [ -f "$GPU_OUT/fixed_tokens.log" ] && { echo "--- saved bytes at a fixed number of tokens"; cat "$GPU_OUT/fixed_tokens.log"; }
