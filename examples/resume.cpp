@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <type_traits>
 
-#include "batcher.h"
+#include "train_data.h"
 
 using namespace normtape;
 

@@ -10,7 +10,7 @@
 #include <string>
 
 struct Args {
-    std::string data;  // empty: kDefaultData (examples/batcher.h); "random": random tokens
+    std::string data;  // empty: kDefaultData (examples/train_data.h); "random": random tokens
     int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
     std::string norm = "layer", policy = "both", device, dtype, preset, recompute_gelu = "on";
     double lr = 3e-3;

@@ -21,8 +21,9 @@
 // --detect-anomaly the first op or backward node that produced a NaN or Inf), an output that
 // cannot be written, or measured saving != predicted saving. Each error is one line on stderr.
 //
-// This file: the flags, their checks, and the training loop. The data and its batches are in
-// examples/batcher.h, the checks of --resume in examples/resume.h, the timing of each step's
+// This file: the flags, their checks, and the training loop. The data is read in
+// examples/train_data.h (its batches: Batcher, nn/data.h; the schedule: WarmupCosineLR,
+// nn/lr_scheduler.h), the checks of --resume in examples/resume.h, the timing of each step's
 // forward, backward and optimizer in examples/phase_timer.h, the table, JSON and chart in
 // examples/report.h.
 #include <CLI/CLI.hpp>
@@ -37,12 +38,12 @@
 #include <string>
 #include <vector>
 
-#include "batcher.h"
 #include "normtape.h"
 #include "phase_timer.h"
 #include "report.h"
 #include "resume.h"
 #include "train_args.h"
+#include "train_data.h"
 
 using namespace normtape;
 
@@ -66,12 +67,10 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     return c;
 }
 
-// Linear warm-up over the first 10% of steps, then cosine decay to lr / 10.
-double lr_at(const Args& a, int64_t step) {
-    int64_t warmup = std::max<int64_t>(1, a.steps / 10);
-    if (step < warmup) return a.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-    double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, a.steps - warmup));
-    return a.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
+// Linear warm-up over the first 10% of steps, then cosine decay to lr / 10 at the last step.
+WarmupCosineLR lr_schedule(const Args& a) {
+    const int64_t warmup = std::max<int64_t>(1, a.steps / 10);
+    return WarmupCosineLR(a.lr, warmup, std::max(a.steps, warmup + 1), a.lr / 10);
 }
 
 // Records the device allocator's events into `trace` for its lifetime (stops even if the step
@@ -135,6 +134,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     opt.beta2 = 0.95;
     AdamW optimizer(groups, opt);
     Batcher batcher(text, a.batch, a.seq, a.vocab, a.seed, dev);
+    const WarmupCosineLR schedule = lr_schedule(a);
     int64_t start = 0;
     if (resume) {  // Note [Resuming a run]
         try {
@@ -143,7 +143,11 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             throw UsageError(std::string("--resume: ") + e.what());
         }
         resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
-        batcher.set_state(resume->metadata.at("train_gpt.batcher"));
+        try {
+            batcher.set_state(resume->metadata.at("train_gpt.batcher"));
+        } catch (const Error& e) {
+            throw UsageError(std::string("--resume: the checkpoint's train_gpt.batcher: ") + e.what());
+        }
         start = resume->step;
         std::printf("resumed from %s at step %lld\n", resume->path.c_str(), static_cast<long long>(start));
     }
@@ -170,8 +174,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     PhaseTimer phases(dev);
     r.phase_timing = phases.method();
     for (int64_t step = start; step < end; ++step) {
-        Tensor idx, targets;
-        batcher.next(&idx, &targets);
+        auto [idx, targets] = batcher.next();
         // GELU recompute's saving, measured on the first batch before the step's peak is reset.
         if (step == start && a.recompute_gelu == "on")
             r.gelu_recompute_saving_bytes = saved_bytes_without_gelu_recompute(model, idx, targets);
@@ -194,7 +197,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             loss.backward();
             phases.mark(PhaseTimer::kBackwardDone);
             Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
-            optimizer.set_lr(lr_at(a, step));
+            optimizer.set_lr(schedule.lr(step));
             // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
             // skipped (on the device, which knows the norm) and the step not counted.
             if (a.on_nan == "continue") optimizer.step();

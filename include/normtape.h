@@ -4,7 +4,7 @@
 //   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, linear_gelu, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
 //   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, safetensors,
-//          checkpoints
+//          checkpoints, learning-rate schedules (ConstantLR, WarmupCosineLR, StepLR), Batcher
 //   NORMTAPE_VERSION (and _MAJOR, _MINOR, _PATCH), version()
 // Include this header, not the ones below: it is what a consumer of the installed package writes.
 //
@@ -26,7 +26,9 @@
 #include "core/version.h"
 #include "nn/adamw.h"
 #include "nn/checkpoint.h"
+#include "nn/data.h"
 #include "nn/gpt.h"
+#include "nn/lr_scheduler.h"
 #include "nn/module.h"
 #include "nn/norm.h"
 #include "nn/safetensors.h"

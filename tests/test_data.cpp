@@ -1,0 +1,87 @@
+// tests/test_data.cpp: Batcher (nn/data.h): windows of the text with their targets one token on,
+// the same batches from the same seed, a saved state resuming the same sequence of batches, random
+// tokens in range, the shortest text it accepts, and each bad argument's error.
+#include <random>
+#include <string>
+
+#include "test_util.h"
+
+using namespace normtape;
+using namespace normtape::testing;
+
+namespace {
+// n bytes of a fixed pseudo-random sequence: a window of 8 bytes or more occurs in it once.
+std::string text_of(int64_t n) {
+    std::mt19937 rng(42);
+    std::string t;
+    for (int64_t i = 0; i < n; ++i) t += static_cast<char>(rng() % 256);
+    return t;
+}
+}  // namespace
+
+TEST_CASE("data: a batch's rows are windows of the text, its targets the same windows one token on") {
+    const std::string text = text_of(300);
+    const int64_t B = 5, T = 16;
+    Batcher batcher(text, B, T, 256, 7);
+    for (int k = 0; k < 4; ++k) {
+        Batch batch = batcher.next();
+        REQUIRE(batch.idx.shape() == Shape{B, T});
+        REQUIRE(batch.targets.shape() == Shape{B, T});
+        CHECK(batch.idx.dtype() == DType::I64);
+        std::vector<int64_t> x = batch.idx.to_vector<int64_t>(), y = batch.targets.to_vector<int64_t>();
+        for (int64_t b = 0; b < B; ++b) {
+            std::string window;
+            for (int64_t t = 0; t < T; ++t) window += static_cast<char>(x[b * T + t]);
+            size_t start = text.find(window);
+            REQUIRE(start != std::string::npos);
+            for (int64_t t = 0; t < T; ++t)
+                CHECK(y[b * T + t] == static_cast<unsigned char>(text[start + t + 1]));
+        }
+    }
+}
+
+TEST_CASE("data: the same seed draws the same batches, and a restored state the batches that follow it") {
+    const std::string text = text_of(300);
+    Batcher a(text, 3, 8, 256, 11), b(text, 3, 8, 256, 11), other(text, 3, 8, 256, 12);
+    CHECK(a.next().idx.to_vector<int64_t>() == b.next().idx.to_vector<int64_t>());
+    CHECK(a.next().idx.to_vector<int64_t>() != other.next().idx.to_vector<int64_t>());
+    std::string saved = a.state();
+    std::vector<int64_t> third = a.next().targets.to_vector<int64_t>();
+    Batcher resumed(text, 3, 8, 256, 999);
+    resumed.set_state(saved);
+    CHECK(resumed.next().targets.to_vector<int64_t>() == third);
+    // A bad state is refused and leaves the generator where it was.
+    std::string before = resumed.state();
+    CHECK_THROWS_KIND_WITH(resumed.set_state("not a state"), Error, "Batcher", "state");
+    CHECK(resumed.state() == before);
+}
+
+TEST_CASE("data: with an empty text the batches are random tokens in [0, vocab_size)") {
+    Batcher batcher("", 4, 32, 5, 3);
+    std::vector<int64_t> seen(5, 0);
+    for (int k = 0; k < 3; ++k)
+        for (int64_t v : batcher.next().idx.to_vector<int64_t>()) {
+            REQUIRE(v >= 0);
+            REQUIRE(v < 5);
+            ++seen[v];
+        }
+    for (int64_t count : seen) CHECK(count > 0);
+}
+
+TEST_CASE("data: a text of T + 1 tokens holds one window, a shorter one and empty sizes are refused") {
+    Batch batch = Batcher("abcde", 2, 4, 256, 1).next();
+    CHECK(batch.idx.to_vector<int64_t>() == std::vector<int64_t>{'a', 'b', 'c', 'd', 'a', 'b', 'c', 'd'});
+    CHECK(batch.targets.to_vector<int64_t>() == std::vector<int64_t>{'b', 'c', 'd', 'e', 'b', 'c', 'd', 'e'});
+    CHECK_THROWS_KIND_WITH(Batcher("abcd", 2, 4, 256, 1), ShapeError, "Batcher", "at least T + 1 = 5", "got 4");
+    CHECK_THROWS_KIND_WITH(Batcher("abcde", 0, 4, 256, 1), ShapeError, "Batcher", "B >= 1", "got B 0");
+    CHECK_THROWS_KIND_WITH(Batcher("abcde", 1, 0, 256, 1), ShapeError, "Batcher", "T >= 1");
+    CHECK_THROWS_KIND_WITH(Batcher("", 1, 4, 0, 1), ShapeError, "Batcher", "vocab_size >= 1");
+}
+
+TEST_CASE("data: batches are made on the device the batcher was given") {
+    REQUIRE_CUDA_OR_SKIP();
+    Batcher cpu(text_of(100), 2, 8, 256, 5), gpu(text_of(100), 2, 8, 256, 5, Device::CUDA);
+    Batch on_gpu = gpu.next();
+    CHECK(on_gpu.idx.device().is_cuda());
+    CHECK(on_gpu.targets.to(Device::CPU).to_vector<int64_t>() == cpu.next().targets.to_vector<int64_t>());
+}
