@@ -81,6 +81,8 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
     double peak_ratio = static_cast<double>(in.peak_allocated_bytes - out.peak_allocated_bytes) / static_cast<double>(predicted);
     std::printf("%-34s %16s %16s %15.2f%%\n", "peak saving / predicted saving", "", "", 100.0 * peak_ratio);
     std::printf("%-34s %16.4f %16.4f\n", "final loss (nats)", in.losses.back(), out.losses.back());
+    if (!in.val_losses.empty() && !out.val_losses.empty())
+        std::printf("%-34s %16.4f %16.4f\n", "best validation loss (nats)", in.best_val_loss, out.best_val_loss);
     std::printf("%-34s %16.1f %16.1f\n", "median step time (ms)", in.step_ms_median, out.step_ms_median);
     std::printf("%-34s %16.0f %16.0f\n", "tokens/s", in.tokens_per_s, out.tokens_per_s);
     double worst = 0;
@@ -114,7 +116,7 @@ void print_gelu_recompute(const std::vector<RunResult>& runs, int64_t predicted)
 }
 
 void write_chart(const Args& a, const std::vector<RunResult>& runs) {
-    ChartPanel loss{"Training loss", "step", "loss (nats)", {}, {}};
+    ChartPanel loss{"Training and validation loss", "step", "loss (nats)", {}, {}};
     ChartPanel mem{"Allocated memory during one training step", "tensors allocated so far in the step", "allocated MiB",
                    {}, {}};
     const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c"};  // by SavePolicy: input, output, normalized
@@ -129,6 +131,15 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
             ls.y.push_back(r.losses[i]);
         }
         loss.series.push_back(ls);
+        if (!r.val_losses.empty()) {  // validation: the same color, dashed
+            ChartSeries vs{name + " (validation)", color, {}, {}, true};
+            for (size_t i = 0; i < r.val_losses.size(); ++i) {
+                if (!std::isfinite(r.val_losses[i])) continue;
+                vs.x.push_back(static_cast<double>(r.val_steps[i]));
+                vs.y.push_back(r.val_losses[i]);
+            }
+            loss.series.push_back(vs);
+        }
         if (r.nonfinite_step > 0)
             loss.markers.push_back({static_cast<double>(r.nonfinite_step), name + ": loss non-finite from here"});
         ChartSeries ms{name, color, {}, {}, false};
@@ -150,7 +161,9 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                    {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
                    {"recompute_gelu", a.recompute_gelu == "on"}, {"lr", a.lr}, {"seed", a.seed},
                    {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset}, {"parameters", params},
-                   {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan}};
+                   {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan},
+                   {"val_fraction", a.val_fraction}, {"eval_every", a.eval_every},
+                   {"eval_batches", a.eval_batches}, {"save_best", a.save_best}};
     j["predicted_saving_bytes"] = predicted.norm_policy;
     j["predicted_gelu_recompute_saving_bytes"] = predicted.gelu_recompute;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
@@ -165,7 +178,9 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
                               {"forward_ms", r.phase_ms_median[0]}, {"backward_ms", r.phase_ms_median[1]},
                               {"optimizer_ms", r.phase_ms_median[2]}, {"phase_median_steps", r.phase_median_steps},
-                              {"phase_timing", r.phase_timing}};
+                              {"phase_timing", r.phase_timing}, {"val_steps", r.val_steps},
+                              {"val_losses", r.val_losses}, {"best_val_loss", r.best_val_loss},
+                              {"best_val_step", r.best_val_step}};
         if (&r != &runs[0] && runs[0].policy == SavePolicy::Input)
             run["measured_saving_bytes"] = runs[0].saved_activation_bytes - r.saved_activation_bytes;
         j["runs"].push_back(run);

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,12 @@ struct RunResult {
     std::string phase_timing;  // PhaseTimer::method(): "cuda events", "host clock", ...
     std::vector<normtape::MemoryEvent> memory_trace;  // allocator events of one step (step 2)
     int64_t forward_allocs = 0;                       // allocations of that step's forward
+    // Validation (examples/train_data.h): the steps evaluated after and their held-out losses; the
+    // best loss (NaN: none yet) and its step. A resumed run starts from the checkpoint's best.
+    std::vector<int64_t> val_steps;
+    std::vector<double> val_losses;
+    double best_val_loss = std::numeric_limits<double>::quiet_NaN();
+    int64_t best_val_step = 0;
 };
 
 // What each memory mechanism is predicted to save, in bytes (nn/gpt.h): the norm policy (Output

@@ -37,7 +37,8 @@ nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& t
             {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
             {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
             {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
-            {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed}};
+            {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed},
+            {"val-fraction", a.val_fraction}};
 }
 
 ResumeState read_resume(const std::string& path) {
@@ -109,6 +110,17 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     take("--dtype", a.dtype);
     take("--lr", a.lr);
     take("--seed", a.seed);
+    // A checkpoint without "val-fraction" trained on the whole text.
+    if (r.config.contains("val-fraction")) {
+        take("--val-fraction", a.val_fraction);
+    } else if (app.count("--val-fraction") == 0) {
+        a.val_fraction = 0;
+        a.from_checkpoint.insert("val-fraction");
+    } else if (a.val_fraction != 0) {
+        throw UsageError("--resume " + r.path + ": the checkpoint's run held nothing out, this one asks for "
+                         "--val-fraction " + nlohmann::json(a.val_fraction).dump() +
+                         " (leave the flag out to take the checkpoint's)");
+    }
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);

@@ -41,6 +41,8 @@ const IntRange kIntRanges[] = {
     {"log-every", &Args::log_every, 1, int64_t{1} << 40, "steps between progress lines"},
     {"save-every", &Args::save_every, 0, int64_t{1} << 40, "steps between checkpoints (0: only at the end)"},
     {"stop-at", &Args::stop_at, 0, int64_t{1} << 40, "the step to stop after (0: --steps)"},
+    {"eval-every", &Args::eval_every, 0, int64_t{1} << 40, "steps between evaluations (0: after the last step)"},
+    {"eval-batches", &Args::eval_batches, 1, int64_t{1} << 20, "held-out batches per evaluation"},
 };
 
 void check_choice(const Args& a, const std::string& key, const std::string& value,
@@ -103,6 +105,15 @@ void check_args(const Args& a) {
     if (a.save_every > 0 && a.save.empty()) throw UsageError("--save-every needs --save FILE");
     if ((!a.resume.empty() || a.save_every > 0 || a.stop_at > 0) && (a.policy == "both" || a.policy == "all"))
         throw UsageError("--resume, --stop-at and --save-every follow one run: give --policy input, output or normalized");
+    if (!(std::isfinite(a.val_fraction) && a.val_fraction >= 0 && a.val_fraction <= 0.5))
+        fail(a, "val-fraction", format_real(a.val_fraction), "a fraction of the text from 0 to 0.5");
+    const bool held_out = a.data != "random" && a.val_fraction > 0;
+    if (!held_out && (a.eval_every > 0 || a.save_best))
+        throw UsageError(std::string(a.eval_every > 0 ? "--eval-every" : "--save-best") +
+                         " needs held-out text: --data FILE (not random) and --val-fraction > 0");
+    if (a.save_best && a.save.empty()) throw UsageError("--save-best needs --save FILE");
+    if (a.save_best && a.save_every > 0)
+        throw UsageError("--save-best and --save-every choose when --save writes: give one of them");
     if (a.stop_at > a.steps)
         throw UsageError("--stop-at " + std::to_string(a.stop_at) + " is past " +
                          describe(a, "steps", std::to_string(a.steps)));

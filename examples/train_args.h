@@ -22,6 +22,10 @@ struct Args {
     std::string resume;           // checkpoint to continue from
     int64_t save_every = 0;       // also save every this many steps (0: only at the end)
     int64_t stop_at = 0;          // stop after this step of the --steps schedule (0: at --steps)
+    double val_fraction = 0.1;    // the tail of the text held out for validation (0: none)
+    int64_t eval_every = 0;       // evaluate every this many steps (0: after the last step only)
+    int64_t eval_batches = 20;    // held-out batches per evaluation
+    bool save_best = false;       // --save writes the checkpoint of the best validation loss instead
     // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name
     // the checkpoint, not a flag, as their source.
     std::set<std::string> from_checkpoint;
@@ -41,7 +45,8 @@ std::string describe(const Args& a, const std::string& key, const std::string& v
 // Checks every value of `a` once --preset and --resume have filled in what the flags left out:
 // the ranges and choices that --help lists, and the values that must go together (--embd
 // divisible by --heads, --vocab only with --data random, --save-every with --save, one policy
-// with --resume, --stop-at and --save-every, --stop-at <= --steps). Throws UsageError naming the
+// with --resume, --stop-at and --save-every, --stop-at <= --steps, --eval-every and --save-best
+// only with held-out text, --save-best with --save and without --save-every). Throws UsageError naming the
 // value's source (describe()), what was expected and what was found.
 void check_args(const Args& a);
 

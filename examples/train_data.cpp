@@ -3,10 +3,13 @@
 #include "train_data.h"
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 using namespace normtape;
 
@@ -37,4 +40,29 @@ std::string load_text(const Args& a, std::string* description) {
         throw UsageError(what + ": the data file has " + std::to_string(text.size()) + " bytes; " +
                          describe(a, "seq", std::to_string(a.seq)) + " needs at least " + std::to_string(a.seq + 2));
     return text;
+}
+
+TextSplit split_text(const Args& a, const std::string& text) {
+    const auto n_val = static_cast<size_t>(std::floor(static_cast<double>(text.size()) * a.val_fraction));
+    TextSplit split{text.substr(0, text.size() - n_val), text.substr(text.size() - n_val)};
+    char fraction[32];
+    std::snprintf(fraction, sizeof fraction, "%g", a.val_fraction);
+    for (const auto& [part, what] : {std::pair{&split.train, "training part"}, {&split.val, "held-out tail"}})
+        if (!part->empty() && static_cast<int64_t>(part->size()) < a.seq + 1)
+            throw UsageError(describe(a, "val-fraction", fraction) + ": the " + what +
+                             " of the data has " + std::to_string(part->size()) + " bytes; " +
+                             describe(a, "seq", std::to_string(a.seq)) + " needs at least " +
+                             std::to_string(a.seq + 1));
+    return split;
+}
+
+double evaluate(const GPT& model, Batcher& val, const std::string& start, int64_t batches) {
+    NoGradGuard no_grad;
+    val.set_state(start);
+    double total = 0;
+    for (int64_t k = 0; k < batches; ++k) {
+        auto [idx, targets] = val.next();
+        total += model.loss(idx, targets).to(DType::F32).item<float>();
+    }
+    return total / static_cast<double>(batches);
 }

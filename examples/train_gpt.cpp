@@ -34,6 +34,7 @@
 #include <charconv>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -133,8 +134,14 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     opt.lr = a.lr;
     opt.beta2 = 0.95;
     AdamW optimizer(groups, opt);
-    Batcher batcher(text, a.batch, a.seq, a.vocab, a.seed, dev);
+    TextSplit split = split_text(a, text);
+    Batcher batcher(std::move(split.train), a.batch, a.seq, a.vocab, a.seed, dev);
+    // The held-out batches: the same ones at every evaluation (Note [Held-out loss] in train_data.h).
+    std::optional<Batcher> val;
+    if (!split.val.empty()) val.emplace(std::move(split.val), a.batch, a.seq, a.vocab, a.seed + 1, dev);
+    const std::string val_start = val ? val->state() : "";
     const WarmupCosineLR schedule = lr_schedule(a);
+    RunResult r;
     int64_t start = 0;
     if (resume) {  // Note [Resuming a run]
         try {
@@ -149,10 +156,17 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             throw UsageError(std::string("--resume: the checkpoint's train_gpt.batcher: ") + e.what());
         }
         start = resume->step;
+        if (auto best = resume->metadata.find("train_gpt.best_val"); best != resume->metadata.end()) {
+            double loss = 0;
+            long long at = 0;
+            if (std::sscanf(best->second.c_str(), "%lf at step %lld", &loss, &at) == 2) {
+                r.best_val_loss = loss;
+                r.best_val_step = at;
+            }
+        }
         std::printf("resumed from %s at step %lld\n", resume->path.c_str(), static_cast<long long>(start));
     }
     const int64_t end = a.stop_at > 0 ? a.stop_at : a.steps;
-    RunResult r;
     auto save = [&](int64_t steps_done) {
         if (r.nonfinite_step > 0) {  // a checkpoint of a diverged model would replace a good one
             std::printf("checkpoint: %s not written at step %lld: %s at step %lld\n", a.save.c_str(),
@@ -160,11 +174,19 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                         static_cast<long long>(r.nonfinite_step));
             return;
         }
-        save_checkpoint(a.save, model,
-                        {{"format", "normtape-gpt"}, {"policy", policy_name(policy)},
-                         {"train_gpt.config", run_config(a, policy, text).dump()},
-                         {"train_gpt.step", std::to_string(steps_done)}, {"train_gpt.batcher", batcher.state()}},
-                        &optimizer);
+        std::map<std::string, std::string> metadata = {
+            {"format", "normtape-gpt"},
+            {"policy", policy_name(policy)},
+            {"train_gpt.config", run_config(a, policy, text).dump()},
+            {"train_gpt.step", std::to_string(steps_done)},
+            {"train_gpt.batcher", batcher.state()}};
+        if (!std::isnan(r.best_val_loss)) {  // so that a resumed --save-best run replaces only a better one
+            char best[64];
+            std::snprintf(best, sizeof best, "%.17g at step %lld", r.best_val_loss,
+                          static_cast<long long>(r.best_val_step));
+            metadata["train_gpt.best_val"] = best;
+        }
+        save_checkpoint(a.save, model, metadata, &optimizer);
         std::printf("checkpoint: %s (step %lld)\n", a.save.c_str(), static_cast<long long>(steps_done));
     };
 
@@ -220,8 +242,8 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
         r.losses.push_back(loss.item<float>());
         r.step_ms.push_back(ms);
-        const bool save_now =
-            !a.save.empty() && (step + 1 == end || (a.save_every > 0 && (step + 1) % a.save_every == 0));
+        const bool save_now = !a.save.empty() && !a.save_best &&
+                              (step + 1 == end || (a.save_every > 0 && (step + 1) % a.save_every == 0));
         if (r.nonfinite_step == 0) {  // the first step that breaks the model, if any
             std::string what;
             auto str = [](double v) { return std::isnan(v) ? std::string("nan") : std::to_string(v); };  // not "-nan"
@@ -240,6 +262,19 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                         policy_name(policy), static_cast<long long>(step + 1), static_cast<long long>(a.steps),
                         r.losses.back(), static_cast<double>(a.batch * a.seq) / (ms / 1000.0),
                         mib(m.allocated_bytes).c_str(), mib(m.peak_allocated_bytes).c_str());
+        if (val && !stop && (step + 1 == end || (a.eval_every > 0 && (step + 1) % a.eval_every == 0))) {
+            const double v = evaluate(model, *val, val_start, a.eval_batches);
+            r.val_steps.push_back(step + 1);
+            r.val_losses.push_back(v);
+            const bool best = std::isfinite(v) && (std::isnan(r.best_val_loss) || v < r.best_val_loss);
+            if (best) {
+                r.best_val_loss = v;
+                r.best_val_step = step + 1;
+            }
+            std::printf("[%-6s] step %5lld/%lld | val loss %.4f%s\n", policy_name(policy),
+                        static_cast<long long>(step + 1), static_cast<long long>(a.steps), v, best ? " (best)" : "");
+            if (best && a.save_best && r.nonfinite_step == 0) save(step + 1);
+        }
         if (save_now || (stop && !a.save.empty())) save(step + 1);  // after a non-finite step: says it did not
         if (stop) break;
     }
@@ -254,6 +289,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     }
     r.phase_median_steps = static_cast<int64_t>(r.phase_ms.size() - skip);
     print_phase_times(r);
+    if (!r.val_losses.empty())
+        std::printf("[%-6s] validation: best loss %.4f at step %lld (%zu evaluation%s of %lld held-out batches)\n",
+                    policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
+                    r.val_losses.size(), r.val_losses.size() == 1 ? "" : "s", static_cast<long long>(a.eval_batches));
     r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
     if (output_policy_fallbacks() > 0 && r.nonfinite_step == 0)
         std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",
@@ -391,6 +430,16 @@ int main(int argc, char** argv) {
     app.add_option("--save-every", a.save_every,
                    "with --save, also write the checkpoint every N steps (0: only at the end)")
         ->check(integer);
+    app.add_option("--val-fraction", a.val_fraction,
+                   "the tail of the text held out for the validation loss, 0 to 0.5 (0: none)")
+        ->check(real);
+    app.add_option("--eval-every", a.eval_every,
+                   "evaluate the held-out loss every N steps, and after the last (0: after the last only)")
+        ->check(integer);
+    app.add_option("--eval-batches", a.eval_batches, "held-out batches per evaluation, 1 to 2^20")->check(integer);
+    app.add_flag("--save-best", a.save_best,
+                 "with --save, write the checkpoint at each new best validation loss instead of at the end "
+                 "(default: off)");
     app.add_option("--stop-at", a.stop_at,
                    "stop after this step; the learning-rate schedule still spans --steps, so --resume continues it "
                    "(0: at --steps)")

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -42,6 +43,7 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("cli");
     write_bytes(dir / "short.txt", "tiny");
+    write_bytes(dir / "fifty.txt", std::string(50, 'x'));
     struct Case {
         std::string args, says;
     };
@@ -71,6 +73,18 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
                   "--data /nonexistent/file.txt: cannot read the data file: No such file"},
              Case{"--data " + dir.path.string(), ": is a directory, expected a text file"},
              Case{"--data " + (dir / "short.txt") + " --seq 8", "has 4 bytes; --seq 8 needs at least 10"},
+             Case{"--val-fraction 0.6", "--val-fraction 0.6: expected a fraction of the text from 0 to 0.5"},
+             Case{"--val-fraction nan", "--val-fraction nan: expected a fraction of the text from 0 to 0.5"},
+             Case{"--eval-batches 0", "--eval-batches 0: expected held-out batches per evaluation from 1 to"},
+             Case{"--eval-every 5", "--eval-every needs held-out text: --data FILE (not random)"},
+             Case{"--save-best --save x.safetensors", "--save-best needs held-out text"},
+             Case{"--data " + (dir / "fifty.txt") + " --eval-every 5 --val-fraction 0",
+                  "--eval-every needs held-out text"},
+             Case{"--data " + (dir / "fifty.txt") + " --save-best", "--save-best needs --save FILE"},
+             Case{"--data " + (dir / "fifty.txt") + " --save-best --save x.safetensors --save-every 2",
+                  "--save-best and --save-every choose when --save writes: give one of them"},
+             Case{"--data " + (dir / "fifty.txt"),
+                  "--val-fraction 0.1: the held-out tail of the data has 5 bytes; --seq 8 needs at least 9"},
              Case{"--save ''", "--save: expected a file name, got an empty one"},
              Case{"--json ''", "--json: expected a file name, got an empty one"},
              Case{"--chart ''", "--chart: expected a file name, got an empty one"},
@@ -177,6 +191,37 @@ TEST_CASE("train_gpt: --recompute-gelu off saves gelu(h), and the report measure
     CHECK(j["runs"][0]["gelu_recompute_saving_bytes"].get<int64_t>() == 0);
     const int64_t element = j["config"]["dtype"] == "bf16" ? 2 : 4;  // bf16 by default on a GPU
     CHECK(j["runs"][0]["saved_activation_bytes"].get<int64_t>() - saved_on == 2 * 4 * 2 * 8 * 16 * element);
+}
+
+TEST_CASE("train_gpt: the held-out tail is scored every --eval-every steps, and --save-best keeps the best") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    std::string json = dir / "run.json", ck = dir / "best.safetensors";
+    RunResult r = run_train_gpt(dir, "--steps 6 --batch 2 --seq 16 --layers 1 --heads 2 --embd 16 --policy input "
+                                     "--device cpu --eval-every 2 --eval-batches 3 --save-best --save " + ck +
+                                         " --json " + json + " --chart " + (dir / "c.svg"));
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("| val loss ") != std::string::npos);
+    CHECK(r.out.find("validation: best loss") != std::string::npos);
+    nlohmann::json run = nlohmann::json::parse(slurp(json))["runs"][0];
+    CHECK(run["val_steps"] == nlohmann::json({2, 4, 6}));
+    std::vector<double> losses = run["val_losses"].get<std::vector<double>>();
+    REQUIRE(losses.size() == 3);
+    size_t best = std::min_element(losses.begin(), losses.end()) - losses.begin();
+    CHECK(run["best_val_loss"].get<double>() == losses[best]);
+    CHECK(run["best_val_step"].get<int64_t>() == 2 * static_cast<int64_t>(best + 1));
+    // The checkpoint is the best step's, and carries its loss for a resumed run to beat.
+    std::map<std::string, std::string> metadata;
+    normtape::load_safetensors(ck, &metadata);
+    CHECK(metadata.at("train_gpt.step") == std::to_string(2 * (best + 1)));
+    CHECK(metadata.at("train_gpt.best_val").find(" at step " + std::to_string(2 * (best + 1))) != std::string::npos);
+    // --val-fraction 0: nothing held out, nothing evaluated.
+    RunResult none = run_train_gpt(dir, "--steps 2 --batch 2 --seq 16 --layers 1 --heads 2 --embd 16 --policy input "
+                                        "--device cpu --val-fraction 0 --json " + json + " --chart " + (dir / "c.svg"));
+    REQUIRE(none.code == 0);
+    CHECK(none.out.find("val loss") == std::string::npos);
+    CHECK(nlohmann::json::parse(slurp(json))["runs"][0]["val_losses"].empty());
 }
 
 TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op that made a NaN or Inf, exit code 1") {

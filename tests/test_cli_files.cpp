@@ -165,6 +165,7 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors are checked as flags are
              Case{set("seed", -1), "config has seed -1, expected an integer from 0 to 2^64 - 1"},
              Case{set("steps", "many"), "config has steps \"many\", expected an integer"},
              Case{set("data_bytes", "x"), "config has data_bytes \"x\" and data_fnv1a64"},
+             Case{set("val-fraction", 0.9), of + "val-fraction 0.9: expected a fraction of the text from 0 to 0.5"},
              Case{[](NamedTensors& t, nlohmann::json&) {
                       for (auto& [name, x] : t)
                           if (name == "h.0.ln_1.weight") x.data_ptr<float>()[3] = std::nanf("");
@@ -176,6 +177,16 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors are checked as flags are
         CAPTURE(c.says);
         check_refused(r, {c.says});
     }
+    // The held-out fraction is part of the run; a checkpoint without one trained on the whole text.
+    check_refused(run_train_gpt(dir, "--resume " + ck + " --val-fraction 0.2"),
+                  {"the checkpoint's run has --val-fraction 0.1, this one asks for 0.2"});
+    rewrite(ck, forged, [](NamedTensors&, nlohmann::json& j) { j.erase("val-fraction"); });
+    check_refused(run_train_gpt(dir, "--resume " + forged + " --val-fraction 0.1"),
+                  {"the checkpoint's run held nothing out, this one asks for --val-fraction 0.1"});
+    RunResult whole = run_train_gpt(dir, "--resume " + forged);
+    CAPTURE(whole.err);
+    CHECK(whole.code == 0);
+    CHECK(whole.out.find("val loss") == std::string::npos);
     // The saved data path is absolute: the run resumes from another directory.
     TempDir elsewhere("forged_elsewhere");
     RunResult moved = run_train_gpt(elsewhere, "--resume " + ck);

@@ -56,7 +56,7 @@ TEST_CASE("data: the same seed draws the same batches, and a restored state the 
     CHECK(resumed.state() == before);
 }
 
-TEST_CASE("data: with an empty text the batches are random tokens in [0, vocab_size)") {
+TEST_CASE("data: with an empty text the batches are random tokens from 0 to vocab_size - 1") {
     Batcher batcher("", 4, 32, 5, 3);
     std::vector<int64_t> seen(5, 0);
     for (int k = 0; k < 3; ++k)
