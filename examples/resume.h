@@ -19,7 +19,7 @@
 //    refused (--data may name the same bytes elsewhere).
 // The global generator (manual_seed) only initializes weights, which the checkpoint replaces;
 // nothing in a training step draws from it (no dropout). The run's config (data, steps, batch,
-// seq, model, norm, policy, dtype, lr, seed) is saved as JSON in the metadata entry
+// seq, model, norm, policy, dtype, lr, seed, val-fraction) is saved as JSON in the metadata entry
 // "train_gpt.config"; on --resume a flag left out takes the saved value and a flag given with
 // another value is refused, naming both. Values taken from the checkpoint then go through the
 // same checks as flags (check_args), and messages name the checkpoint as their source. The device is not part of it (a run may move to another

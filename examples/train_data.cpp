@@ -1,5 +1,6 @@
-// examples/train_data.cpp: train_gpt's data (examples/train_data.h): reading the text. Not here: the
-// batches (nn/data.h), what is done with a batch (examples/train_gpt.cpp).
+// examples/train_data.cpp: train_gpt's data (examples/train_data.h): reading the text, holding out
+// its tail, and the validation loss. Not here: the batches (nn/data.h), the training step
+// (examples/train_gpt.cpp).
 #include "train_data.h"
 
 #include <cerrno>

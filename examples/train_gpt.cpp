@@ -1,7 +1,8 @@
-// examples/train_gpt.cpp: the main job. Trains a byte-level pre-LN GPT on a UTF-8 text file (or
-// on random tokens) and, with --policy both, trains it twice (same seed, same batches), once per
-// norm save policy, then prints the memory each policy needed, side by side, with the saving the
-// formula predicts. Runs on the cpu or a CUDA GPU (the default when one is visible).
+// examples/train_gpt.cpp: the main job. Trains a byte-level pre-LN GPT on a UTF-8 text file (its
+// last --val-fraction held out for the validation loss) or on random tokens and, with --policy
+// both or all, trains it once per norm save policy (same seed, same batches), then prints the
+// memory each policy needed, side by side, with the savings the formulas predict. Runs on the cpu
+// or a CUDA GPU (the default when one is visible).
 //
 // Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
 // L layers (--layers), V vocabulary (256 bytes; --vocab with --data random).

@@ -38,6 +38,19 @@ bool same_bits(const Tensor& a, const Tensor& b) {
     return true;
 }
 
+// Each gradient of `a` and of `b` is grads[i] * (max_norm / (norm + 1e-6)), bit for bit, as mul_
+// makes it: what clip_grad_norm_ and clip_grad_norm_tensor_ promise.
+void check_clipped_as_mul(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::vector<Tensor>& grads,
+                          double norm, double max_norm) {
+    for (size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(i);
+        Tensor expected = grads[i].clone();
+        expected.mul_(max_norm / (norm + 1e-6));
+        CHECK(same_bits(a[i].grad(), expected));
+        CHECK(same_bits(b[i].grad(), expected));
+    }
+}
+
 // AdamW's formula in double for one parameter, step by step (Loshchilov & Hutter 2019).
 struct AdamWReference {
     std::vector<double> w, m, v;
@@ -237,13 +250,7 @@ TEST_CASE("nn: clip_grad_norm_tensor_ returns clip_grad_norm_'s norm and clips t
     CHECK(norm_t.item<double>() == norm);  // bit for bit
     CHECK(norm == doctest::Approx(std::sqrt(sum_squares)).epsilon(1e-12));
     REQUIRE(norm > max_norm);
-    for (size_t i = 0; i < a.size(); ++i) {
-        CAPTURE(i);
-        Tensor expected = grads[i].clone();
-        expected.mul_(max_norm / (norm + 1e-6));
-        CHECK(same_bits(a[i].grad(), expected));
-        CHECK(same_bits(b[i].grad(), expected));
-    }
+    check_clipped_as_mul(a, b, grads, norm, max_norm);
     // Below the limit nothing changes; a parameter without a gradient is skipped.
     b[0].zero_grad();
     std::vector<Tensor> before;
@@ -387,13 +394,7 @@ TEST_CASE("nn: clip_grad_norm_tensor_ on CUDA equals clip_grad_norm_ and the cpu
     double norm = clip_grad_norm_(b, max_norm);
     CHECK(norm_t.item<double>() == norm);  // bit for bit, and deterministic
     CHECK(norm == doctest::Approx(clip_grad_norm_(cpu, max_norm)).epsilon(1e-12));
-    for (size_t i = 0; i < a.size(); ++i) {
-        CAPTURE(i);
-        Tensor expected = grads[i].clone();
-        expected.mul_(max_norm / (norm + 1e-6));
-        CHECK(same_bits(a[i].grad(), expected));
-        CHECK(same_bits(b[i].grad(), expected));
-    }
+    check_clipped_as_mul(a, b, grads, norm, max_norm);
     // Below the limit the gradients keep their bits; NaN: no scaling, and step_if_finite skips.
     std::vector<Tensor> before;
     for (const Tensor& p : a) before.push_back(p.grad().clone());
