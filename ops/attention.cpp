@@ -1,6 +1,7 @@
 // ops/attention.cpp: causal self-attention: checks, the autograd node, and the CPU kernels, plain
 // loops over (b, h, t) that compute what the CUDA kernels compute (ops/attention.cu): the
-// softmax's row log-sum-exp in forward, the probabilities again in backward.
+// softmax's row log-sum-exp in forward, the probabilities again in backward. The inference op
+// causal_self_attention_rows runs the same forward loop from its first row on.
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -16,6 +17,14 @@
 #include "ops/cuda_launchers.h"
 
 namespace normtape {
+
+namespace detail {
+// ops/attention.cu: out [B, T - first_row, C] (=), the rows first_row .. T-1 of the attention of
+// qkv [B, T, 3C] (causal_self_attention_rows), by the one-warp-per-row kernel; nothing saved.
+template <class T>
+void attention_forward_rows_cuda(T* out, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH, int64_t first_row,
+                                 int device);
+}  // namespace detail
 
 namespace {
 
@@ -36,18 +45,20 @@ A dot(const T* x, const T* y, int64_t n) {
     return s;
 }
 
-// out: [B, T, C], lse: [B, NH, T] (natural log of the softmax's denominator, scores scaled),
-// qkv: [B, T, 3C]. Arithmetic in A = acc_t<T>.
+// The output rows t = first_row .. T-1, Tq = T - first_row of them: out: [B, Tq, C], lse:
+// [B, NH, Tq] (natural log of the softmax's denominator, scores scaled) or null, qkv: [B, T, 3C].
+// Arithmetic in A = acc_t<T>.
 template <class T>
-void attention_forward_cpu(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+void attention_forward_cpu(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                           int64_t first_row) {
     using A = acc_t<T>;
-    const int64_t hs = C / NH;
+    const int64_t hs = C / NH, Tq = Tn - first_row;
     const A scale = A(1) / std::sqrt(A(hs));
     const Heads<T> x{qkv, Tn, C, hs};
     std::vector<A> a(Tn), o(hs);
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < NH; ++h)
-            for (int64_t t = 0; t < Tn; ++t) {
+            for (int64_t t = first_row; t < Tn; ++t) {
                 A m = -std::numeric_limits<A>::infinity();
                 for (int64_t s = 0; s <= t; ++s) {
                     a[s] = dot<A>(x.q(b, t, h), x.k(b, s, h), hs) * scale;
@@ -60,9 +71,9 @@ void attention_forward_cpu(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64
                     const T* v = x.v(b, s, h);
                     for (int64_t d = 0; d < hs; ++d) o[d] += a[s] * A(v[d]);
                 }
-                T* out_row = out + (b * Tn + t) * C + h * hs;
+                T* out_row = out + (b * Tq + t - first_row) * C + h * hs;
                 for (int64_t d = 0; d < hs; ++d) out_row[d] = static_cast<T>(o[d] / sum);
-                lse[(b * NH + h) * Tn + t] = m + std::log(sum);
+                if (lse) lse[(b * NH + h) * Tq + t - first_row] = m + std::log(sum);
             }
 }
 
@@ -133,26 +144,32 @@ struct AttentionBackward : Node {
     }
 };
 
+// The checks both ops make of qkv [B, T, 3C] and n_head, naming `op`.
+void check_qkv(const char* op, const Tensor& qkv, int64_t n_head) {
+    detail::check_floating_input(op, "qkv", qkv);
+    NT_CHECK_AS(ShapeError, qkv.dim() == 3, op, ": expected qkv of shape [B, T, 3C], got ", shape_str(qkv.shape()));
+    NT_CHECK(n_head >= 1, op, ": expected n_head >= 1, got ", n_head);
+    const int64_t C = qkv.size(2) / 3;
+    NT_CHECK_AS(ShapeError, qkv.size(2) % 3 == 0 && C % n_head == 0, op,
+                ": expected qkv's last dimension to be 3C with C divisible by n_head = ", n_head, ", got shape ",
+                shape_str(qkv.shape()));
+    // CUDA: the kernels launch up to one block per (batch, head, row) on grid x (<= INT32_MAX) and
+    // keep up to two head-size vectors of f64 a row in shared memory.
+    int64_t rows = 0;
+    if (__builtin_mul_overflow(qkv.size(0), n_head, &rows) || __builtin_mul_overflow(rows, qkv.size(1), &rows))
+        rows = INT64_MAX;
+    detail::check_fits_int32(op, qkv, "B * n_head * T", rows);
+    NT_CHECK_AS(ShapeError, !qkv.device().is_cuda() || C / n_head <= kMaxCudaHeadSize, op,
+                ": expected a head size C / n_head <= ", kMaxCudaHeadSize, " on cuda, got ", C / n_head, " for shape ",
+                shape_str(qkv.shape()), " and n_head = ", n_head);
+}
+
 }  // namespace
 
 Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
     const char* op = "causal_self_attention";
-    detail::check_floating_input(op, "qkv", qkv_in);
-    NT_CHECK_AS(ShapeError, qkv_in.dim() == 3, op, ": expected qkv of shape [B, T, 3C], got ", shape_str(qkv_in.shape()));
-    NT_CHECK(n_head >= 1, op, ": expected n_head >= 1, got ", n_head);
-    int64_t C = qkv_in.size(2) / 3;
-    NT_CHECK_AS(ShapeError, qkv_in.size(2) % 3 == 0 && C % n_head == 0, op,
-                ": expected qkv's last dimension to be 3C with C divisible by n_head = ", n_head, ", got shape ",
-                shape_str(qkv_in.shape()));
-    int64_t B = qkv_in.size(0), Tn = qkv_in.size(1);
-    // CUDA: the kernels launch up to one block per (batch, head, row) on grid x (<= INT32_MAX) and
-    // keep up to two head-size vectors of f64 a row in shared memory.
-    int64_t rows = 0;
-    if (__builtin_mul_overflow(B, n_head, &rows) || __builtin_mul_overflow(rows, Tn, &rows)) rows = INT64_MAX;
-    detail::check_fits_int32(op, qkv_in, "B * n_head * T", rows);
-    NT_CHECK_AS(ShapeError, !qkv_in.device().is_cuda() || C / n_head <= kMaxCudaHeadSize, op,
-                ": expected a head size C / n_head <= ", kMaxCudaHeadSize, " on cuda, got ", C / n_head, " for shape ",
-                shape_str(qkv_in.shape()), " and n_head = ", n_head);
+    check_qkv(op, qkv_in, n_head);
+    const int64_t B = qkv_in.size(0), Tn = qkv_in.size(1), C = qkv_in.size(2) / 3;
     Tensor qkv = qkv_in.contiguous();
     TensorOptions opts = TensorOptions().dtype(qkv.dtype()).device(qkv.device());
     Tensor out = empty({B, Tn, C}, opts);
@@ -164,10 +181,34 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head) {
             NT_CUDA(detail::attention_forward_cuda<T>(device_ptr<T>(out), device_ptr<S>(lse), device_ptr<T>(qkv), B, Tn,
                                                       C, n_head, qkv.device().index));
         } else {
-            attention_forward_cpu<T>(device_ptr<T>(out), device_ptr<S>(lse), device_ptr<T>(qkv), B, Tn, C, n_head);
+            attention_forward_cpu<T>(device_ptr<T>(out), device_ptr<S>(lse), device_ptr<T>(qkv), B, Tn, C, n_head, 0);
         }
     });
     if (should_record(qkv)) record(std::make_shared<AttentionBackward>(qkv, out, lse, n_head), out, qkv);
+    detail::check_forward_anomaly(op, "out", out, {{"qkv", qkv}});
+    return out;
+}
+
+Tensor causal_self_attention_rows(const Tensor& qkv_in, int64_t n_head, int64_t first_row) {
+    const char* op = "causal_self_attention_rows";
+    check_qkv(op, qkv_in, n_head);
+    const int64_t B = qkv_in.size(0), Tn = qkv_in.size(1), C = qkv_in.size(2) / 3;
+    NT_CHECK(first_row >= 0 && first_row < Tn, op, ": expected first_row in [0, T = ", Tn, "), got ", first_row,
+             " for qkv of shape ", shape_str(qkv_in.shape()));
+    NT_CHECK(!(grad_mode_enabled() && qkv_in.requires_grad()), op,
+             ": inference only (it records no graph): call under NoGradGuard, got qkv that requires grad with grad "
+             "mode on");
+    Tensor qkv = qkv_in.contiguous();
+    Tensor out = empty({B, Tn - first_row, C}, TensorOptions().dtype(qkv.dtype()).device(qkv.device()));
+    dispatch_floating(qkv.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        if (qkv.device().is_cuda()) {
+            NT_CUDA(detail::attention_forward_rows_cuda<T>(device_ptr<T>(out), device_ptr<T>(qkv), B, Tn, C, n_head,
+                                                           first_row, qkv.device().index));
+        } else {
+            attention_forward_cpu<T>(device_ptr<T>(out), nullptr, device_ptr<T>(qkv), B, Tn, C, n_head, first_row);
+        }
+    });
     detail::check_forward_anomaly(op, "out", out, {{"qkv", qkv}});
     return out;
 }

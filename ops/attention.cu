@@ -2,7 +2,8 @@
 // 128 runs the tensor-core kernels of ops/attention_flash.cu; every other case runs the kernels
 // here: the same algorithm (online softmax, the row log-sum-exp saved, the probabilities
 // recomputed in backward, nothing of size T x T stored) with one warp per row and scalar
-// arithmetic in acc_t<T>, f64 for f64.
+// arithmetic in acc_t<T>, f64 for f64. The inference op causal_self_attention_rows runs the
+// one-warp-per-row forward kernel from a first row on, for every dtype.
 #include <algorithm>
 #include <cmath>
 
@@ -49,37 +50,41 @@ __device__ inline int chunk(int64_t first, int64_t end) { return end - first < 3
 
 __device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }
 
-// One warp per query row t: keys in chunks of 32, one per lane; out = O / l, lse = m + log(l).
+// One warp per query row t = first_row + (its row among the Tq = T - first_row computed): keys in
+// chunks of 32, one per lane; out [B, Tq, C] = O / l, lse [B, NH, Tq] = m + log(l) unless null.
 template <class T>
 __global__ void attention_forward_kernel(T* __restrict__ out, acc_t<T>* __restrict__ lse, const T* __restrict__ qkv,
-                                         int64_t Tn, int64_t C, int64_t NH, int hs, acc_t<T> scale, int64_t rows) {
+                                         int64_t Tn, int64_t C, int64_t NH, int hs, acc_t<T> scale, int64_t first_row,
+                                         int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
-    const Row r(id, Tn, NH);
+    const int64_t Tq = Tn - first_row;
+    const Row r(id, Tq, NH);
+    const int64_t t = first_row + r.t;
     const int lane = threadIdx.x % 32;
     A* q = warp_scratch<A>(2, hs);
     A *o = q + hs, *p = o + hs;
     const T* base = qkv + r.b * Tn * 3 * C + r.h * hs;  // q of position s: base + s * 3C; k: + C; v: + 2C
-    for (int d = lane; d < hs; d += 32) q[d] = A(base[r.t * 3 * C + d]), o[d] = 0;
+    for (int d = lane; d < hs; d += 32) q[d] = A(base[t * 3 * C + d]), o[d] = 0;
     __syncwarp();
     A m = -INFINITY, l = 0;
-    for (int64_t s0 = 0; s0 <= r.t; s0 += 32) {
+    for (int64_t s0 = 0; s0 <= t; s0 += 32) {
         const int64_t s = s0 + lane;
         A score = -INFINITY;
-        if (s <= r.t) {
+        if (s <= t) {
             const T* k = base + s * 3 * C + C;
             A dot = 0;
             for (int d = 0; d < hs; ++d) dot += q[d] * A(k[d]);
             score = dot * scale;
         }
         const A m_new = max(m, warp_max(score)), corr = exp(m - m_new);
-        const A pv = s <= r.t ? exp(score - m_new) : A(0);
+        const A pv = s <= t ? exp(score - m_new) : A(0);
         l = l * corr + warp_sum(pv);
         m = m_new;
         p[lane] = pv;
         __syncwarp();
-        const int n = chunk(s0, r.t + 1);
+        const int n = chunk(s0, t + 1);
         for (int d = lane; d < hs; d += 32) {
             A acc = o[d] * corr;
             for (int i = 0; i < n; ++i) acc += p[i] * A(base[(s0 + i) * 3 * C + 2 * C + d]);
@@ -87,8 +92,8 @@ __global__ void attention_forward_kernel(T* __restrict__ out, acc_t<T>* __restri
         }
         __syncwarp();
     }
-    for (int d = lane; d < hs; d += 32) out[(r.b * Tn + r.t) * C + r.h * hs + d] = static_cast<T>(o[d] / l);
-    if (lane == 0) lse[id] = m + log(l);
+    for (int d = lane; d < hs; d += 32) out[(r.b * Tq + r.t) * C + r.h * hs + d] = static_cast<T>(o[d] / l);
+    if (lse && lane == 0) lse[id] = m + log(l);
 }
 
 // D[row] = dout_t . out_t over the row's head: the softmax backward's sum_s p dp.
@@ -217,7 +222,18 @@ void attention_forward_cuda(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int6
         if (flash_attention_applies(hs, device, {out, qkv})) return flash_attention_forward(out, lse, qkv, B, Tn, C, NH, device);
     }
     const A scale = A(1) / std::sqrt(A(hs));
-    launch_rows<T>(attention_forward_kernel<T>, 2, hs, B * NH * Tn, device, out, lse, qkv, Tn, C, NH, hs, scale);
+    launch_rows<T>(attention_forward_kernel<T>, 2, hs, B * NH * Tn, device, out, lse, qkv, Tn, C, NH, hs, scale,
+                   int64_t(0));
+}
+
+template <class T>
+void attention_forward_rows_cuda(T* out, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH, int64_t first_row,
+                                 int device) {
+    using A = acc_t<T>;
+    const int hs = static_cast<int>(C / NH);
+    const A scale = A(1) / std::sqrt(A(hs));
+    launch_rows<T>(attention_forward_kernel<T>, 2, hs, B * NH * (Tn - first_row), device, out,
+                   static_cast<A*>(nullptr), qkv, Tn, C, NH, hs, scale, first_row);
 }
 
 template <class T>
@@ -241,6 +257,7 @@ void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out,
 
 #define NT_INSTANTIATE(T)                                                                                             \
     template void attention_forward_cuda<T>(T*, acc_t<T>*, const T*, int64_t, int64_t, int64_t, int64_t, int);        \
+    template void attention_forward_rows_cuda<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, int);     \
     template void attention_backward_cuda<T>(T*, const T*, const T*, const T*, const acc_t<T>*, int64_t, int64_t,     \
                                              int64_t, int64_t, int);
 NT_INSTANTIATE(float)

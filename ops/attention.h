@@ -25,4 +25,19 @@ namespace normtape {
 // AnomalyError on a non-finite output under anomaly detection.
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
 
+// causal_self_attention_rows(qkv, n_head, first_row): the rows first_row .. T-1 of
+// causal_self_attention(qkv, n_head), for inference: row t attends to the keys 0..t of qkv, so a
+// caller holding the q, k, v rows of positions 0..T-1 (a key/value cache, nn/generate.h) gets the
+// outputs of only its new positions T - n .. T-1 with first_row = T - n, at O(n * T * C) work.
+// qkv: [B, T, 3C] f32, f64 or bf16, cpu or CUDA, packed as causal_self_attention's (the q rows
+// before first_row are not read). Returns out: [B, T - first_row, C] of qkv's dtype and device.
+// On the cpu each row is computed by causal_self_attention's own loop, so the rows equal its rows
+// bit for bit; on CUDA by its one-warp-per-row kernel for every dtype (the bf16 tensor-core kernel
+// serves only causal_self_attention), equal to its rows to rounding.
+// Records nothing and saves nothing. Throws, naming causal_self_attention_rows, as
+// causal_self_attention does, and Error on first_row outside [0, T) or when grad mode is on and
+// qkv requires grad (it has no backward: call it under NoGradGuard); AnomalyError on a non-finite
+// output under anomaly detection.
+Tensor causal_self_attention_rows(const Tensor& qkv, int64_t n_head, int64_t first_row);
+
 }  // namespace normtape
