@@ -27,6 +27,7 @@
 #include "nn/adamw.h"
 #include "nn/checkpoint.h"
 #include "nn/data.h"
+#include "nn/generate.h"
 #include "nn/gpt.h"
 #include "nn/lr_scheduler.h"
 #include "nn/module.h"
