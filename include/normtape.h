@@ -1,6 +1,6 @@
 // normtape.h: the umbrella header. Everything public, in namespace normtape:
 //   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes),
-//          anomaly detection
+//          anomaly detection, the cpu thread count (set_num_threads)
 //   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, linear_gelu, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
 //   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, safetensors,
@@ -22,6 +22,7 @@
 #include "core/anomaly.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/parallel.h"
 #include "core/tensor.h"
 #include "core/version.h"
 #include "nn/adamw.h"
