@@ -1,7 +1,8 @@
 // core/tensor.cpp: Tensor's methods: shape functions (view, reshape, transpose, contiguous,
 // clone) and their autograd nodes, element access, copies across dtypes and devices, in-place
-// updates. Not here: the factories (core/factories.cpp), the global generator (core/random.cpp),
-// printing and shape_str (core/print.cpp).
+// updates; their cpu loops run in chunks on parallel threads (core/parallel.h). Not here: the
+// factories (core/factories.cpp), the global generator (core/random.cpp), printing and shape_str
+// (core/print.cpp).
 #include "core/tensor.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "core/tensor_cuda.h"
 #include "core/tensor_internal.h"
 
@@ -38,6 +40,8 @@ void detail::check_strides_fit(const char* op, const Shape& shape) {
 using detail::check_strides_fit;
 using detail::contiguous_strides;
 using detail::empty_for;
+using detail::kGrain;
+using detail::parallel_for;
 
 namespace {
 
@@ -47,24 +51,34 @@ int64_t shape_numel(const Shape& shape) {
     return n;
 }
 
-// Calls f(storage offset) for every element of a strided tensor, in row-major order.
+// Calls f(i, storage offset of element i) for the elements i in [i0, i1) of a strided tensor,
+// numbered in row-major order.
 template <class F>
-void for_each_offset(const Shape& shape, const Shape& strides, int64_t offset, F&& f) {
-    int64_t n = shape_numel(shape);
-    if (n == 0) return;
+void for_each_offset(const Shape& shape, const Shape& strides, int64_t offset, int64_t i0, int64_t i1, F&& f) {
+    if (i0 >= i1) return;
+    const int64_t dims = static_cast<int64_t>(shape.size());
     std::vector<int64_t> index(shape.size(), 0);
-    for (int64_t i = 0; i < n; ++i) {
-        int64_t off = offset;
-        for (size_t d = 0; d < shape.size(); ++d) off += index[d] * strides[d];
-        f(off);
-        for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
-            if (++index[d] < shape[d]) break;
+    int64_t off = offset;
+    for (int64_t d = dims - 1, rest = i0; d >= 0; --d) {  // element i0's index and offset
+        index[d] = rest % shape[d];
+        rest /= shape[d];
+        off += index[d] * strides[d];
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+        f(i, off);
+        for (int64_t d = dims - 1; d >= 0; --d) {
+            if (++index[d] < shape[d]) {
+                off += strides[d];
+                break;
+            }
+            off -= (shape[d] - 1) * strides[d];
             index[d] = 0;
         }
     }
 }
 
 // Copies src (any strides, any dtype) into the contiguous tensor dst of the same numel and device.
+// Throws naming `to` where a floating value does not fit in i64.
 void copy_elements(const Tensor& dst, const Tensor& src) {
     NT_CHECK_AS(DeviceError, dst.device() == src.device(), "copy: expected tensors on one device, got ",
                 device_name(dst.device()), " and ", device_name(src.device()), "; use to(Device)");
@@ -78,13 +92,21 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
         dispatch_all(src.dtype(), [&](auto src_tag) {
             using S = decltype(src_tag);
             const S* in = static_cast<const S*>(src.storage()->data());
-            int64_t i = 0;
-            for_each_offset(src.shape(), src.strides(), src.impl().offset, [&](int64_t off) {
+            auto convert = [&](int64_t i, int64_t off) {
                 if constexpr (std::is_integral_v<D> && !std::is_integral_v<S>)
                     NT_CHECK(in[off] >= -0x1p63 && in[off] < 0x1p63, "to: value ", double(in[off]), " does not fit in ",
                              dtype_name(dst.dtype()), " (expected a value in [-2^63, 2^63))");
-                if constexpr (std::is_integral_v<D>) out[i++] = static_cast<D>(static_cast<acc_t<S>>(in[off]));
-                else out[i++] = static_cast<D>(in[off]);
+                if constexpr (std::is_integral_v<D>) out[i] = static_cast<D>(static_cast<acc_t<S>>(in[off]));
+                else out[i] = static_cast<D>(in[off]);
+            };
+            const int64_t offset = src.impl().offset;
+            const bool contiguous = src.is_contiguous();
+            parallel_for(0, src.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+                if (contiguous) {
+                    for (int64_t i = i0; i < i1; ++i) convert(i, offset + i);
+                } else {
+                    for_each_offset(src.shape(), src.strides(), offset, i0, i1, convert);
+                }
             });
         });
     });
@@ -355,7 +377,9 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
         T* a = data_ptr<T>();
         const T* b = src.data_ptr<T>();
         acc_t<T> s = static_cast<acc_t<T>>(alpha);
-        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(a[i] + s * b[i]);
+        parallel_for(0, numel(), kGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) a[i] = static_cast<T>(a[i] + s * b[i]);
+        });
     });
     return *this;
 }
@@ -371,7 +395,9 @@ Tensor& Tensor::mul_(double value) {
     dispatch_floating(dtype(), "mul_", [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
-        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(a[i] * static_cast<acc_t<T>>(value));
+        parallel_for(0, numel(), kGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) a[i] = static_cast<T>(a[i] * static_cast<acc_t<T>>(value));
+        });
     });
     return *this;
 }
@@ -389,7 +415,8 @@ Tensor& Tensor::fill_(double value) {
     dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
-        for (int64_t i = 0, end = numel(); i < end; ++i) a[i] = static_cast<T>(value);
+        const T v = static_cast<T>(value);
+        parallel_for(0, numel(), kGrain, [&](int64_t i0, int64_t i1) { std::fill(a + i0, a + i1, v); });
     });
     return *this;
 }

@@ -1,4 +1,5 @@
-// nn/adamw.cpp: AdamW and clip_grad_norm_: checks, the cpu loops, and on CUDA the tables and
+// nn/adamw.cpp: AdamW and clip_grad_norm_: checks, the cpu loops (chunks on parallel threads,
+// core/parallel.h), and on CUDA the tables and
 // launches of the multi-tensor kernels (nn/adamw.cu; Note [Multi-tensor AdamW and the gradient
 // norm] there).
 #include "nn/adamw.h"
@@ -12,6 +13,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "nn/adamw_update.h"
 
 namespace normtape {
@@ -262,8 +264,10 @@ void AdamW::step_impl(const Tensor* grad_norm) {
                 A* master = device_ptr<A>(st.master);
                 const T* pg = device_ptr<T>(g);
                 A *pm = device_ptr<A>(st.m), *pv = device_ptr<A>(st.v);
-                for (int64_t k = 0, end = p.numel(); k < end; ++k)
-                    detail::adamw_update<T>(pp + k, master ? master + k : nullptr, pg[k], pm + k, pv + k, s);
+                detail::parallel_for(0, p.numel(), detail::kGrain / 4, [&](int64_t k0, int64_t k1) {
+                    for (int64_t k = k0; k < k1; ++k)
+                        detail::adamw_update<T>(pp + k, master ? master + k : nullptr, pg[k], pm + k, pv + k, s);
+                });
             });
         }
     }
@@ -305,12 +309,20 @@ Tensor clip_grad_norm_tensor_(const std::vector<Tensor>& params, double max_norm
         NT_CUDA(return clip_grad_norm_cuda(grads, max_norm, device));
     }
     NoGradGuard no_grad;
+    // The sum of squares in double: per gradient by chunks added in chunk order, then over the
+    // gradients in order (Note [Deterministic parallel cpu kernels], core/parallel.h).
     double total = 0.0;
     for (const Tensor& g : grads)
         dispatch_floating(g.dtype(), "clip_grad_norm_", [&](auto tag) {
             using T = decltype(tag);
             const T* pg = device_ptr<T>(g);
-            for (int64_t k = 0, end = g.numel(); k < end; ++k) total += double(pg[k]) * double(pg[k]);
+            double sum = 0.0;
+            detail::parallel_reduce(0, g.numel(), detail::kGrain, 1, &sum, [&](int64_t k0, int64_t k1, double* acc) {
+                double chunk = 0.0;
+                for (int64_t k = k0; k < k1; ++k) chunk += double(pg[k]) * double(pg[k]);
+                *acc = chunk;
+            });
+            total += sum;
         });
     const double norm = std::sqrt(total);
     if (norm > max_norm)

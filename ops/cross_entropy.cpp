@@ -1,5 +1,6 @@
 // ops/cross_entropy.cpp: log-sum-exp forward, softmax-minus-onehot backward: checks, dispatch,
-// CPU kernels, node. The CUDA kernels are in ops/cross_entropy.cu.
+// CPU kernels (chunks of rows on parallel threads, core/parallel.h), node. The CUDA kernels are in
+// ops/cross_entropy.cu.
 #include "ops/cross_entropy.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 #include "ops/elementwise.h"
@@ -16,6 +18,9 @@
 namespace normtape {
 
 namespace {
+
+// Rows per chunk of the cpu kernels: about kGrain / 4 elements (each one an exp).
+int64_t rows_grain(int64_t V) { return std::max<int64_t>(1, detail::kGrain / 4 / std::max<int64_t>(V, 1)); }
 
 // Note [Cross-entropy writes its gradient over its logits]
 // dlogits has the logits' shape, dtype and device, and the backward reads each logit once, just
@@ -62,9 +67,12 @@ struct CrossEntropyBackward : Node {
             const A* ps = s.data_ptr<A>();
             const int64_t* pt = t.data_ptr<int64_t>();
             T* pd = dlogits.data_ptr<T>();
-            for (int64_t i = 0; i < M; ++i)
-                for (int64_t v = 0; v < V; ++v)
-                    pd[i * V + v] = static_cast<T>((std::exp(A(pl[i * V + v]) - ps[i]) - (v == pt[i] ? A(1) : A(0))) * g);
+            detail::parallel_for(0, M, rows_grain(V), [&](int64_t i0, int64_t i1) {
+                for (int64_t i = i0; i < i1; ++i)
+                    for (int64_t v = 0; v < V; ++v)
+                        pd[i * V + v] =
+                            static_cast<T>((std::exp(A(pl[i * V + v]) - ps[i]) - (v == pt[i] ? A(1) : A(0))) * g);
+            });
         });
         return {dlogits, Tensor()};
     }
@@ -100,16 +108,18 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
         const int64_t* pt = targets.data_ptr<int64_t>();
         const T* pl = logits.data_ptr<T>();
         A* ps = lse.data_ptr<A>();
-        double total = 0.0;
-        for (int64_t i = 0; i < M; ++i) {
-            const T* row = pl + i * V;
-            double maxv = row[0];
-            for (int64_t v = 1; v < V; ++v) maxv = std::max(maxv, double(row[v]));
-            double sum = 0.0;
-            for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - maxv);
-            ps[i] = static_cast<A>(maxv + std::log(sum));
-            total += maxv + std::log(sum) - double(row[pt[i]]);
-        }
+        double total = 0.0;  // the rows' losses, summed by chunks of rows added in chunk order
+        detail::parallel_reduce(0, M, rows_grain(V), 1, &total, [&](int64_t i0, int64_t i1, double* acc) {
+            for (int64_t i = i0; i < i1; ++i) {
+                const T* row = pl + i * V;
+                double maxv = row[0];
+                for (int64_t v = 1; v < V; ++v) maxv = std::max(maxv, double(row[v]));
+                double sum = 0.0;
+                for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - maxv);
+                ps[i] = static_cast<A>(maxv + std::log(sum));
+                *acc += maxv + std::log(sum) - double(row[pt[i]]);
+            }
+        });
         *loss.data_ptr<T>() = static_cast<T>(total / static_cast<double>(M));
     });
     if (should_record(logits)) record(std::make_shared<CrossEntropyBackward>(logits, lse, targets), loss, logits, targets);

@@ -1,5 +1,5 @@
-// ops/elementwise.cpp: add, mul, scale, gelu: checks, dispatch, CPU kernels, nodes. The CUDA
-// kernels are in ops/elementwise.cu.
+// ops/elementwise.cpp: add, mul, scale, gelu: checks, dispatch, CPU kernels (chunks on parallel
+// threads, core/parallel.h), nodes. The CUDA kernels are in ops/elementwise.cu.
 #include "ops/elementwise.h"
 
 #include <algorithm>
@@ -10,12 +10,16 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 
 namespace normtape {
 
 namespace {
+
+using detail::kGrain;
+using detail::parallel_for;
 
 bool is_suffix(const Shape& b, const Shape& a) {
     if (b.size() > a.size()) return false;
@@ -44,9 +48,13 @@ struct AddBackward : Node {
                         return;
                     }
                     const T* pg = g.data_ptr<T>();
-                    std::vector<double> acc(n, 0.0);
-                    for (int64_t r = 0; r < rows; ++r)
-                        for (int64_t j = 0; j < n; ++j) acc[j] += pg[r * n + j];
+                    std::vector<double> acc(n);  // by chunks of rows, added in chunk order
+                    auto rows_sum = [&](int64_t r0, int64_t r1, double* a) {
+                        for (int64_t r = r0; r < r1; ++r)
+                            for (int64_t j = 0; j < n; ++j) a[j] += pg[r * n + j];
+                    };
+                    const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1));
+                    detail::parallel_reduce(0, rows, grain, n, acc.data(), rows_sum);
                     T* pb = db.data_ptr<T>();
                     for (int64_t j = 0; j < n; ++j) pb[j] = static_cast<T>(acc[j]);
                 });
@@ -81,6 +89,9 @@ struct ScaleBackward : Node {
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCoeff = 0.044715;
 
+// Elements per chunk of gelu's cpu loops (each element costs a tanh).
+constexpr int64_t kGeluGrain = kGrain / 4;
+
 struct GeluBackward : Node {
     SavedTensor x;
     explicit GeluBackward(const Tensor& x_) : x(x_) {}
@@ -110,8 +121,15 @@ Tensor add(const Tensor& a_in, const Tensor& b_in) {
         }
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        int64_t n = b.numel();
-        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) + acc_t<T>(pb[i % n]));
+        int64_t n = b.numel();  // b repeats every n elements of a
+        parallel_for(0, a.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0, len; i < i1; i += len) {  // the run of a that meets pb[j0 ..] in order
+                const int64_t j0 = i % n;
+                len = std::min(i1 - i, n - j0);
+                for (int64_t j = 0; j < len; ++j)
+                    po[i + j] = static_cast<T>(acc_t<T>(pa[i + j]) + acc_t<T>(pb[j0 + j]));
+            }
+        });
     });
     if (should_record(a, b)) record(std::make_shared<AddBackward>(b.shape()), out, a, b);
     detail::check_forward_anomaly("add", "out", out, {{"a", a}, {"b", b}});
@@ -135,7 +153,9 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
         }
         const T *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(pb[i]));
+        parallel_for(0, a.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(pb[i]));
+        });
     });
     if (should_record(a, b)) {
         auto node = std::make_shared<MulBackward>(b.requires_grad() ? a : Tensor(), a.requires_grad() ? b : Tensor());
@@ -158,7 +178,9 @@ Tensor scale(const Tensor& a_in, double s) {
         }
         const T* pa = a.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0, end = a.numel(); i < end; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(s));
+        parallel_for(0, a.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) po[i] = static_cast<T>(acc_t<T>(pa[i]) * acc_t<T>(s));
+        });
     });
     if (should_record(a)) record(std::make_shared<ScaleBackward>(s), out, a);
     detail::check_forward_anomaly("scale", "out", out, {{"a", a}});
@@ -180,12 +202,15 @@ Tensor detail::gelu_backward(const Tensor& grad, const Tensor& x) {
         const T *px = x.data_ptr<T>(), *pg = g.data_ptr<T>();
         T* pd = dx.data_ptr<T>();
         using A = acc_t<T>;
-        for (int64_t i = 0, end = x.numel(); i < end; ++i) {
-            A v = px[i];
-            A th = std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v));
-            A d = A(0.5) * (1 + th) + A(0.5) * v * (1 - th * th) * A(kSqrt2OverPi) * (1 + A(3 * kGeluCoeff) * v * v);
-            pd[i] = static_cast<T>(A(pg[i]) * d);
-        }
+        parallel_for(0, x.numel(), kGeluGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+                A v = px[i];
+                A th = std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v));
+                A d = A(0.5) * (1 + th) +
+                      A(0.5) * v * (1 - th * th) * A(kSqrt2OverPi) * (1 + A(3 * kGeluCoeff) * v * v);
+                pd[i] = static_cast<T>(A(pg[i]) * d);
+            }
+        });
     });
     return dx;
 }
@@ -202,10 +227,12 @@ Tensor detail::gelu_forward(const Tensor& x) {
         const T* px = x.data_ptr<T>();
         T* po = out.data_ptr<T>();
         using A = acc_t<T>;
-        for (int64_t i = 0, end = x.numel(); i < end; ++i) {
-            A v = px[i];
-            po[i] = static_cast<T>(A(0.5) * v * (1 + std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v))));
-        }
+        parallel_for(0, x.numel(), kGeluGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+                A v = px[i];
+                po[i] = static_cast<T>(A(0.5) * v * (1 + std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v))));
+            }
+        });
     });
     return out;
 }

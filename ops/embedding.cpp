@@ -1,14 +1,15 @@
-// ops/embedding.cpp: gather forward, scatter-add backward: checks, dispatch, CPU kernels, node.
-// The CUDA kernels are in ops/embedding.cu.
+// ops/embedding.cpp: gather forward, scatter-add backward: checks, dispatch, CPU kernels (on
+// parallel threads, core/parallel.h), node. The CUDA kernels are in ops/embedding.cu.
 #include "ops/embedding.h"
 
 #include <algorithm>
-#include <vector>
+#include <memory>
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 
@@ -16,6 +17,9 @@ namespace normtape {
 
 namespace {
 
+// dweight[v, c] = the sum of g[i, c] over the ids i == v, in acc_t, in the order of i; rows of
+// dweight that no id names are 0. On the cpu chunks of columns c run on parallel threads, each
+// over every id, so every sum is made in the same order at any thread count.
 struct EmbeddingBackward : Node {
     SavedTensor ids;
     int64_t V;
@@ -37,11 +41,18 @@ struct EmbeddingBackward : Node {
             using A = acc_t<T>;
             const int64_t* pi = idx.data_ptr<int64_t>();
             const T* pg = g.data_ptr<T>();
-            std::vector<A> acc(V * C, A(0));
-            for (int64_t i = 0, end = idx.numel(); i < end; ++i)
-                for (int64_t c = 0; c < C; ++c) acc[pi[i] * C + c] += A(pg[i * C + c]);
+            const int64_t n = idx.numel();
+            std::unique_ptr<A[]> acc(new A[V * C]);
             T* pw = dweight.data_ptr<T>();
-            for (int64_t k = 0; k < V * C; ++k) pw[k] = static_cast<T>(acc[k]);
+            // At least 16 columns per chunk: a chunk reads whole cache lines of g.
+            const int64_t grain = std::max<int64_t>(16, detail::kGrain / std::max<int64_t>(n + V, 1));
+            detail::parallel_for(0, C, grain, [&](int64_t c0, int64_t c1) {
+                for (int64_t v = 0; v < V; ++v) std::fill(&acc[v * C + c0], &acc[v * C + c1], A(0));
+                for (int64_t i = 0; i < n; ++i)
+                    for (int64_t c = c0; c < c1; ++c) acc[pi[i] * C + c] += A(pg[i * C + c]);
+                for (int64_t v = 0; v < V; ++v)
+                    for (int64_t c = c0; c < c1; ++c) pw[v * C + c] = static_cast<T>(acc[v * C + c]);
+            });
         });
         return {Tensor(), dweight};
     }
@@ -74,7 +85,11 @@ Tensor embedding(const Tensor& ids_in, const Tensor& weight_in) {
         const int64_t* pi = ids.data_ptr<int64_t>();
         const T* pw = weight.data_ptr<T>();
         T* po = out.data_ptr<T>();
-        for (int64_t i = 0, end = ids.numel(); i < end; ++i) std::copy(pw + pi[i] * C, pw + (pi[i] + 1) * C, po + i * C);
+        detail::parallel_for(0, ids.numel(), std::max<int64_t>(1, detail::kGrain / std::max<int64_t>(C, 1)),
+                             [&](int64_t i0, int64_t i1) {
+                                 for (int64_t i = i0; i < i1; ++i)
+                                     std::copy(pw + pi[i] * C, pw + (pi[i] + 1) * C, po + i * C);
+                             });
     });
     if (should_record(ids, weight)) record(std::make_shared<EmbeddingBackward>(ids, V), out, ids, weight);
     detail::check_forward_anomaly("embedding", "out", out, {{"weight", weight}});

@@ -2,13 +2,18 @@
 // data on the cpu (bf16 through f32 copies: Eigen has no bf16 kernels), cuBLAS on CUDA.
 #include "ops/matmul.h"
 
+// Eigen's own threads stay off: its parallel product picks its blocking, and so the order of
+// its sums, from the thread count. gemm() runs fixed blocks on our threads instead.
+#define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
+#include <algorithm>
 #include <vector>
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 #include "ops/elementwise.h"
@@ -30,6 +35,35 @@ ConstMatrixMap<T> as_matrix(const Tensor& t) {
 }
 
 using detail::device_ptr;
+using detail::kGrain;
+using detail::parallel_for;
+using detail::parallel_reduce;
+
+// The length of the blocks that a cpu product cuts its output into along `length` (its rows, or
+// its columns where it has more of them): about 16 blocks, from 96 to 480 long, a multiple of 48
+// (a multiple of Eigen's block of rows in registers). A function of the shape alone (Note
+// [Deterministic parallel cpu kernels], core/parallel.h). Each block packs the whole other operand
+// again, so blocks shorter than 96 cost a single thread more than 10%.
+int64_t gemm_block(int64_t length) {
+    const int64_t b = (length + 15) / 16;
+    return std::clamp<int64_t>((b + 47) / 48 * 48, 96, 480);
+}
+
+// o = A @ B on the cpu, A [M, K] and B [K, N] Eigen expressions (maps, or their transposes): one
+// single-threaded Eigen product per block of o's rows (M >= N) or columns, blocks in parallel.
+template <class O, class LhsT, class RhsT>
+void gemm_blocks(O& o, const LhsT& A, const RhsT& B) {
+    const int64_t M = o.rows(), N = o.cols();
+    if (M >= N) {
+        parallel_for(0, M, gemm_block(M), [&](int64_t r0, int64_t r1) {
+            o.middleRows(r0, r1 - r0).noalias() = A.middleRows(r0, r1 - r0) * B;
+        });
+    } else {
+        parallel_for(0, N, gemm_block(N), [&](int64_t c0, int64_t c1) {
+            o.middleCols(c0, c1 - c0).noalias() = A * B.middleCols(c0, c1 - c0);
+        });
+    }
+}
 
 // out = op(a) @ op(b), op(m) = m^T when its flag is set; every tensor is a contiguous row-major
 // matrix whose columns are its last dimension, all of one dtype and device. out is overwritten.
@@ -56,10 +90,10 @@ void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, boo
             MatrixMap<T> o(out.data_ptr<T>(), out.numel() / cols, cols);
             auto ma = as_matrix<T>(a);
             auto mb = as_matrix<T>(b);
-            if (!trans_a && !trans_b) o.noalias() = ma * mb;
-            else if (!trans_a && trans_b) o.noalias() = ma * mb.transpose();
-            else if (trans_a && !trans_b) o.noalias() = ma.transpose() * mb;
-            else o.noalias() = ma.transpose() * mb.transpose();
+            if (!trans_a && !trans_b) gemm_blocks(o, ma, mb);
+            else if (!trans_a && trans_b) gemm_blocks(o, ma, mb.transpose());
+            else if (trans_a && !trans_b) gemm_blocks(o, ma.transpose(), mb);
+            else gemm_blocks(o, ma.transpose(), mb.transpose());
         }
     });
 }
@@ -95,12 +129,16 @@ void add_bias_rows(const Tensor& out, const Tensor& bias) {
         }
         T* po = out.data_ptr<T>();
         const T* pb = bias.data_ptr<T>();
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < N; ++j) po[r * N + j] = static_cast<T>(acc_t<T>(po[r * N + j]) + acc_t<T>(pb[j]));
+        parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(N, 1)), [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t j = 0; j < N; ++j)
+                    po[r * N + j] = static_cast<T>(acc_t<T>(po[r * N + j]) + acc_t<T>(pb[j]));
+        });
     });
 }
 
-// dbias[j] = sum over rows of g[r, j], accumulated in double (acc_t on CUDA).
+// dbias[j] = sum over rows of g[r, j], accumulated in double (acc_t on CUDA); on the cpu by chunks
+// of rows added in chunk order (detail::parallel_reduce).
 Tensor sum_rows(const Tensor& g) {
     int64_t N = g.size(-1), rows = g.numel() / N;
     Tensor out = empty({N}, TensorOptions().dtype(g.dtype()).device(g.device()));
@@ -110,10 +148,13 @@ Tensor sum_rows(const Tensor& g) {
             NT_CUDA(detail::column_sum_cuda<T, T>(device_ptr<T>(out), device_ptr<T>(g), rows, N, g.device().index));
             return;
         }
-        std::vector<double> acc(N, 0.0);
+        std::vector<double> acc(N);
         const T* pg = g.data_ptr<T>();
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < N; ++j) acc[j] += double(pg[r * N + j]);
+        const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(N, 1));
+        parallel_reduce(0, rows, grain, N, acc.data(), [&](int64_t r0, int64_t r1, double* a) {
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t j = 0; j < N; ++j) a[j] += double(pg[r * N + j]);
+        });
         T* po = out.data_ptr<T>();
         for (int64_t j = 0; j < N; ++j) po[j] = static_cast<T>(acc[j]);
     });

@@ -1,16 +1,20 @@
 // ops/norm.cpp: the forward, argument checks, CPU kernels and backward node shared by layer_norm
 // and rms_norm, and the policy's counter (output_policy_fallbacks, ops/norm_policy.h). The CPU
-// kernels are plain loops, written to be read: the reference that the CUDA kernels are tested
-// against. Not here: the public contracts (ops/layer_norm.h, ops/rms_norm.h), the CUDA kernels
-// (ops/norm_reference.cu, ops/norm_forward.cu, ops/norm_backward.cu).
+// kernels are plain loops over rows, written to be read: the reference that the CUDA kernels are
+// tested against; chunks of rows run on parallel threads (core/parallel.h). Not here: the public
+// contracts (ops/layer_norm.h, ops/rms_norm.h), the CUDA kernels (ops/norm_reference.cu,
+// ops/norm_forward.cu, ops/norm_backward.cu).
 #include "ops/norm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 
@@ -22,6 +26,10 @@ using detail::device_ptr;
 
 int64_t fallback_count = 0;
 
+// Rows per chunk of the cpu kernels: about kGrain / 4 elements (a norm's element costs several
+// of an elementwise op's).
+int64_t rows_grain(int64_t N) { return std::max<int64_t>(1, detail::kGrain / 4 / std::max<int64_t>(N, 1)); }
+
 // y = x_hat * weight + bias over rows of length N, x_hat = (x - mean) * rstd (mean = 0 when not
 // centered), rstd = 1 / sqrt(var + eps), var biased (divided by N). Sums in double.
 // x, y: [M, N] of T; weight, bias: [N] or nullptr; mean (nullptr when not centered), rstd: [M] of
@@ -29,75 +37,85 @@ int64_t fallback_count = 0;
 template <class T, class S = acc_t<T>>
 void norm_forward_cpu(T* y, S* mean, S* rstd, const T* x, const T* weight, const T* bias, int64_t M, int64_t N,
                       double eps) {
-    for (int64_t i = 0; i < M; ++i) {
-        const T* xi = x + i * N;
-        double m = 0.0;
-        if (mean) {
-            for (int64_t j = 0; j < N; ++j) m += xi[j];
-            m /= static_cast<double>(N);
+    detail::parallel_for(0, M, rows_grain(N), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+            const T* xi = x + i * N;
+            double m = 0.0;
+            if (mean) {
+                for (int64_t j = 0; j < N; ++j) m += xi[j];
+                m /= static_cast<double>(N);
+            }
+            double var = 0.0;
+            for (int64_t j = 0; j < N; ++j) var += (double(xi[j]) - m) * (double(xi[j]) - m);
+            var /= static_cast<double>(N);
+            double s = 1.0 / std::sqrt(var + eps);
+            if (mean) mean[i] = static_cast<S>(m);
+            rstd[i] = static_cast<S>(s);
+            T* yi = y + i * N;
+            for (int64_t j = 0; j < N; ++j) {
+                double v = (double(xi[j]) - m) * s;
+                if (weight) v *= double(weight[j]);
+                if (bias) v += double(bias[j]);
+                yi[j] = static_cast<T>(v);
+            }
         }
-        double var = 0.0;
-        for (int64_t j = 0; j < N; ++j) var += (double(xi[j]) - m) * (double(xi[j]) - m);
-        var /= static_cast<double>(N);
-        double s = 1.0 / std::sqrt(var + eps);
-        if (mean) mean[i] = static_cast<S>(m);
-        rstd[i] = static_cast<S>(s);
-        T* yi = y + i * N;
-        for (int64_t j = 0; j < N; ++j) {
-            double v = (double(xi[j]) - m) * s;
-            if (weight) v *= double(weight[j]);
-            if (bias) v += double(bias[j]);
-            yi[j] = static_cast<T>(v);
-        }
-    }
+    });
 }
 
 // y = x_hat * weight + bias in acc_t rounded once, rows of N (weight, bias nullptr when absent).
 template <class T>
 void norm_affine_cpu(T* y, const T* x_hat, const T* weight, const T* bias, int64_t M, int64_t N) {
     using A = acc_t<T>;
-    for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = 0; j < N; ++j) {
-            A v = A(x_hat[i * N + j]);
-            if (weight) v *= A(weight[j]);
-            if (bias) v += A(bias[j]);
-            y[i * N + j] = static_cast<T>(v);
-        }
+    detail::parallel_for(0, M, rows_grain(N), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+                A v = A(x_hat[i * N + j]);
+                if (weight) v *= A(weight[j]);
+                if (bias) v += A(bias[j]);
+                y[i * N + j] = static_cast<T>(v);
+            }
+    });
 }
 
 // With g = dy * weight and means over the row (Ba et al. 2016; PyTorch's layer_norm_backward):
 //   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))     (RMSNorm: no mean(g) term)
 //   dweight = sum over rows of dy * x_hat,  dbias = sum over rows of dy.
 // dx, dweight, dbias are overwritten (=); nullptr skips one. `saved` is x or y by `policy`;
-// x_hat comes from x_hat_from_saved(), the one place the policy matters.
+// x_hat comes from x_hat_from_saved(), the one place the policy matters. dweight and dbias are
+// summed in double by chunks of rows, the chunks' sums added in chunk order (parallel_reduce).
 template <class T, class S = acc_t<T>>
 void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const S* mean, const S* rstd,
                        const T* weight, const T* bias, bool centered, SavePolicy policy, int64_t M, int64_t N) {
-    std::vector<double> dw(dweight ? N : 0, 0.0), db(dbias ? N : 0, 0.0);
-    std::vector<double> x_hat(N), g(N);
-    for (int64_t i = 0; i < M; ++i) {
-        const T* dyi = dy + i * N;
-        const T* si = saved + i * N;
-        S m = mean ? mean[i] : S(0);
-        double mean_g = 0.0, mean_g_xhat = 0.0;
-        for (int64_t j = 0; j < N; ++j) {
-            x_hat[j] = x_hat_from_saved<T, S>(policy, si[j], m, rstd[i], weight, bias, j);
-            g[j] = weight ? double(dyi[j]) * double(weight[j]) : double(dyi[j]);
-            mean_g += g[j];
-            mean_g_xhat += g[j] * x_hat[j];
-            if (dweight) dw[j] += double(dyi[j]) * x_hat[j];
-            if (dbias) db[j] += double(dyi[j]);
+    const int64_t nw = dweight ? N : 0;  // acc: dweight's N sums (if any), then dbias's
+    std::vector<double> acc(nw + (dbias ? N : 0));
+    detail::parallel_reduce(0, M, rows_grain(N), static_cast<int64_t>(acc.size()), acc.data(),
+                            [&](int64_t i0, int64_t i1, double* dw) {
+        double* db = dw + nw;
+        std::vector<double> x_hat(N), g(N);
+        for (int64_t i = i0; i < i1; ++i) {
+            const T* dyi = dy + i * N;
+            const T* si = saved + i * N;
+            S m = mean ? mean[i] : S(0);
+            double mean_g = 0.0, mean_g_xhat = 0.0;
+            for (int64_t j = 0; j < N; ++j) {
+                x_hat[j] = x_hat_from_saved<T, S>(policy, si[j], m, rstd[i], weight, bias, j);
+                g[j] = weight ? double(dyi[j]) * double(weight[j]) : double(dyi[j]);
+                mean_g += g[j];
+                mean_g_xhat += g[j] * x_hat[j];
+                if (dweight) dw[j] += double(dyi[j]) * x_hat[j];
+                if (dbias) db[j] += double(dyi[j]);
+            }
+            mean_g = centered ? mean_g / N : 0.0;
+            mean_g_xhat /= N;
+            if (dx) {
+                T* dxi = dx + i * N;
+                for (int64_t j = 0; j < N; ++j)
+                    dxi[j] = static_cast<T>(double(rstd[i]) * (g[j] - mean_g - x_hat[j] * mean_g_xhat));
+            }
         }
-        mean_g = centered ? mean_g / N : 0.0;
-        mean_g_xhat /= N;
-        if (dx) {
-            T* dxi = dx + i * N;
-            for (int64_t j = 0; j < N; ++j)
-                dxi[j] = static_cast<T>(double(rstd[i]) * (g[j] - mean_g - x_hat[j] * mean_g_xhat));
-        }
-    }
-    for (int64_t j = 0; dweight && j < N; ++j) dweight[j] = static_cast<T>(dw[j]);
-    for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(db[j]);
+    });
+    for (int64_t j = 0; dweight && j < N; ++j) dweight[j] = static_cast<T>(acc[j]);
+    for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(acc[nw + j]);
 }
 
 // Saved: x (Input), y (Output) or x_hat (Normalized) [M, N]; mean [M] (LayerNorm under Input),

@@ -1,11 +1,13 @@
-// ops/reduce.cpp: sum and mean: one kernel, one node, a factor apart. The CUDA kernel is in
-// ops/reduce.cu.
+// ops/reduce.cpp: sum and mean: one kernel, one node, a factor apart. On the cpu the sum is made
+// in double by chunks added in chunk order (detail::parallel_reduce, core/parallel.h); the CUDA
+// kernel is in ops/reduce.cu.
 #include "ops/reduce.h"
 
 #include "core/autograd.h"
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 
@@ -44,7 +46,11 @@ Tensor reduce(const char* op, const char* node_name, const Tensor& x_in, bool di
         }
         const T* p = x.data_ptr<T>();
         double s = 0.0;
-        for (int64_t i = 0, end = x.numel(); i < end; ++i) s += p[i];
+        detail::parallel_reduce(0, x.numel(), detail::kGrain, 1, &s, [&](int64_t i0, int64_t i1, double* acc) {
+            double chunk = 0.0;
+            for (int64_t i = i0; i < i1; ++i) chunk += p[i];
+            *acc = chunk;
+        });
         *out.data_ptr<T>() = static_cast<T>(s * factor);
     });
     if (should_record(x)) record(std::make_shared<SumBackward>(x.shape(), factor, node_name), out, x);
