@@ -3,6 +3,7 @@
 #include "ops/elementwise.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -91,6 +92,52 @@ constexpr double kGeluCoeff = 0.044715;
 
 // Elements per chunk of gelu's cpu loops (each element costs a tanh).
 constexpr int64_t kGeluGrain = kGrain / 4;
+
+// tanh(u) in float, at most 2 ulp from the correctly rounded value over every float (checked
+// against double tanh), NaN for NaN, +-1 for +-inf. Written without branches or libm calls so that
+// gelu's loops vectorize, and an element gets the same bits wherever it sits in the loop:
+//   |u| < 0.55:  u + u^3 q(u^2), q a degree-4 fit of (tanh(u) - u) / u^3 (Chebyshev nodes);
+//   otherwise:   1 - 2 / (exp(2|u|) + 1), with the sign of u, and exp(x) = 2^n e^r,
+//                x = n ln 2 + r, |r| <= ln(2) / 2, e^r a degree-6 fit, x clamped to 88.
+// The two cases are chosen by integer compares on the bits of |u| (their order is that of the
+// values; NaN's bits lie above inf's), as float compares would keep GCC from vectorizing.
+[[gnu::always_inline]] inline float tanh_f32(float u) {
+    const float a = std::fabs(u);
+    const int32_t a_bits = std::bit_cast<int32_t>(a);
+    const float x = std::bit_cast<float>(std::min(std::bit_cast<int32_t>(2.0f * a), std::bit_cast<int32_t>(88.0f)));
+    const float t = x * 1.44269504f + 0x1.8p23f;  // n = round(x / ln 2), in t's low mantissa bits
+    const float n = t - 0x1.8p23f;
+    // ln 2 in two parts, the first with 15 bits so that n times it is exact (n < 128).
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860677e-6f;
+    float p = 0.00139411084f;
+    p = p * r + 0.00837512640f;
+    p = p * r + 0.0416663529f;
+    p = p * r + 0.166664155f;
+    p = p * r + 0.500000005f;
+    p = p * r + 1.00000004f;
+    p = p * r + 1.0f;
+    const int32_t n_bits = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(0x1.8p23f);  // n itself
+    const float two_n = std::bit_cast<float>((n_bits + 127) << 23);
+    const float large = 1.0f - 2.0f / (p * two_n + 1.0f);
+    const float s = a * a;
+    float q = -0.00661022783f;
+    q = q * s + 0.0213093887f;
+    q = q * s - 0.0539094288f;
+    q = q * s + 0.133331137f;
+    q = q * s - 0.333333320f;
+    const float small = a + a * s * q;
+    // large where 0.55 <= |u| <= inf (one unsigned compare), small below and for NaN; a bit mask
+    // rather than ?:, which GCC turns into a branch.
+    const int32_t lo = std::bit_cast<int32_t>(0.55f), inf = 0x7f800000;
+    const bool use_large = static_cast<uint32_t>(a_bits - lo) <= static_cast<uint32_t>(inf - lo);
+    const uint32_t mask = 0u - static_cast<uint32_t>(use_large);
+    const uint32_t bits = (std::bit_cast<uint32_t>(large) & mask) | (std::bit_cast<uint32_t>(small) & ~mask);
+    return std::copysign(std::bit_cast<float>(bits), u);
+}
+
+// gelu's tanh: tanh_f32 for f32 and bf16 (whose arithmetic is f32), libm's in f64.
+[[gnu::always_inline]] inline float gelu_tanh(float u) { return tanh_f32(u); }
+inline double gelu_tanh(double u) { return std::tanh(u); }
 
 struct GeluBackward : Node {
     SavedTensor x;
@@ -205,7 +252,7 @@ Tensor detail::gelu_backward(const Tensor& grad, const Tensor& x) {
         parallel_for(0, x.numel(), kGeluGrain, [&](int64_t i0, int64_t i1) {
             for (int64_t i = i0; i < i1; ++i) {
                 A v = px[i];
-                A th = std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v));
+                A th = gelu_tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v));
                 A d = A(0.5) * (1 + th) +
                       A(0.5) * v * (1 - th * th) * A(kSqrt2OverPi) * (1 + A(3 * kGeluCoeff) * v * v);
                 pd[i] = static_cast<T>(A(pg[i]) * d);
@@ -230,7 +277,7 @@ Tensor detail::gelu_forward(const Tensor& x) {
         parallel_for(0, x.numel(), kGeluGrain, [&](int64_t i0, int64_t i1) {
             for (int64_t i = i0; i < i1; ++i) {
                 A v = px[i];
-                po[i] = static_cast<T>(A(0.5) * v * (1 + std::tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v))));
+                po[i] = static_cast<T>(A(0.5) * v * (1 + gelu_tanh(A(kSqrt2OverPi) * (v + A(kGeluCoeff) * v * v * v))));
             }
         });
     });
