@@ -1,5 +1,6 @@
 // core/random.cpp: the global generator (std::mt19937_64, seeded by manual_seed, which also seeds
-// every GPU's cuRAND generator) and the scalar samples drawn from it, the same on every platform.
+// every GPU's cuRAND generator and resets the dropout stream of core/philox.h) and the scalar
+// samples drawn from it, the same on every platform.
 // Not here: randn, the factory that fills a tensor from it (core/factories.cpp).
 #include "core/tensor.h"
 
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <random>
 
+#include "core/philox.h"
 #include "core/tensor_cuda.h"
 
 namespace normtape {
@@ -18,14 +20,30 @@ std::mt19937_64& generator() {
     return gen;
 }
 
+PhiloxState& dropout_stream() {
+    static PhiloxState state;
+    return state;
+}
+
 }  // namespace
 
 void manual_seed(uint64_t seed) {
     generator().seed(seed);
+    dropout_stream() = PhiloxState{seed, 0};
 #if NORMTAPE_WITH_CUDA
     detail::cuda_manual_seed(seed);
 #endif
 }
+
+PhiloxState philox_next(uint64_t n) {
+    PhiloxState s = dropout_stream();
+    dropout_stream().offset += n / 4 + (n % 4 != 0);
+    return s;
+}
+
+PhiloxState philox_state() { return dropout_stream(); }
+
+void set_philox_state(PhiloxState state) { dropout_stream() = state; }
 
 double rand_scalar() {
     // 53 random bits -> [0, 1), identical on every platform (std::uniform_real_distribution is not).

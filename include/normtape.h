@@ -1,9 +1,9 @@
 // normtape.h: the umbrella header. Everything public, in namespace normtape:
 //   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes),
 //          anomaly detection, the cpu thread count (set_num_threads)
-//   ops/   add, mul, scale, gelu, sum, mean, matmul, linear, linear_gelu, causal_self_attention, embedding,
+//   ops/   add, mul, scale, gelu, dropout, sum, mean, matmul, linear, linear_gelu, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
-//   nn/    Module, Linear, Embedding, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, safetensors,
+//   nn/    Module, Linear, Embedding, Dropout, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, safetensors,
 //          checkpoints, learning-rate schedules (ConstantLR, WarmupCosineLR, StepLR), Batcher
 //   NORMTAPE_VERSION (and _MAJOR, _MINOR, _PATCH), version()
 // Include this header, not the ones below: it is what a consumer of the installed package writes.

@@ -20,6 +20,7 @@ void check_config(const GPTConfig& c) {
     NT_CHECK_AS(DTypeError, is_floating(c.dtype), "GPTConfig: expected a floating dtype, got ", dtype_name(c.dtype));
     NT_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "GPTConfig: expected norm_eps > 0 and finite, got ",
              c.norm_eps);
+    NT_CHECK(c.dropout >= 0 && c.dropout < 1, "GPTConfig: expected dropout in [0, 1), got ", c.dropout);
 }
 
 namespace {
@@ -35,23 +36,26 @@ TensorOptions param_options(const GPTConfig& c) { return TensorOptions().dtype(c
 double residual_std(const GPTConfig& c) { return 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer)); }
 }  // namespace
 
-CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head) {
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head), attn_dropout(c.dropout) {
     c_attn = register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, param_options(c)));
     c_proj = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
+    resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(c.dropout));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
-    return c_proj->forward(causal_self_attention(c_attn->forward(x), n_head));
+    Tensor y = causal_self_attention(c_attn->forward(x), n_head, is_training() ? attn_dropout : 0.0);
+    return resid_dropout->forward(c_proj->forward(y));
 }
 
 MLP::MLP(const GPTConfig& c) : recompute_gelu(c.recompute_gelu) {
     c_fc = register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, true, param_options(c)));
     c_proj = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
+    dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout));
 }
 
 // The hidden layer in one op: on CUDA its bias (and GELU, unless made again) ride in the product's epilogue.
 Tensor MLP::forward(const Tensor& x) const {
-    return c_proj->forward(linear_gelu(x, c_fc->weight, c_fc->bias, recompute_gelu));
+    return dropout->forward(c_proj->forward(linear_gelu(x, c_fc->weight, c_fc->bias, recompute_gelu)));
 }
 
 Block::Block(const GPTConfig& c) {
@@ -72,6 +76,7 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
     check_config(c);
     wte = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, param_options(c)));
     wpe = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, param_options(c)));
+    drop = register_module("drop", std::make_shared<Dropout>(c.dropout));
     for (int64_t i = 0; i < c.n_layer; ++i) h.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(c)));
     ln_f = register_module("ln_f", make_norm(c.norm, c.n_embd, norm_options(c)));
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, param_options(c)));
@@ -88,7 +93,7 @@ Tensor GPT::forward(const Tensor& idx) const {
                 config_.block_size, "], got ", T);
     // The positions 0..T-1 are wpe's first T rows: a view, whose backward saves nothing (an
     // embedding lookup would save T ids, the one saved tensor not linear in B * T).
-    Tensor x = add(wte->forward(idx), wpe->weight.narrow(0, 0, T));
+    Tensor x = drop->forward(add(wte->forward(idx), wpe->weight.narrow(0, 0, T)));
     // Moving the residual into each block leaves the block the only handle, so the block's input
     // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
     for (const auto& block : h) x = block->forward(std::move(x));

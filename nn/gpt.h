@@ -3,10 +3,14 @@
 // Dimensions: B batch, T sequence length (<= block_size), C embedding width (n_embd),
 // NH heads (n_head), hs = C / NH, L layers (n_layer), V vocabulary size.
 //
-//   x = wte(idx) + wpe(0..T-1)                      [B, T, C]
+//   x = drop(wte(idx) + wpe(0..T-1))                [B, T, C]
 //   for each block: x = x + attn(ln_1(x))            pre-LN; the residual variable is reassigned
 //                   x = x + mlp(ln_2(x))             so nothing but the norms can keep x alive
 //   logits = lm_head(ln_f(x))                        [B, T, V]; lm_head is not tied to wte
+// Dropout with probability config.dropout, where nanoGPT puts it: on the embeddings' sum (drop),
+// on the attention probabilities, and after each residual projection (attn.c_proj, mlp.c_proj),
+// in training mode only (Module::train / eval). Its masks are drawn again in backward, so it
+// saves nothing (Note [Counter-based masks], core/philox.h).
 //
 // With SavePolicy::Output every norm saves its output, which the Linear after it saves anyway,
 // so the (2L + 1) norm inputs are freed: see predicted_saving_bytes().
@@ -35,23 +39,27 @@ struct GPTConfig {
     // h that linear_gelu saves anyway (ops/matmul.h): 4 * B * T * C elements a layer fewer saved
     // (predicted_gelu_recompute_saving_bytes), for one GELU pass over them in backward.
     bool recompute_gelu = true;
+    double dropout = 0.0;  // probability, in [0, 1)
 };
 
 // Throws, naming GPTConfig: ShapeError when a size is not positive or n_embd % n_head != 0,
-// DTypeError for a non-floating dtype, Error for norm_eps <= 0 or not finite.
+// DTypeError for a non-floating dtype, Error for norm_eps <= 0 or not finite, or dropout outside [0, 1).
 void check_config(const GPTConfig& config);
 
-// c_attn: Linear(C, 3C) -> causal_self_attention -> c_proj: Linear(C, C).
+// c_attn: Linear(C, 3C) -> causal_self_attention (dropout attn_dropout on its probabilities) ->
+// c_proj: Linear(C, C) -> resid_dropout.
 class CausalSelfAttention : public Module {
 public:
     explicit CausalSelfAttention(const GPTConfig& config);
     Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
 
     std::shared_ptr<Linear> c_attn, c_proj;
+    std::shared_ptr<Dropout> resid_dropout;
     int64_t n_head;
+    double attn_dropout;  // applied in training mode only
 };
 
-// c_fc: Linear(C, 4C) -> gelu (tanh) -> c_proj: Linear(4C, C); the first two as one
+// c_fc: Linear(C, 4C) -> gelu (tanh) -> c_proj: Linear(4C, C) -> dropout; the first two as one
 // linear_gelu, whose output is made again in backward when recompute_gelu is set.
 class MLP : public Module {
 public:
@@ -59,6 +67,7 @@ public:
     Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
 
     std::shared_ptr<Linear> c_fc, c_proj;
+    std::shared_ptr<Dropout> dropout;
     bool recompute_gelu;
 };
 
@@ -98,6 +107,7 @@ public:
     const GPTConfig& config() const { return config_; }
 
     std::shared_ptr<Embedding> wte, wpe;
+    std::shared_ptr<Dropout> drop;
     std::vector<std::shared_ptr<Block>> h;
     std::shared_ptr<NormModule> ln_f;
     std::shared_ptr<Linear> lm_head;

@@ -2,6 +2,7 @@
 #include "nn/module.h"
 
 #include "core/autograd.h"
+#include "ops/dropout.h"
 #include "ops/embedding.h"
 #include "ops/matmul.h"
 
@@ -40,6 +41,11 @@ int64_t Module::num_parameters() const {
 
 void Module::zero_grad() {
     for (Tensor& t : parameters()) t.zero_grad();
+}
+
+void Module::train(bool on) {
+    training_ = on;
+    for (auto& child : children_) child.second->train(on);
 }
 
 void Module::to(Device device, DType dtype) {
@@ -86,5 +92,11 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOption
 }
 
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(ids, weight); }
+
+Dropout::Dropout(double p_) : p(p_) {
+    NT_CHECK(p >= 0 && p < 1, "Dropout: expected a probability p in [0, 1), got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
 
 }  // namespace normtape

@@ -1,4 +1,5 @@
-// nn/module.h: Module, the base of every layer: named parameters and submodules, zero_grad.
+// nn/module.h: Module, the base of every layer: named parameters and submodules, zero_grad,
+// train/eval; and the layers without a norm: Linear, Embedding, Dropout.
 //
 // Parameter names join submodule names with dots, as PyTorch's state_dict does
 // ("h.0.ln_1.weight"): a module's own parameters first, in registration order, then each
@@ -33,6 +34,12 @@ public:
     // gradients. As torch.nn.Module.to(device, dtype). Throws DTypeError for a non-floating dtype,
     // DeviceError for a device this build or machine lacks, OutOfMemoryError as the factories.
     void to(Device device, DType dtype);
+    // Training mode (the default) or evaluation mode, for this module and every submodule, as
+    // torch.nn.Module.train(mode) / eval(): it decides whether Dropout (and attention's dropout)
+    // drops. Never throws.
+    void train(bool on = true);
+    void eval() { train(false); }
+    bool is_training() const { return training_; }
 
 protected:
     // Adds `t` as a parameter called `name` (it must be a leaf, else Error; requires_grad is set;
@@ -51,6 +58,7 @@ private:
 
     NamedTensors params_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+    bool training_ = true;
 };
 
 // Linear(in_features, out_features, bias): y = x @ weight^T + bias (ops/matmul.h linear).
@@ -77,6 +85,18 @@ public:
     Tensor forward(const Tensor& ids) const;
 
     Tensor weight;
+};
+
+// Dropout(p): dropout(x, p, is_training()) (ops/dropout.h): in training mode each element is
+// zeroed with probability p and the others scaled by 1 / (1 - p); in evaluation mode the identity.
+// No parameters; saves no tensor for backward. Throws Error for p outside [0, 1).
+class Dropout : public Module {
+public:
+    explicit Dropout(double p);
+    // x: any shape, floating, any device -> x's shape; see dropout().
+    Tensor forward(const Tensor& x) const;
+
+    double p;
 };
 
 }  // namespace normtape

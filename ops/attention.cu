@@ -48,14 +48,23 @@ __device__ A* warp_scratch(int vectors, int hs) {
 // The number of rows of a chunk of 32 that start at `first` and end before `end`.
 __device__ inline int chunk(int64_t first, int64_t end) { return end - first < 32 ? static_cast<int>(end - first) : 32; }
 
+// keep / (1 - p) of the probability of query t and key s in (batch, head) row block bh, 1 without
+// dropout (the mask's numbering: ops/attention.h).
+template <class A>
+__device__ A drop_factor(const DropoutMask& drop, A keep_scale, int64_t bh, int64_t Tn, int64_t t, int64_t s) {
+    if (!drop.active()) return A(1);
+    return drop.keep(static_cast<uint64_t>((bh * Tn + t) * Tn + s)) ? keep_scale : A(0);
+}
+
 __device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }
 
 // One warp per query row t = first_row + (its row among the Tq = T - first_row computed): keys in
 // chunks of 32, one per lane; out [B, Tq, C] = O / l, lse [B, NH, Tq] = m + log(l) unless null.
+// With dropout (first_row 0 only) l sums every probability and O only the kept ones.
 template <class T>
 __global__ void attention_forward_kernel(T* __restrict__ out, acc_t<T>* __restrict__ lse, const T* __restrict__ qkv,
                                          int64_t Tn, int64_t C, int64_t NH, int hs, acc_t<T> scale, int64_t first_row,
-                                         int64_t rows) {
+                                         DropoutMask drop, acc_t<T> keep_scale, int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
@@ -82,7 +91,7 @@ __global__ void attention_forward_kernel(T* __restrict__ out, acc_t<T>* __restri
         const A pv = s <= t ? exp(score - m_new) : A(0);
         l = l * corr + warp_sum(pv);
         m = m_new;
-        p[lane] = pv;
+        p[lane] = pv * drop_factor(drop, keep_scale, id / Tq, Tn, t, s);
         __syncwarp();
         const int n = chunk(s0, t + 1);
         for (int d = lane; d < hs; d += 32) {
@@ -111,21 +120,22 @@ __global__ void attention_rowdot_kernel(acc_t<T>* __restrict__ D, const T* __res
     if (threadIdx.x % 32 == 0) D[id] = sum;
 }
 
-// The probability p and dS = p (dout_t . v_s - D_t) of query t and key s, both given as row ids.
+// The probability p and dS = p (z dout_t . v_s - D_t) of query t and key s, z the dropout factor.
 template <class T, class A>
 __device__ void recompute(A& p, A& ds, const T* q, const T* k, const T* v, const T* go, int hs, A scale, A row_lse,
-                          A row_D) {
+                          A row_D, A z) {
     A qk = 0, dp = 0;
     for (int d = 0; d < hs; ++d) qk += A(q[d]) * A(k[d]), dp += A(go[d]) * A(v[d]);
     p = min(A(1), exp(qk * scale - row_lse));  // <= 1 as in forward, whatever the rounding (ops/attention.cpp)
-    ds = p * (dp - row_D);
+    ds = p * (z * dp - row_D);
 }
 
-// One warp per key row s: dk[s] = scale * sum_{t >= s} dS q_t, dv[s] = sum_{t >= s} p dout_t.
+// One warp per key row s: dk[s] = scale * sum_{t >= s} dS q_t, dv[s] = sum_{t >= s} p z dout_t.
 template <class T>
 __global__ void attention_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout, const T* __restrict__ qkv,
                                       const acc_t<T>* __restrict__ lse, const acc_t<T>* __restrict__ D, int64_t Tn,
-                                      int64_t C, int64_t NH, int hs, acc_t<T> scale, int64_t rows) {
+                                      int64_t C, int64_t NH, int hs, acc_t<T> scale, DropoutMask drop,
+                                      acc_t<T> keep_scale, int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
@@ -139,11 +149,13 @@ __global__ void attention_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict_
     for (int d = lane; d < hs; d += 32) dk[d] = 0, dv[d] = 0;
     for (int64_t t0 = r.t; t0 < Tn; t0 += 32) {
         const int64_t t = t0 + lane;
-        A p = 0, ds = 0;
-        if (t < Tn)
+        A p = 0, ds = 0, z = 0;
+        if (t < Tn) {
+            z = drop_factor(drop, keep_scale, id / Tn, Tn, t, r.t);
             recompute<T, A>(p, ds, base + t * 3 * C, base + r.t * 3 * C + C, base + r.t * 3 * C + 2 * C,
-                            go_base + t * C, hs, scale, lse[lse_base + t], D[lse_base + t]);
-        pd[lane] = p, pd[32 + lane] = ds;
+                            go_base + t * C, hs, scale, lse[lse_base + t], D[lse_base + t], z);
+        }
+        pd[lane] = p * z, pd[32 + lane] = ds;
         __syncwarp();
         const int n = chunk(t0, Tn);
         for (int d = lane; d < hs; d += 32) {
@@ -164,7 +176,8 @@ __global__ void attention_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict_
 template <class T>
 __global__ void attention_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout, const T* __restrict__ qkv,
                                     const acc_t<T>* __restrict__ lse, const acc_t<T>* __restrict__ D, int64_t Tn,
-                                    int64_t C, int64_t NH, int hs, acc_t<T> scale, int64_t rows) {
+                                    int64_t C, int64_t NH, int hs, acc_t<T> scale, DropoutMask drop,
+                                    acc_t<T> keep_scale, int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
@@ -180,7 +193,7 @@ __global__ void attention_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ 
         A p = 0, ds = 0;
         if (s <= r.t)
             recompute<T, A>(p, ds, base + r.t * 3 * C, base + s * 3 * C + C, base + s * 3 * C + 2 * C, go, hs, scale,
-                            lse[id], D[id]);
+                            lse[id], D[id], drop_factor(drop, keep_scale, id / Tn, Tn, r.t, s));
         dsv[lane] = ds;
         __syncwarp();
         const int n = chunk(s0, r.t + 1);
@@ -215,15 +228,16 @@ void launch_rows(Kernel kernel, int vectors, int hs, int64_t rows, int device, A
 
 template <class T>
 void attention_forward_cuda(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                            int device) {
+                            const DropoutMask& drop, int device) {
     using A = acc_t<T>;
     const int hs = static_cast<int>(C / NH);
     if constexpr (std::is_same_v<T, bf16>) {
-        if (flash_attention_applies(hs, device, {out, qkv})) return flash_attention_forward(out, lse, qkv, B, Tn, C, NH, device);
+        if (flash_attention_applies(hs, device, {out, qkv}))
+            return flash_attention_forward(out, lse, qkv, B, Tn, C, NH, drop, device);
     }
     const A scale = A(1) / std::sqrt(A(hs));
     launch_rows<T>(attention_forward_kernel<T>, 2, hs, B * NH * Tn, device, out, lse, qkv, Tn, C, NH, hs, scale,
-                   int64_t(0));
+                   int64_t(0), drop, A(1) / (A(1) - A(drop.p)));
 }
 
 template <class T>
@@ -233,12 +247,12 @@ void attention_forward_rows_cuda(T* out, const T* qkv, int64_t B, int64_t Tn, in
     const int hs = static_cast<int>(C / NH);
     const A scale = A(1) / std::sqrt(A(hs));
     launch_rows<T>(attention_forward_kernel<T>, 2, hs, B * NH * (Tn - first_row), device, out,
-                   static_cast<A*>(nullptr), qkv, Tn, C, NH, hs, scale, first_row);
+                   static_cast<A*>(nullptr), qkv, Tn, C, NH, hs, scale, first_row, DropoutMask(), A(1));
 }
 
 template <class T>
 void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const acc_t<T>* lse, int64_t B,
-                             int64_t Tn, int64_t C, int64_t NH, int device) {
+                             int64_t Tn, int64_t C, int64_t NH, const DropoutMask& drop, int device) {
     using A = acc_t<T>;
     const int hs = static_cast<int>(C / NH);
     const int64_t rows = B * NH * Tn;
@@ -246,20 +260,21 @@ void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out,
     launch_rows<T>(attention_rowdot_kernel<T>, 0, hs, rows, device, device_ptr<A>(D), dout, out, Tn, C, NH, hs);
     if constexpr (std::is_same_v<T, bf16>) {
         if (flash_attention_applies(hs, device, {dqkv, dout, qkv}))
-            return flash_attention_backward(dqkv, dout, qkv, lse, device_ptr<A>(D), B, Tn, C, NH, device);
+            return flash_attention_backward(dqkv, dout, qkv, lse, device_ptr<A>(D), B, Tn, C, NH, drop, device);
     }
-    const A scale = A(1) / std::sqrt(A(hs));
+    const A scale = A(1) / std::sqrt(A(hs)), keep_scale = A(1) / (A(1) - A(drop.p));
     launch_rows<T>(attention_dkdv_kernel<T>, 2, hs, rows, device, dqkv, dout, qkv, lse, device_ptr<A>(D), Tn, C, NH, hs,
-                   scale);
+                   scale, drop, keep_scale);
     launch_rows<T>(attention_dq_kernel<T>, 1, hs, rows, device, dqkv, dout, qkv, lse, device_ptr<A>(D), Tn, C, NH, hs,
-                   scale);
+                   scale, drop, keep_scale);
 }
 
 #define NT_INSTANTIATE(T)                                                                                             \
-    template void attention_forward_cuda<T>(T*, acc_t<T>*, const T*, int64_t, int64_t, int64_t, int64_t, int);        \
+    template void attention_forward_cuda<T>(T*, acc_t<T>*, const T*, int64_t, int64_t, int64_t, int64_t,             \
+                                            const DropoutMask&, int);                                                \
     template void attention_forward_rows_cuda<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, int);     \
     template void attention_backward_cuda<T>(T*, const T*, const T*, const T*, const acc_t<T>*, int64_t, int64_t,     \
-                                             int64_t, int64_t, int);
+                                             int64_t, int64_t, const DropoutMask&, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

@@ -1,15 +1,20 @@
 // ops/attention.h: causal multi-head self-attention over packed q, k, v.
 #pragma once
 
+#include "core/philox.h"
 #include "core/tensor.h"
 
 namespace normtape {
 
-// causal_self_attention(qkv, n_head): for each batch b, head h and position t,
+// causal_self_attention(qkv, n_head, dropout_p): for each batch b, head h and position t,
 //   p[b,h,t,s] = softmax over s <= t of (q[b,t,h] . k[b,s,h]) / sqrt(hs), 0 for s > t,
-//   out[b,t,h] = sum_s p[b,h,t,s] v[b,s,h]
+//   out[b,t,h] = sum_s p[b,h,t,s] z[b,h,t,s] v[b,s,h]
 // (Vaswani et al. 2017, arXiv:1706.03762; GPT-2's causal mask; matches
-// torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)).
+// torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p)).
+// z is dropout on the probabilities (1 when dropout_p == 0): keep / (1 - dropout_p), keep drawn
+// for element ((b * n_head + h) * T + t) * T + s of a range of the dropout stream
+// (philox_next(B * n_head * T * T), core/philox.h), the same on the cpu and CUDA. The mask is drawn
+// again in backward: dropout saves nothing more.
 // qkv: [B, T, 3C] f32, f64 or bf16, cpu or CUDA, laid out as GPT-2's c_attn output: q = [..., 0:C],
 // k = [..., C:2C], v = [..., 2C:3C], head h owning columns h*hs .. (h+1)*hs, hs = C / n_head.
 // Returns out: [B, T, C] of qkv's dtype and device, heads concatenated.
@@ -19,11 +24,11 @@ namespace normtape {
 // Saves qkv, out and the row log-sum-exp lse [B, n_head, T] (f32; f64 for f64): B*T*(4C) elements
 // + B*n_head*T statistics, linear in T; out is shared with the next op when it saves its input.
 // The backward recomputes the probabilities from qkv and lse. dqkv is returned fresh (=).
-// Throws, naming causal_self_attention: Error on an undefined qkv or n_head < 1; DTypeError on a
-// non-floating qkv; ShapeError on an empty qkv, one that is not 3-D, a last dimension that is not
-// 3C with C divisible by n_head, or on CUDA B * n_head * T above INT32_MAX or hs above 8192;
-// AnomalyError on a non-finite output under anomaly detection.
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
+// Throws, naming causal_self_attention: Error on an undefined qkv, n_head < 1 or dropout_p
+// outside [0, 1); DTypeError on a non-floating qkv; ShapeError on an empty qkv, one that is not
+// 3-D, a last dimension that is not 3C with C divisible by n_head, or on CUDA B * n_head * T above
+// INT32_MAX or hs above 8192; AnomalyError on a non-finite output under anomaly detection.
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0);
 
 // causal_self_attention_rows(qkv, n_head, first_row): the rows first_row .. T-1 of
 // causal_self_attention(qkv, n_head), for inference: row t attends to the keys 0..t of qkv, so a

@@ -18,6 +18,9 @@
 // dK, dV (key tile j, query tiles i >= j): P^T = exp(K Q^T * scale - lse), dV += P^T dO,
 // dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dQ (query tile i, key tiles j <= i):
 // S, P and dP again, dQ += dS K. The next tile is copied while the current one is used.
+// Dropout on the probabilities (a template argument, so that the kernels without it are
+// unchanged): the forward multiplies P by z = keep / (1 - p) after adding it into l; the backward
+// draws z again (core/philox.h), dV += (P z)^T dO and dS = P (z dP - D).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -55,6 +58,12 @@ __device__ void load_tile(bf16* tile, const bf16* src, int64_t ld, int row0, int
     }
 }
 
+// Whether dropout keeps the probability of query `row` and key `col` of (batch, head) bh: element
+// (bh * T + row) * T + col of the mask (the numbering of every attention kernel, ops/attention.h).
+__device__ inline bool attention_keep(const DropoutMask& drop, int bh, int Tn, int row, int col) {
+    return drop.keep((static_cast<uint64_t>(bh) * Tn + row) * Tn + col);
+}
+
 __device__ inline float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -66,10 +75,11 @@ __device__ inline float quad_sum(float v) {
 
 // Grid: B * NH * tiles blocks, x = (bh, then tile from the last, the longest, down): the longest
 // blocks go first and the shortest fill the tail.
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                                                                  const bf16* __restrict__ qkv, int Tn, int C, int NH,
-                                                                 int BNH, int tiles, float scale_log2) {
+                                                                 int BNH, int tiles, float scale_log2,
+                                                                 DropoutMask drop, float keep_scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sq = reinterpret_cast<bf16*>(shared_raw);
@@ -139,6 +149,13 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
             }
 #pragma unroll
         for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + sum[r];  // this thread's columns; summed at the end
+        if constexpr (DROPOUT) {  // l holds every probability; P V only the kept ones
+#pragma unroll
+            for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[n][e] *= attention_keep(drop, bh, Tn, row[e / 2], j * kTile + n * 8 + 2 * t4 + (e & 1)) ? keep_scale : 0.f;
+        }
 #pragma unroll
         for (int d = 0; d < HS / 8; ++d) {
             o[d][0] *= corr[0], o[d][1] *= corr[0];
@@ -178,11 +195,11 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
 }
 
 // Grid: B * NH * tiles blocks, x = (bh, then key tile from the first, the longest, up).
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM spill 8 bytes at 64
     flash_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                       const float* __restrict__ lse, const float* __restrict__ D, int Tn, int C, int NH, int BNH,
-                      int tiles, float scale) {
+                      int tiles, float scale, DropoutMask drop, float keep_scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sk = reinterpret_cast<bf16*>(shared_raw);
@@ -249,11 +266,29 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM
                 const float v = fminf(1.f, exp2f((p[n][e] * scale - slse[c]) * kLog2e));  // <= 1 as in forward
                 p[n][e] = q0 + c < key[e / 2] ? 0.f : v;
             }
+        // With dropout, z = keep / (1 - p) of each (query, key), its keep bits in `kept` (bit 4n + e):
+        // dV += (P z)^T dO, dS^T = P^T (z dP^T - D).
+        uint32_t kept = 0;
+        if constexpr (DROPOUT) {
+#pragma unroll
+            for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (attention_keep(drop, bh, Tn, q0 + n * 8 + 2 * t4 + (e & 1), key[e / 2])) kept |= 1u << (4 * n + e);
+        }
+        auto z = [&](int n, int e) { return kept >> (4 * n + e) & 1u ? keep_scale : 0.f; };
         // dV += P^T dO
 #pragma unroll
         for (int kk = 0; kk < kTile / 16; ++kk) {
             uint32_t a[4];
-            to_a(a, p[2 * kk], p[2 * kk + 1]);
+            if constexpr (DROPOUT) {
+                float pz[2][4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pz[0][e] = p[2 * kk][e] * z(2 * kk, e), pz[1][e] = p[2 * kk + 1][e] * z(2 * kk + 1, e);
+                to_a(a, pz[0], pz[1]);
+            } else {
+                to_a(a, p[2 * kk], p[2 * kk + 1]);
+            }
 #pragma unroll
             for (int n = 0; n < HS / 16; ++n) {
                 uint32_t bo[4];
@@ -279,7 +314,10 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM
 #pragma unroll
         for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - sD[n * 8 + 2 * t4 + (e & 1)]);
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (DROPOUT) ds[n][e] *= z(n, e);
+                ds[n][e] = p[n][e] * (ds[n][e] - sD[n * 8 + 2 * t4 + (e & 1)]);
+            }
         // dK += dS^T Q (scaled at the end)
 #pragma unroll
         for (int kk = 0; kk < kTile / 16; ++kk) {
@@ -310,11 +348,11 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM
 // dQ: a block owns 64 queries and walks key tiles j <= its own, as the forward does:
 // S = Q K^T, P = exp(S * scale - lse), dP = dO V^T, dS = P (dP - D), dQ += dS K (dS goes from the
 // accumulators to the A operand in registers). K and V tiles are double-buffered. Grid as the forward.
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 2)
     flash_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                     const float* __restrict__ lse, const float* __restrict__ D, int Tn, int C, int NH, int BNH,
-                    int tiles, float scale) {
+                    int tiles, float scale, DropoutMask drop, float keep_scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sq = reinterpret_cast<bf16*>(shared_raw);
@@ -374,7 +412,9 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 2)
             for (int e = 0; e < 4; ++e) {
                 const int key = j * kTile + n * 8 + 2 * t4 + (e & 1);
                 const float pv = fminf(1.f, exp2f(p[n][e] * scale * kLog2e - row_lse[e / 2]));  // <= 1 as in forward
-                ds[n][e] = key > row[e / 2] ? 0.f : pv * (ds[n][e] - row_D[e / 2]);
+                float dp = ds[n][e];
+                if constexpr (DROPOUT) dp *= attention_keep(drop, bh, Tn, row[e / 2], key) ? keep_scale : 0.f;
+                ds[n][e] = key > row[e / 2] ? 0.f : pv * (dp - row_D[e / 2]);
             }
 #pragma unroll
         for (int kk = 0; kk < kTile / 16; ++kk) {
@@ -418,37 +458,46 @@ bool flash_attention_applies(int64_t hs, int device, std::initializer_list<const
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                             int device) {
+                             const DropoutMask& drop, int device) {
     const int64_t hs = C / NH, tiles = (Tn + kTile - 1) / kTile, BNH = B * NH;
     const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(hs)));
     auto run = [&](auto kernel, size_t shared) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
             out, lse, qkv, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH), static_cast<int>(BNH),
-            static_cast<int>(tiles), scale_log2);
+            static_cast<int>(tiles), scale_log2, drop, static_cast<float>(1.0 / (1.0 - drop.p)));
         CUDA_LAUNCH_CHECK();
     };
-    if (hs == 64) run(flash_forward_kernel<64>, forward_shared<64>());
-    else run(flash_forward_kernel<128>, forward_shared<128>());
+    if (hs == 64) {
+        if (drop.active()) run(flash_forward_kernel<64, true>, forward_shared<64>());
+        else run(flash_forward_kernel<64, false>, forward_shared<64>());
+    } else {
+        if (drop.active()) run(flash_forward_kernel<128, true>, forward_shared<128>());
+        else run(flash_forward_kernel<128, false>, forward_shared<128>());
+    }
 }
 
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                              int64_t B, int64_t Tn, int64_t C, int64_t NH, int device) {
+                              int64_t B, int64_t Tn, int64_t C, int64_t NH, const DropoutMask& drop, int device) {
     const int64_t hs = C / NH, tiles = (Tn + kTile - 1) / kTile, BNH = B * NH;
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
     auto run = [&](auto kernel, size_t shared) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
             dqkv, dout, qkv, lse, D, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH),
-            static_cast<int>(BNH), static_cast<int>(tiles), scale);
+            static_cast<int>(BNH), static_cast<int>(tiles), scale, drop, static_cast<float>(1.0 / (1.0 - drop.p)));
         CUDA_LAUNCH_CHECK();
     };
+    auto both = [&](auto dkdv, auto dq, size_t shared) {
+        run(dkdv, shared);
+        run(dq, shared);
+    };
     if (hs == 64) {
-        run(flash_dkdv_kernel<64>, backward_shared<64>());
-        run(flash_dq_kernel<64>, backward_shared<64>());
+        if (drop.active()) both(flash_dkdv_kernel<64, true>, flash_dq_kernel<64, true>, backward_shared<64>());
+        else both(flash_dkdv_kernel<64, false>, flash_dq_kernel<64, false>, backward_shared<64>());
     } else {
-        run(flash_dkdv_kernel<128>, backward_shared<128>());
-        run(flash_dq_kernel<128>, backward_shared<128>());
+        if (drop.active()) both(flash_dkdv_kernel<128, true>, flash_dq_kernel<128, true>, backward_shared<128>());
+        else both(flash_dkdv_kernel<128, false>, flash_dq_kernel<128, false>, backward_shared<128>());
     }
 }
 

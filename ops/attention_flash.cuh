@@ -6,6 +6,7 @@
 #include <initializer_list>
 
 #include "core/bf16.h"
+#include "core/philox.h"
 
 namespace normtape::detail {
 
@@ -15,11 +16,11 @@ bool flash_attention_applies(int64_t hs, int device, std::initializer_list<const
 
 // out [B, T, C] bf16 and lse [B, NH, T] f32 from qkv [B, T, 3C] bf16 (see ops/attention.h).
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH,
-                             int device);
+                             const DropoutMask& drop, int device);
 
 // dqkv [B, T, 3C] (=) from dout [B, T, C], qkv, lse and D [B, NH, T] f32 (D = rowsum(dout * out)
 // per head); deterministic.
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                              int64_t B, int64_t T_, int64_t C, int64_t NH, int device);
+                              int64_t B, int64_t T_, int64_t C, int64_t NH, const DropoutMask& drop, int device);
 
 }  // namespace normtape::detail

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/philox.h"
 #include "ops/norm_policy.h"
 
 namespace normtape::detail {
@@ -37,6 +38,10 @@ void gelu_backward_cuda(T* dx, const T* dy, const T* x, int64_t n, int device);
 template <class T>  // out[r, j] += bias[j], out [rows, N]
 void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
+// ops/dropout.cu
+template <class T>  // out[i] = keep(philox_word(state, i)) ? x[i] / (1 - p) : 0 (core/philox.h)
+void dropout_cuda(T* out, const T* x, int64_t n, double p, PhiloxState state, int device);
+
 // ops/reduce.cu
 template <class T>  // out[0] = factor * sum of x[0..n)
 void sum_cuda(T* out, const T* x, int64_t n, double factor, int device);
@@ -57,13 +62,17 @@ void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* ls
                                  const T* grad, int64_t M, int64_t V, int device);
 
 // ops/attention.cu (qkv [B, T, 3C], out [B, T, C], lse [B, NH, T]; see ops/attention.h). The
-// backward reads out only through D = rowsum(dout * out), which it allocates.
+// backward reads out only through D = rowsum(dout * out), which it allocates. `drop`: dropout on
+// the probabilities, element (b * NH + h) * T * T + t * T + s of its mask (inactive: none).
 template <class T>
 void attention_forward_cuda(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH,
-                            int device);
+                            const DropoutMask& drop, int device);
+template <class T>  // out [B, T - first_row, C]: the rows first_row .. T-1 (causal_self_attention_rows)
+void attention_forward_rows_cuda(T* out, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH, int64_t first_row,
+                                 int device);
 template <class T>
 void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const acc_t<T>* lse, int64_t B,
-                             int64_t T_, int64_t C, int64_t NH, int device);
+                             int64_t T_, int64_t C, int64_t NH, const DropoutMask& drop, int device);
 
 // ops/matmul.cu: out = op(a) @ op(b) over row-major matrices, cuBLAS with f32 accumulation
 // (f64 for double; f32 products without TF32). a: [a_rows, a_cols], b: [b_rows, b_cols].

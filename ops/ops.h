@@ -5,6 +5,7 @@
 
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
+#include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/layer_norm.h"

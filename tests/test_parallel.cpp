@@ -281,6 +281,20 @@ TEST_CASE("parallel: embedding and its scatter-add gradient have the same bits a
     }
 }
 
+TEST_CASE("parallel: causal_self_attention, with and without dropout, has the same bits at 1 to 4 threads") {
+    REQUIRE_THREADS_OR_SKIP();
+    for (DType dtype : kAllFloatTypes)
+        for (double p : {0.0, 0.2}) {
+            CAPTURE(dtype_name(dtype));
+            CAPTURE(p);
+            check_same_bits([&] {
+                manual_seed(9);
+                Tensor qkv = param({3, 37, 3 * 24}, dtype);  // 3 batches x 4 heads: 12 (batch, head) chunks
+                return with_grads(causal_self_attention(qkv, 4, p), {qkv});
+            });
+        }
+}
+
 TEST_CASE("parallel: copies, dtype conversions and in-place updates have the same bits at 1 to 4 threads") {
     REQUIRE_THREADS_OR_SKIP();
     check_same_bits([] {
