@@ -14,7 +14,6 @@
 // is printed; 1 for an error while sampling (out of memory, a device error), with its message.
 #include <CLI/CLI.hpp>
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "flag_syntax.h"
 #include "normtape.h"
 
 using namespace normtape;
@@ -45,23 +45,6 @@ struct GenerateArgs {
     uint64_t seed = 1337;
     bool no_cache = false;
 };
-
-// A value that must parse whole as a T (CLI11 alone would accept "1.5" for an integer after a
-// conversion, or wrap a negative number into an unsigned one).
-template <class T>
-CLI::Validator number(const char* expected) {
-    return CLI::Validator(
-        [expected](std::string& text) -> std::string {
-            T v{};
-            const char *first = text.data(), *last = text.data() + text.size();
-            auto [end, ec] = std::from_chars(first, last, v);
-            if (ec == std::errc() && end == last && !text.empty()) return "";
-            if (ec == std::errc::result_out_of_range)
-                return "expected " + std::string(expected) + ", got " + text + ", which is out of range";
-            return "expected " + std::string(expected) + ", got \"" + text + "\"";
-        },
-        "", "number");
-}
 
 std::string number_text(double v) {
     char buf[32];
@@ -156,6 +139,7 @@ int run(const GenerateArgs& a) {
         prompt.push_back(byte);
     }
     GPT model(config);
+    model.eval();  // sampling is inference
     try {
         load_checkpoint(a.checkpoint, tensors, metadata, model);
     } catch (const FormatError& e) {

@@ -176,6 +176,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"peak_allocated_bytes", r.peak_allocated_bytes},
                               {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
                               {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
+                              {"train_seconds", r.train_seconds},
                               {"forward_ms", r.phase_ms_median[0]}, {"backward_ms", r.phase_ms_median[1]},
                               {"optimizer_ms", r.phase_ms_median[2]}, {"phase_median_steps", r.phase_median_steps},
                               {"phase_timing", r.phase_timing}, {"val_steps", r.val_steps},

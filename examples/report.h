@@ -24,6 +24,7 @@ struct RunResult {
     int64_t gelu_recompute_saving_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
+    double train_seconds = 0;  // the steps' own time, summed (evaluations and checkpoints not counted)
     // Per step: forward (the loss), backward, optimizer (gradient clipping, AdamW, zero_grad), in ms
     // (examples/phase_timer.h); their medians over the steps after the first two (all steps when
     // there are no more than two), and how many steps that is.

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <type_traits>
 
 #include "train_data.h"
@@ -38,7 +39,8 @@ nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& t
             {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
             {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
             {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed},
-            {"val-fraction", a.val_fraction}};
+            {"val-fraction", a.val_fraction}, {"warmup", warmup_steps(a)}, {"min-lr", min_lr(a)},
+            {"beta2", a.beta2},   {"dropout", a.dropout}};
 }
 
 ResumeState read_resume(const std::string& path) {
@@ -121,6 +123,20 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
                          "--val-fraction " + nlohmann::json(a.val_fraction).dump() +
                          " (leave the flag out to take the checkpoint's)");
     }
+    // Checkpoints written before these flags existed trained with their defaults then: the
+    // default schedule, beta2 0.95, no dropout.
+    auto take_since = [&](const char* flag, auto& field, auto old) {
+        if (r.config.contains(flag + 2)) return take(flag, field);
+        if (app.count(flag))
+            throw UsageError("--resume " + r.path + ": the checkpoint's config has no \"" + (flag + 2) +
+                             "\" (its run used the default): leave " + flag + " out");
+        field = old;
+        a.from_checkpoint.insert(flag + 2);
+    };
+    take_since("--warmup", a.warmup, int64_t{-1});
+    take_since("--min-lr", a.min_lr, std::numeric_limits<double>::quiet_NaN());
+    take_since("--beta2", a.beta2, 0.95);
+    take_since("--dropout", a.dropout, 0.0);
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);

@@ -17,9 +17,11 @@
 //    state is the position in the data; it is saved in the standard text form of the engine;
 //  - the data: its absolute path, size and FNV-1a hash are saved, and a resume on other data is
 //    refused (--data may name the same bytes elsewhere).
-// The global generator (manual_seed) only initializes weights, which the checkpoint replaces;
-// nothing in a training step draws from it (no dropout). The run's config (data, steps, batch,
-// seq, model, norm, policy, dtype, lr, seed, val-fraction) is saved as JSON in the metadata entry
+//  - the dropout masks: they come from the dropout stream (core/philox.h), whose seed and offset
+//    are saved ("train_gpt.philox") and set again.
+// The global generator (manual_seed) only initializes weights, which the checkpoint replaces.
+// The run's config (data, steps, batch, seq, model, norm, policy, dtype, lr, warmup, min-lr, beta2,
+// dropout, seed, val-fraction) is saved as JSON in the metadata entry
 // "train_gpt.config"; on --resume a flag left out takes the saved value and a flag given with
 // another value is refused, naming both. Values taken from the checkpoint then go through the
 // same checks as flags (check_args), and messages name the checkpoint as their source. The device is not part of it (a run may move to another

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +44,8 @@ const IntRange kIntRanges[] = {
     {"stop-at", &Args::stop_at, 0, int64_t{1} << 40, "the step to stop after (0: --steps)"},
     {"eval-every", &Args::eval_every, 0, int64_t{1} << 40, "steps between evaluations (0: after the last step)"},
     {"eval-batches", &Args::eval_batches, 1, int64_t{1} << 20, "held-out batches per evaluation"},
+    {"threads", &Args::threads, 0, 1024, "cpu threads (0: every core)"},
+    {"sample", &Args::sample, 0, int64_t{1} << 20, "bytes to sample"},
 };
 
 void check_choice(const Args& a, const std::string& key, const std::string& value,
@@ -80,6 +83,10 @@ std::string describe(const Args& a, const std::string& key, const std::string& v
     return "--" + key + " " + value;
 }
 
+int64_t warmup_steps(const Args& a) { return a.warmup >= 0 ? a.warmup : std::max<int64_t>(1, a.steps / 10); }
+
+double min_lr(const Args& a) { return std::isnan(a.min_lr) ? a.lr / 10 : a.min_lr; }
+
 void check_args(const Args& a) {
     for (const IntRange& r : kIntRanges) {
         int64_t v = a.*r.field;
@@ -89,6 +96,13 @@ void check_args(const Args& a) {
     }
     if (!(std::isfinite(a.lr) && a.lr > 0 && a.lr <= 1e6))
         fail(a, "lr", format_real(a.lr), "a learning rate > 0 and <= 1e6");
+    if (a.warmup != -1 && (a.warmup < 0 || a.warmup >= a.steps))
+        fail(a, "warmup", std::to_string(a.warmup), "warm-up steps from 0 to --steps - 1 = " + std::to_string(a.steps - 1));
+    if (!std::isnan(a.min_lr) && !(a.min_lr >= 0 && a.min_lr <= a.lr))
+        fail(a, "min-lr", format_real(a.min_lr), "a learning rate from 0 to --lr = " + format_real(a.lr));
+    if (!(a.beta2 >= 0 && a.beta2 < 1)) fail(a, "beta2", format_real(a.beta2), "a decay from 0 to 1 (exclusive)");
+    if (!(a.dropout >= 0 && a.dropout < 1))
+        fail(a, "dropout", format_real(a.dropout), "a probability from 0 to 1 (exclusive)");
     check_choice(a, "norm", a.norm, {"layer", "rms"});
     check_choice(a, "policy", a.policy, {"input", "output", "normalized", "both", "all"});
     check_choice(a, "recompute-gelu", a.recompute_gelu, {"on", "off"});

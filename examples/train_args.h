@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,12 @@ struct Args {
     int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
     std::string norm = "layer", policy = "both", device, dtype, preset, recompute_gelu = "on";
     double lr = 3e-3;
+    int64_t warmup = -1;                                          // warm-up steps (-1: 10% of steps)
+    double min_lr = std::numeric_limits<double>::quiet_NaN();     // where the decay ends (NaN: lr / 10)
+    double beta2 = 0.95;                                          // AdamW's
+    double dropout = 0.0;                                         // GPTConfig::dropout
+    int64_t threads = 0;                                          // cpu threads (0: every core)
+    int64_t sample = 0;                                           // bytes to sample after training
     uint64_t seed = 1337;
     int64_t log_every = 50;
     std::string json, save, chart = "train_gpt.svg";
@@ -42,9 +49,14 @@ struct UsageError : std::runtime_error {
 // dashes ("heads", "log-every").
 std::string describe(const Args& a, const std::string& key, const std::string& value);
 
+// The schedule's warm-up steps and final rate: --warmup and --min-lr, or their defaults (10% of
+// --steps, at least 1; --lr / 10).
+int64_t warmup_steps(const Args& a);
+double min_lr(const Args& a);
+
 // Checks every value of `a` once --preset and --resume have filled in what the flags left out:
 // the ranges and choices that --help lists, and the values that must go together (--embd
-// divisible by --heads, --vocab only with --data random, --save-every with --save, one policy
+// divisible by --heads, --warmup below --steps, --min-lr at most --lr, --vocab only with --data random, --save-every with --save, one policy
 // with --resume, --stop-at and --save-every, --stop-at <= --steps, --eval-every and --save-best
 // only with held-out text, --save-best with --save and without --save-every). Throws UsageError naming the
 // value's source (describe()), what was expected and what was found.

@@ -57,8 +57,13 @@ TextSplit split_text(const Args& a, const std::string& text) {
     return split;
 }
 
-double evaluate(const GPT& model, Batcher& val, const std::string& start, int64_t batches) {
+double evaluate(GPT& model, Batcher& val, const std::string& start, int64_t batches) {
     NoGradGuard no_grad;
+    struct EvalMode {  // training mode comes back even if a forward throws
+        GPT& m;
+        explicit EvalMode(GPT& model) : m(model) { m.eval(); }
+        ~EvalMode() { m.train(); }
+    } eval_mode(model);
     val.set_state(start);
     double total = 0;
     for (int64_t k = 0; k < batches; ++k) {

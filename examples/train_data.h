@@ -39,7 +39,8 @@ struct TextSplit {
 };
 TextSplit split_text(const Args& a, const std::string& text);
 
-// The validation loss: the mean of model.loss over `batches` batches of `val` under NoGradGuard,
-// the same batches at every call (`val` is rewound to `start`, a state of its own). Waits for the
-// device (each loss is read on the host).
-double evaluate(const normtape::GPT& model, normtape::Batcher& val, const std::string& start, int64_t batches);
+// The validation loss: the mean of model.loss over `batches` batches of `val` under NoGradGuard
+// and in evaluation mode (no dropout; the model is back in training mode on return), the same
+// batches at every call (`val` is rewound to `start`, a state of its own). Waits for the device
+// (each loss is read on the host).
+double evaluate(normtape::GPT& model, normtape::Batcher& val, const std::string& start, int64_t batches);

@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <charconv>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -46,6 +45,7 @@
 #include "resume.h"
 #include "train_args.h"
 #include "train_data.h"
+#include "train_flags.h"
 
 using namespace normtape;
 
@@ -64,15 +64,16 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     c.norm = a.norm == "layer" ? NormKind::Layer : NormKind::RMS;
     c.policy = policy;
     c.recompute_gelu = a.recompute_gelu == "on";
+    c.dropout = a.dropout;
     c.dtype = dtype_of(a);
     c.device = device_of(a);
     return c;
 }
 
-// Linear warm-up over the first 10% of steps, then cosine decay to lr / 10 at the last step.
+// Linear warm-up over --warmup steps, then cosine decay to --min-lr at the last step.
 WarmupCosineLR lr_schedule(const Args& a) {
-    const int64_t warmup = std::max<int64_t>(1, a.steps / 10);
-    return WarmupCosineLR(a.lr, warmup, std::max(a.steps, warmup + 1), a.lr / 10);
+    const int64_t warmup = warmup_steps(a);
+    return WarmupCosineLR(a.lr, warmup, std::max(a.steps, warmup + 1), min_lr(a));
 }
 
 // Records the device allocator's events into `trace` for its lifetime (stops even if the step
@@ -103,12 +104,15 @@ std::string nonfinite_parameter(const Module& model) {
 }
 
 // saved_bytes() after a forward of (idx, targets) with the MLPs' GELU recompute off, the graph
-// dropped before it returns: what the run would save without it.
+// dropped before it returns: what the run would save without it. The dropout stream is set back,
+// so the run draws the masks it draws without this measurement.
 int64_t saved_bytes_without_gelu_recompute(GPT& model, const Tensor& idx, const Tensor& targets) {
-    struct Restore {  // the flags go back on even if the forward throws
+    struct Restore {  // the flags and the stream go back even if the forward throws
         GPT& m;
+        PhiloxState stream = philox_state();
         ~Restore() {
             for (auto& block : m.h) block->mlp->recompute_gelu = true;
+            set_philox_state(stream);
         }
     } restore{model};
     for (auto& block : model.h) block->mlp->recompute_gelu = false;
@@ -122,7 +126,23 @@ double median(std::vector<double> v) {
     return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume) {
+// Prints `bytes` bytes sampled from `model` after a newline (nn/generate.h; nanoGPT's sample.py
+// settings: temperature 0.8, top-k 200), seeded with --seed.
+void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
+    model.eval();
+    SamplingOptions options;
+    options.temperature = 0.8;
+    options.top_k = 200;
+    options.seed = seed;
+    std::printf("[%-6s] a sample of %lld bytes (temperature 0.8, top-k 200):\n", policy_name(policy),
+                static_cast<long long>(bytes));
+    generate(model, {'\n'}, bytes, options, [](int64_t token) { std::putchar(static_cast<int>(token)); });
+    std::printf("\n");
+    model.train();
+}
+
+// One run of one policy; with `sample`, --sample bytes drawn from the trained model are printed.
+RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume, bool sample) {
     using clock = std::chrono::steady_clock;
     const Device dev = device_of(a);
     manual_seed(a.seed);
@@ -133,7 +153,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
     AdamWOptions opt;
     opt.lr = a.lr;
-    opt.beta2 = 0.95;
+    opt.beta2 = a.beta2;
     AdamW optimizer(groups, opt);
     TextSplit split = split_text(a, text);
     Batcher batcher(std::move(split.train), a.batch, a.seq, a.vocab, a.seed, dev);
@@ -157,6 +177,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             throw UsageError(std::string("--resume: the checkpoint's train_gpt.batcher: ") + e.what());
         }
         start = resume->step;
+        unsigned long long seed = 0, offset = 0;
+        const std::string& stream = resume->metadata["train_gpt.philox"];
+        if (std::sscanf(stream.c_str(), "%llu %llu", &seed, &offset) == 2) set_philox_state({seed, offset});
+        else if (a.dropout > 0) throw UsageError("--resume: the checkpoint has no dropout stream (train_gpt.philox)");
         if (auto best = resume->metadata.find("train_gpt.best_val"); best != resume->metadata.end()) {
             double loss = 0;
             long long at = 0;
@@ -180,7 +204,8 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             {"policy", policy_name(policy)},
             {"train_gpt.config", run_config(a, policy, text).dump()},
             {"train_gpt.step", std::to_string(steps_done)},
-            {"train_gpt.batcher", batcher.state()}};
+            {"train_gpt.batcher", batcher.state()},
+            {"train_gpt.philox", std::to_string(philox_state().seed) + " " + std::to_string(philox_state().offset)}};
         if (!std::isnan(r.best_val_loss)) {  // so that a resumed --save-best run replaces only a better one
             char best[64];
             std::snprintf(best, sizeof best, "%.17g at step %lld", r.best_val_loss,
@@ -280,6 +305,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         if (stop) break;
     }
     r.step_ms_median = median(r.step_ms);
+    for (double ms : r.step_ms) r.train_seconds += ms / 1000;
     // Phase medians leave out the first two steps (the first allocates the caches, the second
     // records the memory trace) unless there are no others.
     const size_t skip = r.phase_ms.size() > 2 ? 2 : 0;
@@ -295,6 +321,9 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                     policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
                     r.val_losses.size(), r.val_losses.size() == 1 ? "" : "s", static_cast<long long>(a.eval_batches));
     r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
+    std::printf("[%-6s] trained %zu steps in %.1f s (the steps' own time: evaluations and checkpoints not counted)\n",
+                policy_name(policy), r.step_ms.size(), r.train_seconds);
+    if (sample && a.sample > 0 && r.nonfinite_step == 0) print_sample(model, policy, a.sample, a.seed);
     if (output_policy_fallbacks() > 0 && r.nonfinite_step == 0)
         std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",
                     static_cast<long long>(output_policy_fallbacks()), kOutputPolicyMinWeight);
@@ -306,13 +335,15 @@ int run(const Args& a, ResumeState* resume) {
     std::string text = load_text(a, &desc);
     if (resume) check_resume_data(*resume, text, desc);
     check_outputs(a, data_file(a));
+    if (a.threads > 0) set_num_threads(static_cast<int>(a.threads));
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
     std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g, "
                 "%s on %s\n",
                 a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.heads),
                 static_cast<long long>(a.embd), static_cast<long long>(a.vocab), with_commas(params).c_str(),
                 static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.steps), a.lr,
-                a.dtype.c_str(), a.device.c_str());
+                a.dtype.c_str(), a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
+                                                   : a.device.c_str());
     std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
 
     std::vector<SavePolicy> policies;  // both: input, output; all: the three
@@ -322,7 +353,7 @@ int run(const Args& a, ResumeState* resume) {
     if (a.policy == "all" || a.policy == "normalized") policies.push_back(SavePolicy::Normalized);
     std::vector<RunResult> runs;
     for (SavePolicy p : policies) {
-        runs.push_back(train(a, text, p, resume));
+        runs.push_back(train(a, text, p, resume, p == policies.back()));
         if (runs.back().nonfinite_step > 0 && a.on_nan == "stop") break;
     }
 
@@ -361,27 +392,6 @@ int run(const Args& a, ResumeState* resume) {
     return 0;
 }
 
-// The syntax of a flag's value, checked on the text before CLI11 converts it (CLI11 would wrap a
-// negative number into an unsigned one and clamp one too large); check_args checks the ranges.
-template <class T>
-CLI::Validator number(const char* expected) {
-    return CLI::Validator(
-        [expected](std::string& text) -> std::string {
-            T v{};
-            const char *first = text.data(), *last = text.data() + text.size();
-            auto [end, ec] = std::from_chars(first, last, v);
-            if (ec == std::errc() && end == last && !text.empty()) return "";
-            if (ec == std::errc::result_out_of_range)
-                return "expected " + std::string(expected) + ", got " + text + ", which is out of range";
-            return "expected " + std::string(expected) + ", got \"" + text + "\"";
-        },
-        "", "number");
-}
-
-const CLI::Validator kFileName(
-    [](std::string& text) -> std::string { return text.empty() ? "expected a file name, got an empty one" : ""; }, "",
-    "file name");
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -389,73 +399,7 @@ int main(int argc, char** argv) {
     Args a;
     CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
     app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    const CLI::Validator integer = number<int64_t>("an integer"), real = number<double>("a number"),
-                         seed = number<uint64_t>("an integer from 0 to 2^64 - 1");
-    app.add_option("--data", a.data,
-                   "UTF-8 text file, or 'random' for random tokens (default: data/tinyshakespeare.txt of the source tree)")
-        ->check(kFileName)
-        ->type_name("FILE");
-    app.add_option("--steps", a.steps, "training steps per policy, 1 to 2^40")->check(integer);
-    app.add_option("--batch", a.batch, "sequences per batch (B), 1 to 2^20")->check(integer);
-    app.add_option("--seq", a.seq, "sequence length (T), 1 to 2^20")->check(integer);
-    app.add_option("--layers", a.layers, "transformer blocks (L), 1 to 1024")->check(integer);
-    app.add_option("--heads", a.heads, "attention heads (NH), 1 to 1024")->check(integer);
-    app.add_option("--embd", a.embd, "embedding width (C), 1 to 2^16, divisible by --heads")->check(integer);
-    app.add_option("--norm", a.norm, "layer or rms");
-    app.add_option("--policy", a.policy, "input, output, normalized, both (input and output) or all (the three)");
-    app.add_option("--recompute-gelu", a.recompute_gelu,
-                   "on (default): the MLP's gelu(h) is made again in backward instead of saved (4*B*T*C elements "
-                   "a layer); off: saved");
-    app.add_option("--lr", a.lr,
-                   "peak learning rate, > 0 and <= 1e6 (warm-up over 10% of --steps, cosine decay to lr/10)")
-        ->check(real);
-    app.add_option("--seed", a.seed, "seed for initialization and batches, 0 to 2^64 - 1")->check(seed);
-    app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible, else cpu)");
-    app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)");
-    app.add_option("--vocab", a.vocab, "vocabulary size with --data random, 2 to 2^24 (text is read as 256 bytes)")
-        ->check(integer);
-    app.add_option("--preset", a.preset,
-                   "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens (default: none)");
-    app.add_option("--log-every", a.log_every, "steps between progress lines")->check(integer);
-    app.add_option("--json", a.json, "write the results as JSON to this file (default: none)")
-        ->check(kFileName)
-        ->type_name("FILE");
-    app.add_option("--chart", a.chart, "SVG chart of the loss and of the memory during one step")
-        ->check(kFileName)
-        ->type_name("FILE");
-    app.add_option("--save", a.save,
-                   "write a checkpoint (safetensors: model, optimizer, step, data position, config) to this file at the "
-                   "end (with --policy both: the output run's) (default: none)")
-        ->check(kFileName)
-        ->type_name("FILE");
-    app.add_option("--save-every", a.save_every,
-                   "with --save, also write the checkpoint every N steps (0: only at the end)")
-        ->check(integer);
-    app.add_option("--val-fraction", a.val_fraction,
-                   "the tail of the text held out for the validation loss, 0 to 0.5 (0: none)")
-        ->check(real);
-    app.add_option("--eval-every", a.eval_every,
-                   "evaluate the held-out loss every N steps, and after the last (0: after the last only)")
-        ->check(integer);
-    app.add_option("--eval-batches", a.eval_batches, "held-out batches per evaluation, 1 to 2^20")->check(integer);
-    app.add_flag("--save-best", a.save_best,
-                 "with --save, write the checkpoint at each new best validation loss instead of at the end "
-                 "(default: off)");
-    app.add_option("--stop-at", a.stop_at,
-                   "stop after this step; the learning-rate schedule still spans --steps, so --resume continues it "
-                   "(0: at --steps)")
-        ->check(integer);
-    app.add_option("--resume", a.resume,
-                   "continue the run saved in this checkpoint (flags left out take its values; others must match) "
-                   "(default: none)")
-        ->check(kFileName)
-        ->type_name("FILE");
-    app.add_option("--on-nan", a.on_nan,
-                   "stop: a non-finite loss ends the run (status 1) before anything is saved over a checkpoint; "
-                   "continue: train on, saving no checkpoint");
-    app.add_flag("--detect-anomaly", a.detect_anomaly,
-                 "stop at the first NaN or Inf that an op or a backward node produces, naming it (slow: checks every "
-                 "output; on cuda copies each to the host) (default: off)");
+    add_flags(app, a);
     try {
         app.parse(argc, argv);
         std::optional<ResumeState> resume;
@@ -464,18 +408,7 @@ int main(int argc, char** argv) {
             resume = read_resume(a.resume);
             apply_resume_config(app, a, *resume);
         }
-        if (a.preset == "gpt2-medium-ish") {  // explicit flags win over the preset
-            auto set = [&](const char* flag, int64_t& field, int64_t value) {
-                if (app.count(flag) == 0) field = value;
-            };
-            set("--vocab", a.vocab, 32768);
-            set("--seq", a.seq, 1024);
-            set("--embd", a.embd, 1024);
-            set("--heads", a.heads, 16);
-            set("--layers", a.layers, 12);
-            set("--batch", a.batch, 16);
-            if (app.count("--data") == 0) a.data = "random";
-        }
+        apply_preset(app, a);
         if (a.device.empty()) a.device = cuda_is_available() ? "cuda" : "cpu";
         if (a.dtype.empty()) a.dtype = a.device == "cuda" ? "bf16" : "f32";
         check_args(a);

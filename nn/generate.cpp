@@ -16,6 +16,13 @@ namespace {
 
 const Tensor& first_parameter(const GPT& model) { return model.wte->weight; }
 
+// Sampling is inference: a model with dropout must be in evaluation mode, or its forward would drop.
+void check_eval_mode(const char* op, const GPT& model) {
+    NT_CHECK(!model.is_training() || model.config().dropout == 0, op,
+             ": expected a model in evaluation mode (model.eval()): it has dropout ", model.config().dropout,
+             ", which drops in training mode");
+}
+
 // Rows [pos, pos + n) of batch element b of a [B, rows, D] contiguous tensor, as a contiguous
 // [n, D] view (a narrow of dimension 1 alone is not contiguous when B > 1, and copy_ writes
 // contiguous destinations only).
@@ -38,6 +45,7 @@ KVCache::KVCache(const GPT& model, int64_t batch_size)
 Tensor forward_cached(const GPT& model, KVCache& cache, const Tensor& idx_new) {
     const char* op = "forward_cached";
     const Tensor& w = first_parameter(model);
+    check_eval_mode(op, model);
     NT_CHECK(idx_new.defined(), op, ": expected idx_new of shape [B, n] i64, got an undefined tensor");
     NT_CHECK_AS(DTypeError, idx_new.dtype() == DType::I64, op, ": expected idx_new of shape [B, n] i64, got ",
                 shape_str(idx_new.shape()), " ", dtype_name(idx_new.dtype()));
@@ -131,6 +139,7 @@ std::vector<int64_t> generate(const GPT& model, std::vector<int64_t> prompt, int
     NT_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
              "generate: expected a temperature >= 0 and finite (0: greedy), got ", o.temperature);
     NT_CHECK(o.top_k >= 0, "generate: expected top_k >= 0 (0: all tokens), got ", o.top_k);
+    check_eval_mode("generate", model);
     NoGradGuard no_grad;
     const Device device = first_parameter(model).device();
     const int64_t keep = std::max<int64_t>(1, block_size / 2);  // Note [Context longer than block_size]

@@ -16,7 +16,7 @@
 // (a third more than the 2C of keys and values alone).
 // forward_cached must compute what GPT::forward computes, layer by layer (ln_1, c_attn, attention,
 // c_proj, the residual adds, ln_2, mlp, ln_f, lm_head); a change to GPT::forward is a change to it.
-// Dropout is left out: sampling is inference.
+// Sampling is inference: a model with dropout must be in evaluation mode (Module::eval()).
 //
 // Note [Context longer than block_size]
 // The model sees at most block_size positions. When the next token would not fit, both modes
@@ -75,7 +75,8 @@ private:
 // embedding()); DTypeError on idx_new not i64; ShapeError on idx_new not 2-D, another batch size
 // than the cache's, n < 1, n past the cache's capacity (the message gives length and capacity), or
 // a cache made for a model of another shape; DTypeError on a cache of another dtype than the
-// model's; DeviceError on idx_new or the cache on another device than the model's.
+// model's; DeviceError on idx_new or the cache on another device than the model's; Error on a
+// model with dropout in training mode (call model.eval() first).
 Tensor forward_cached(const GPT& model, KVCache& cache, const Tensor& idx_new);
 
 // How generate() picks each token.
@@ -109,7 +110,8 @@ struct SamplingOptions {
 // block_size / 2 tokens when the context restarts.
 // Throws, naming generate: ShapeError on an empty prompt; Error on a prompt token outside [0, V)
 // (giving the token and its position), max_new_tokens < 0, temperature < 0 or not finite, or
-// top_k < 0; and as forward_cached / GPT::forward (KVCache's allocation, the device).
+// top_k < 0, or a model with dropout in training mode; and as forward_cached / GPT::forward
+// (KVCache's allocation, the device).
 std::vector<int64_t> generate(const GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
                               const SamplingOptions& options,
                               const std::function<void(int64_t token)>& on_token = nullptr);

@@ -8,18 +8,21 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|bench|sanitize|profile]   (default all)
-#     tests: the tests only; sanitize: the sanitizers only; bench: the benchmarks and training runs
-#     only (each of the three fits in 10 minutes on an H200 whose build-gpu/ is already built); profile: only scripts/profile_step.sh, the step's kernel time by
-#     category beside PyTorch's (needs Nsight Compute's ncu; not part of all).
+#   scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt]   (default all)
+#     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); sanitize: the
+#     sanitizers only; bench: the benchmarks and training runs only (each of the three fits in 10
+#     minutes on an H200 whose build-gpu/ is already built); profile: only scripts/profile_step.sh,
+#     the step's kernel time by category beside PyTorch's (needs Nsight Compute's ncu); nanogpt:
+#     nanoGPT's Shakespeare GPU configuration trained by train_gpt and by PyTorch eager
+#     (scripts/train_torch_shakespeare.py). Neither profile nor nanogpt is part of all.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|bench|sanitize|profile) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|bench|sanitize|profile]" >&2; exit 2;; esac
+case "$MODE" in all|tests|bench|sanitize|profile|nanogpt) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt]" >&2; exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 summary=()
@@ -33,7 +36,7 @@ if cmake --build build-gpu -j "$(nproc)" > "$GPU_OUT/build.log" 2>&1; then summa
 
 export NORMTAPE_PYTHON=python3
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
-    (cd build-gpu && ctest -j "$(nproc)" --output-on-failure > "$GPU_OUT/ctest.log" 2>&1)
+    (cd build-gpu && ctest -j "$(nproc)" --output-on-failure -R "${GPU_TESTS:-.}" > "$GPU_OUT/ctest.log" 2>&1)
     summary+=("tests: $(grep -E 'tests passed|tests failed' "$GPU_OUT/ctest.log" | tail -1)")
     grep -q "100% tests passed" "$GPU_OUT/ctest.log" || failed=1
     grep -E "Failed|\*\*\*Exception|Not Run|Skipped" "$GPU_OUT/ctest.log" | head -20
@@ -67,16 +70,17 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
     done
 fi
 
+# step LABEL COMMAND...: runs the command, notes its exit status, and fails the script if it failed
+# (train_gpt exits 1 when the measured saving differs from the prediction).
+step() {
+    local label=$1; shift
+    "$@"
+    local rc=$?
+    summary+=("$label: exit $rc")
+    [ $rc -eq 0 ] || failed=1
+}
+
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
-    # step LABEL COMMAND...: runs the command, notes its exit status, and fails the script if it failed
-    # (train_gpt exits 1 when the measured saving differs from the prediction).
-    step() {
-        local label=$1; shift
-        "$@"
-        local rc=$?
-        summary+=("$label: exit $rc")
-        [ $rc -eq 0 ] || failed=1
-    }
     step bench_norms ./build-gpu/bench_norms --reference --json "$GPU_OUT/bench.json" --csv "$GPU_OUT/bench.csv" \
         > "$GPU_OUT/bench.log" 2>&1
     step bench_torch_norms env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" \
@@ -109,6 +113,19 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     step "tinyshakespeare bf16" ./build-gpu/train_gpt --device cuda --data data/tinyshakespeare.txt --policy all \
         --steps 300 --log-every 50 --json "$GPU_OUT/shakespeare.json" --chart "$GPU_OUT/shakespeare.svg" \
         > "$GPU_OUT/shakespeare.log" 2>&1
+fi
+
+# nanoGPT's config/train_shakespeare_char.py in train_gpt's flags (README, "Training on Shakespeare"),
+# then the same model, data and schedule in PyTorch eager.
+if [ "$MODE" = nanogpt ]; then
+    step "nanoGPT GPU config, train_gpt" ./build-gpu/train_gpt --device cuda --dtype bf16 --layers 6 --heads 6 \
+        --embd 384 --seq 256 --batch 64 --steps 5000 --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 --dropout 0.2 \
+        --policy input --eval-every 250 --eval-batches 100 --log-every 250 --sample 600 \
+        --json "$GPU_OUT/nanogpt.json" --chart "$GPU_OUT/nanogpt.svg" > "$GPU_OUT/nanogpt.log" 2>&1
+    step "nanoGPT GPU config, PyTorch" env PYTHONUNBUFFERED=1 python3 scripts/train_torch_shakespeare.py \
+        --preset nanogpt-gpu --eval-batches 100 --json "$GPU_OUT/nanogpt_torch.json" > "$GPU_OUT/nanogpt_torch.log" 2>&1
+    summary+=("ours:    $(grep -E 'validation: best loss' "$GPU_OUT/nanogpt.log")")
+    summary+=("PyTorch: $(tail -1 "$GPU_OUT/nanogpt_torch.log")")
 fi
 
 if [ "$MODE" = profile ]; then

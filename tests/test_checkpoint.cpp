@@ -250,7 +250,11 @@ TEST_CASE("checkpoint: train_gpt stopped and resumed gives the losses of the run
                           Case{"random tokens, rms norm, output policy, f32",
                                "--data random --vocab 64 --norm rms --policy output --seed 7"},
                           Case{"text, layer norm, output policy, bf16 (master copies)",
-                               "--data " + (dir / "data.txt") + " --policy output --dtype bf16"}}) {
+                               "--data " + (dir / "data.txt") + " --policy output --dtype bf16"},
+                          // The dropout stream is restored, and the schedule's flags come from the checkpoint.
+                          Case{"text, layer norm, normalized policy, f32, dropout and nanoGPT's schedule",
+                               "--data " + (dir / "data.txt") +
+                                   " --policy normalized --dropout 0.2 --warmup 2 --min-lr 1e-4 --beta2 0.99"}}) {
         CAPTURE(c.name);
         std::string flags = c.flags + model + " --device cpu";
         RunResult straight = run_train_gpt(dir, flags + " --json " + (dir / "straight.json"));

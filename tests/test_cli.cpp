@@ -73,6 +73,14 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
                   "--data /nonexistent/file.txt: cannot read the data file: No such file"},
              Case{"--data " + dir.path.string(), ": is a directory, expected a text file"},
              Case{"--data " + (dir / "short.txt") + " --seq 8", "has 4 bytes; --seq 8 needs at least 10"},
+             Case{"--steps 10 --warmup 10", "--warmup 10: expected warm-up steps from 0 to --steps - 1 = 9"},
+             Case{"--warmup -2", "--warmup -2: expected warm-up steps from 0"},
+             Case{"--min-lr 0.01", "--min-lr 0.01: expected a learning rate from 0 to --lr = 0.003"},
+             Case{"--beta2 1", "--beta2 1: expected a decay from 0 to 1 (exclusive)"},
+             Case{"--dropout 1", "--dropout 1: expected a probability from 0 to 1 (exclusive)"},
+             Case{"--dropout -0.1", "--dropout -0.1: expected a probability from 0 to 1 (exclusive)"},
+             Case{"--threads 2000", "--threads 2000: expected cpu threads (0: every core) from 0 to 1024"},
+             Case{"--sample -1", "--sample -1: expected bytes to sample from 0 to"},
              Case{"--val-fraction 0.6", "--val-fraction 0.6: expected a fraction of the text from 0 to 0.5"},
              Case{"--val-fraction nan", "--val-fraction nan: expected a fraction of the text from 0 to 0.5"},
              Case{"--eval-batches 0", "--eval-batches 0: expected held-out batches per evaluation from 1 to"},
@@ -222,6 +230,31 @@ TEST_CASE("train_gpt: the held-out tail is scored every --eval-every steps, and 
     REQUIRE(none.code == 0);
     CHECK(none.out.find("val loss") == std::string::npos);
     CHECK(nlohmann::json::parse(slurp(json))["runs"][0]["val_losses"].empty());
+}
+
+TEST_CASE("train_gpt: --threads 1 and 2 train bit for bit alike, with dropout, and --sample prints what it draws") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    const std::string flags = "--steps 4 --batch 2 --seq 16 --layers 1 --heads 2 --embd 16 --policy input --device cpu "
+                              "--dropout 0.1 --sample 40 --chart " + (dir / "c.svg");
+    RunResult one = run_train_gpt(dir, flags + " --threads 1 --json " + (dir / "one.json"));
+    RunResult two = run_train_gpt(dir, flags + " --threads 2 --json " + (dir / "two.json"));
+    CAPTURE(one.err);
+    CAPTURE(two.err);
+    REQUIRE(one.code == 0);
+    REQUIRE(two.code == 0);
+    CHECK(one.out.find("cpu (1 threads)") != std::string::npos);
+    CHECK(two.out.find("cpu (2 threads)") != std::string::npos);
+    nlohmann::json a = nlohmann::json::parse(slurp(dir / "one.json")), b = nlohmann::json::parse(slurp(dir / "two.json"));
+    CHECK(a["runs"][0]["losses"] == b["runs"][0]["losses"]);  // bit for bit: JSON keeps every double's digits
+    CHECK(a["runs"][0]["val_losses"] == b["runs"][0]["val_losses"]);
+    // The sample: its header line, then 40 bytes drawn by the seed, the same in both runs.
+    const std::string header = "a sample of 40 bytes (temperature 0.8, top-k 200):\n";
+    const size_t at = one.out.find(header);
+    REQUIRE(at != std::string::npos);
+    const std::string sample = one.out.substr(at + header.size(), 40);
+    CHECK(sample.size() == 40);
+    CHECK(two.out.find(header + sample) != std::string::npos);
 }
 
 TEST_CASE("train_gpt: --detect-anomaly stops a diverging run at the first op that made a NaN or Inf, exit code 1") {
