@@ -38,14 +38,6 @@ A dot(const T* x, const T* y, int64_t n) {
     return s;
 }
 
-// keep / (1 - p) of the probability of query t and key s of (b, h), 1 without dropout
-// (the mask's numbering: ops/attention.h).
-template <class A>
-A drop_factor(const DropoutMask& drop, A keep_scale, int64_t b, int64_t h, int64_t t, int64_t s, int64_t NH, int64_t Tn) {
-    if (!drop.active()) return A(1);
-    return drop.keep(static_cast<uint64_t>(((b * NH + h) * Tn + t) * Tn + s)) ? keep_scale : A(0);
-}
-
 // The output rows t = first_row .. T-1, Tq = T - first_row of them: out: [B, Tq, C], lse:
 // [B, NH, Tq] (natural log of the softmax's denominator, scores scaled) or null, qkv: [B, T, 3C];
 // dropout `drop` on the probabilities (only with first_row 0). Arithmetic in A = acc_t<T>.
@@ -72,7 +64,7 @@ void attention_forward_cpu(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64
                 for (int64_t s = 0; s <= t; ++s) sum += a[s] = std::exp(a[s] - m);
                 std::fill(o.begin(), o.end(), A(0));
                 for (int64_t s = 0; s <= t; ++s) {
-                    const A w = a[s] * drop_factor(drop, keep_scale, b, h, t, s, NH, Tn);
+                    const A w = a[s] * detail::attention_drop_factor(drop, keep_scale, b * NH + h, Tn, t, s);
                     const T* v = x.v(b, s, h);
                     for (int64_t d = 0; d < hs; ++d) o[d] += w * A(v[d]);
                 }
@@ -111,7 +103,7 @@ void attention_backward_cpu(T* dqkv, const T* dout, const T* qkv, const T* out, 
                     // <= 1 exactly as in forward; at scores whose rounding exceeds 1 (|score| ~ 1e8 in
                     // f32) the exponent's own rounding would otherwise make p overflow.
                     const A p = std::min(A(1), std::exp(dot<A>(x.q(b, t, h), x.k(b, s, h), hs) * scale - row_lse));
-                    const A z = drop_factor(drop, keep_scale, b, h, t, s, NH, Tn);
+                    const A z = detail::attention_drop_factor(drop, keep_scale, b * NH + h, Tn, t, s);
                     const A ds = p * (z * dot<A>(go, x.v(b, s, h), hs) - D) * scale;
                     const T *q = x.q(b, t, h), *k = x.k(b, s, h);
                     A *dk = g(b, s, h, 1), *dv = g(b, s, h, 2);

@@ -11,6 +11,7 @@
 #include "core/cuda_context.h"
 #include "core/device_ptr.h"
 #include "core/tensor.h"
+#include "ops/attention.h"
 #include "ops/attention_flash.cuh"
 #include "ops/cuda_common.cuh"
 #include "ops/cuda_launchers.h"
@@ -48,14 +49,6 @@ __device__ A* warp_scratch(int vectors, int hs) {
 // The number of rows of a chunk of 32 that start at `first` and end before `end`.
 __device__ inline int chunk(int64_t first, int64_t end) { return end - first < 32 ? static_cast<int>(end - first) : 32; }
 
-// keep / (1 - p) of the probability of query t and key s in (batch, head) row block bh, 1 without
-// dropout (the mask's numbering: ops/attention.h).
-template <class A>
-__device__ A drop_factor(const DropoutMask& drop, A keep_scale, int64_t bh, int64_t Tn, int64_t t, int64_t s) {
-    if (!drop.active()) return A(1);
-    return drop.keep(static_cast<uint64_t>((bh * Tn + t) * Tn + s)) ? keep_scale : A(0);
-}
-
 __device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }
 
 // One warp per query row t = first_row + (its row among the Tq = T - first_row computed): keys in
@@ -91,7 +84,7 @@ __global__ void attention_forward_kernel(T* __restrict__ out, acc_t<T>* __restri
         const A pv = s <= t ? exp(score - m_new) : A(0);
         l = l * corr + warp_sum(pv);
         m = m_new;
-        p[lane] = pv * drop_factor(drop, keep_scale, id / Tq, Tn, t, s);
+        p[lane] = pv * attention_drop_factor(drop, keep_scale, id / Tq, Tn, t, s);
         __syncwarp();
         const int n = chunk(s0, t + 1);
         for (int d = lane; d < hs; d += 32) {
@@ -151,7 +144,7 @@ __global__ void attention_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict_
         const int64_t t = t0 + lane;
         A p = 0, ds = 0, z = 0;
         if (t < Tn) {
-            z = drop_factor(drop, keep_scale, id / Tn, Tn, t, r.t);
+            z = attention_drop_factor(drop, keep_scale, id / Tn, Tn, t, r.t);
             recompute<T, A>(p, ds, base + t * 3 * C, base + r.t * 3 * C + C, base + r.t * 3 * C + 2 * C,
                             go_base + t * C, hs, scale, lse[lse_base + t], D[lse_base + t], z);
         }
@@ -193,7 +186,7 @@ __global__ void attention_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ 
         A p = 0, ds = 0;
         if (s <= r.t)
             recompute<T, A>(p, ds, base + r.t * 3 * C, base + s * 3 * C + C, base + s * 3 * C + 2 * C, go, hs, scale,
-                            lse[id], D[id], drop_factor(drop, keep_scale, id / Tn, Tn, r.t, s));
+                            lse[id], D[id], attention_drop_factor(drop, keep_scale, id / Tn, Tn, r.t, s));
         dsv[lane] = ds;
         __syncwarp();
         const int n = chunk(s0, r.t + 1);

@@ -45,4 +45,19 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double dropout_p
 // output under anomaly detection.
 Tensor causal_self_attention_rows(const Tensor& qkv, int64_t n_head, int64_t first_row);
 
+namespace detail {
+// Attention's dropout factor z of query t and key s in (batch, head) bh = b * n_head + h: keep /
+// (1 - p) for element (bh * T + t) * T + s of the mask (the numbering above), 1 without dropout.
+// One definition for the cpu loops and the CUDA kernels, so both draw the same mask.
+NT_HOST_DEVICE inline bool attention_keep(const DropoutMask& drop, int64_t bh, int64_t T, int64_t t, int64_t s) {
+    return drop.keep(static_cast<uint64_t>((bh * T + t) * T + s));
+}
+template <class A>
+NT_HOST_DEVICE A attention_drop_factor(const DropoutMask& drop, A keep_scale, int64_t bh, int64_t T, int64_t t,
+                                       int64_t s) {
+    if (!drop.active()) return A(1);
+    return attention_keep(drop, bh, T, t, s) ? keep_scale : A(0);
+}
+}  // namespace detail
+
 }  // namespace normtape

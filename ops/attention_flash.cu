@@ -30,6 +30,7 @@
 #include "core/cuda_context.h"
 #include "core/device_ptr.h"
 #include "core/tensor.h"
+#include "ops/attention.h"
 #include "ops/attention_flash.cuh"
 #include "ops/cuda_common.cuh"
 #include "ops/mma.cuh"
@@ -56,12 +57,6 @@ __device__ void load_tile(bf16* tile, const bf16* src, int64_t ld, int row0, int
         if (row0 + r < Tn) copy_async16(to, src + static_cast<int64_t>(row0 + r) * ld + c);
         else *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
     }
-}
-
-// Whether dropout keeps the probability of query `row` and key `col` of (batch, head) bh: element
-// (bh * T + row) * T + col of the mask (the numbering of every attention kernel, ops/attention.h).
-__device__ inline bool attention_keep(const DropoutMask& drop, int bh, int Tn, int row, int col) {
-    return drop.keep((static_cast<uint64_t>(bh) * Tn + row) * Tn + col);
 }
 
 __device__ inline float quad_max(float v) {
