@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/cuda_allocator.h"
+#include "core/named_scope.h"
 
 namespace normtape {
 
@@ -21,6 +22,18 @@ std::vector<MemoryEvent>* cpu_trace = nullptr;
 void check_backend(Device device, const char* what) {
     NT_CHECK_AS(DeviceError, device.is_cpu() || cuda_is_built(), what, ": expected device cpu, got ",
                 device_name(device), ", which needs the CUDA backend that this build of normtape does not have");
+}
+
+void count_cpu_allocation(size_t nbytes) noexcept {
+    cpu_stats.allocated_bytes += static_cast<int64_t>(nbytes);
+    cpu_stats.peak_allocated_bytes = std::max(cpu_stats.peak_allocated_bytes, cpu_stats.allocated_bytes);
+    cpu_stats.num_allocs += 1;
+    detail::append_memory_event(cpu_trace, cpu_stats, static_cast<int64_t>(nbytes));
+}
+
+void count_cpu_deallocation(size_t nbytes) noexcept {
+    cpu_stats.allocated_bytes -= static_cast<int64_t>(nbytes);
+    detail::append_memory_event(cpu_trace, cpu_stats, -static_cast<int64_t>(nbytes));
 }
 
 }  // namespace
@@ -46,16 +59,7 @@ void* allocate(Device device, size_t nbytes) {
     NT_CHECK_AS(OutOfMemoryError, ptr != nullptr, "allocate: out of memory on cpu: requested ", nbytes,
                 " bytes with ", cpu_stats.allocated_bytes, " bytes allocated (peak ", cpu_stats.peak_allocated_bytes,
                 ")");
-    cpu_stats.allocated_bytes += static_cast<int64_t>(nbytes);
-    cpu_stats.peak_allocated_bytes = std::max(cpu_stats.peak_allocated_bytes, cpu_stats.allocated_bytes);
-    cpu_stats.num_allocs += 1;
-    if (cpu_trace) {
-        try {
-            cpu_trace->push_back({cpu_stats.num_allocs, cpu_stats.allocated_bytes});
-        } catch (...) {
-            cpu_trace = nullptr;  // out of host memory for the trace: stop tracing rather than lose the block
-        }
-    }
+    count_cpu_allocation(nbytes);
     return ptr;
 }
 
@@ -66,14 +70,32 @@ void deallocate(Device device, void* ptr, size_t nbytes) noexcept {
         return;
     }
     std::free(ptr);
-    cpu_stats.allocated_bytes -= static_cast<int64_t>(nbytes);
-    if (cpu_trace) {
-        try {
-            cpu_trace->push_back({cpu_stats.num_allocs, cpu_stats.allocated_bytes});
-        } catch (...) {
-            cpu_trace = nullptr;  // out of host memory for the trace: stop tracing, never throw from here
-        }
+    count_cpu_deallocation(nbytes);
+}
+
+void* allocate_pinned(size_t nbytes) {
+    NT_CHECK_AS(DeviceError, cuda_is_built(), "allocate_pinned: expected a build with the CUDA backend for ", nbytes,
+                " bytes of pinned host memory, got one without it");
+    NT_CHECK_AS(DeviceError, cuda_is_available(), "allocate_pinned: expected a visible CUDA GPU for ", nbytes,
+                " bytes of pinned host memory, got none");
+    if (nbytes == 0) return nullptr;
+    void* ptr = nullptr;
+    try {
+        ptr = detail::cuda_host_allocate(nbytes);
+    } catch (const OutOfMemoryError& e) {
+        detail::throw_error<OutOfMemoryError>("allocate_pinned: out of memory on cpu: requested ", nbytes,
+                                              " pinned bytes with ", cpu_stats.allocated_bytes,
+                                              " bytes allocated (peak ", cpu_stats.peak_allocated_bytes,
+                                              "): ", e.what());
     }
+    count_cpu_allocation(nbytes);
+    return ptr;
+}
+
+void deallocate_pinned(void* ptr, size_t nbytes) noexcept {
+    if (ptr == nullptr) return;
+    detail::cuda_host_deallocate(ptr, nbytes);
+    count_cpu_deallocation(nbytes);
 }
 
 MemoryStats memory_stats(Device device) {
@@ -90,6 +112,24 @@ void reset_peak_memory_stats(Device device) {
 void empty_cache(Device device) {
     check_backend(device, "empty_cache");
     if (device.is_cuda()) detail::cuda_empty_cache(device.index);
+    else detail::cuda_host_empty_cache();
+}
+
+void detail::append_memory_event(std::vector<MemoryEvent>*& trace, const MemoryStats& stats,
+                                 int64_t delta_bytes) noexcept {
+    if (!trace) return;
+    try {
+        MemoryEvent e;
+        e.num_allocs = stats.num_allocs;
+        e.allocated_bytes = stats.allocated_bytes;
+        e.delta_bytes = delta_bytes;
+        e.backward = in_backward();
+        e.node = current_backward_node();
+        e.scope = current_scope();
+        trace->push_back(std::move(e));
+    } catch (...) {
+        trace = nullptr;  // out of host memory for the trace: stop tracing rather than lose the block
+    }
 }
 
 void set_memory_trace(Device device, std::vector<MemoryEvent>* trace) {

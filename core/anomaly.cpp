@@ -14,7 +14,7 @@ namespace normtape {
 namespace {
 
 bool anomaly_mode = false;  // Note [Anomaly detection]
-bool in_backward = false;   // a backward is running: forward checks are left to the engine
+bool backward_running = false;  // a backward is running: forward checks are left to the engine
 
 // The NaN and Inf values of a tensor: how many, and the first in row-major order.
 struct NonFinite {
@@ -58,12 +58,12 @@ bool is_anomaly_enabled() { return anomaly_mode; }
 DetectAnomalyGuard::DetectAnomalyGuard(bool enabled) : previous_(anomaly_mode) { anomaly_mode = enabled; }
 DetectAnomalyGuard::~DetectAnomalyGuard() { anomaly_mode = previous_; }
 
-detail::BackwardAnomalyScope::BackwardAnomalyScope() : previous_(in_backward) { in_backward = true; }
-detail::BackwardAnomalyScope::~BackwardAnomalyScope() { in_backward = previous_; }
+detail::BackwardAnomalyScope::BackwardAnomalyScope() : previous_(backward_running) { backward_running = true; }
+detail::BackwardAnomalyScope::~BackwardAnomalyScope() { backward_running = previous_; }
 
 void detail::check_forward_anomaly(const char* op, const char* output_name, const Tensor& output,
                                    std::initializer_list<NamedInput> inputs) {
-    if (!anomaly_mode || in_backward) return;
+    if (!anomaly_mode || backward_running) return;
     NonFinite nf = find_non_finite(output);
     if (nf.count == 0) return;
     std::string upstream;

@@ -6,7 +6,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/activation_checkpoint_internal.h"
 #include "core/anomaly_internal.h"
+#include "core/saved_hooks.h"
 
 namespace normtape {
 
@@ -48,13 +50,40 @@ SavedTensor::SavedTensor(const Tensor& t) {
     if (!t.defined()) return;
     version_ = t.storage()->version();
     was_saved_ = true;
+    std::vector<std::shared_ptr<const detail::HookPair>> hooks;  // innermost first
+    if (!t.storage()->is_parameter()) {
+        for (auto it = detail::save_scopes().rbegin(); it != detail::save_scopes().rend(); ++it) {
+            if (it->hooks) {
+                hooks.push_back(it->hooks);
+                continue;
+            }
+            if (it->checkpoint_forward) {  // nothing is kept but the way to make it again
+                recipe_ = detail::checkpoint_drop(*it->checkpoint_forward, t);
+                origin_ = t.storage();
+                return;
+            }
+            detail::checkpoint_capture(*it->checkpoint_rerun, t);
+            break;  // hooks outside a rerun belong to the forward that recorded the checkpoint
+        }
+    }
     const std::shared_ptr<const Recipe>& recipe = t.impl().recipe;
     if (recipe && recipe->version == version_) {  // Note [Rematerialization]
         recipe_ = recipe;
         origin_ = t.storage();
         return;
     }
-    data_ = t.detach();
+    if (hooks.empty()) {
+        data_ = t.detach();
+        return;
+    }
+    Tensor packed = t.detach();  // Note [Nested saved-tensor hooks]
+    for (const auto& pair : hooks) packed = pair->pack(packed).detach();
+    data_ = packed;
+    hooks_ = std::move(hooks);
+    origin_ = t.storage();
+    shape_ = t.shape();
+    dtype_ = t.dtype();
+    device_ = t.device();
 }
 
 namespace {
@@ -67,20 +96,33 @@ void check_version(const char* node_name, uint64_t saved, uint64_t now) {
 Tensor SavedTensor::unpack(const char* node_name) const {
     check_not_released(released_, node_name);
     if (!was_saved_) return Tensor();
-    if (recipe_) {
+    if (recipe_ || !hooks_.empty())
         if (std::shared_ptr<Storage> origin = origin_.lock()) check_version(node_name, version_, origin->version());
+    if (recipe_) {
         std::vector<Tensor> inputs;
-        for (const SavedTensor& in : recipe_->inputs) inputs.push_back(in.unpack(node_name));
+        if (recipe_->unpack_inputs)
+            for (const SavedTensor& in : recipe_->inputs) inputs.push_back(in.unpack(node_name));
         NoGradGuard no_grad;
         return recipe_->make(inputs);
     }
-    check_version(node_name, version_, data_.storage()->version());
-    return data_;
+    if (hooks_.empty()) {
+        check_version(node_name, version_, data_.storage()->version());
+        return data_;
+    }
+    Tensor t = data_;
+    for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) t = (*it)->unpack(t);
+    NT_CHECK(t.defined() && t.shape() == shape_ && t.dtype() == dtype_ && t.device() == device_, node_name,
+             ": expected saved-tensor hooks to unpack a tensor of the saved one's shape, dtype and device ",
+             shape_str(shape_), " ", dtype_name(dtype_), " ", device_name(device_), ", got ",
+             t.defined() ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " " + device_name(t.device())
+                         : std::string("an undefined tensor"));
+    return t.detach();
 }
 
 void SavedTensor::release() {
     data_ = Tensor();
     recipe_.reset();
+    hooks_.clear();
     origin_.reset();
     released_ = true;
 }
@@ -97,7 +139,7 @@ void set_recipe(Tensor& t, const char* name, const std::vector<Tensor>& inputs,
 }
 
 void Node::release_saved() {
-    for (SavedTensor* s : saved_tensors()) s->release();
+    for (SavedSlot s : saved_tensors()) s.tensor->release();
     released_ = true;
 }
 
@@ -105,10 +147,12 @@ void Node::set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edg
 
 void add_to_tape(const std::shared_ptr<Node>& node) {
     node->sequence_nr_ = tape().next_sequence_nr++;
+    node->module_path_ = current_scope();
     tape().add(node);
 }
 
 bool grad_mode_enabled() { return grad_mode; }
+void detail::set_grad_mode(bool enabled) { grad_mode = enabled; }
 
 NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
@@ -132,12 +176,15 @@ int64_t saved_bytes() {
         const Storage* storage = s.data().storage().get();
         if (storage && !storage->is_parameter() && seen.insert(storage).second) total += static_cast<int64_t>(storage->nbytes());
     };
-    for (const std::weak_ptr<Node>& w : tape().nodes) {
-        std::shared_ptr<Node> node = w.lock();
-        if (!node) continue;
-        for (SavedTensor* s : node->saved_tensors()) count(*s);
-    }
+    detail::for_each_live_node([&](Node& node) {
+        for (SavedSlot s : node.saved_tensors()) count(*s.tensor);
+    });
     return total;
+}
+
+void detail::for_each_live_node(const std::function<void(Node&)>& fn) {
+    for (const std::weak_ptr<Node>& w : tape().nodes)
+        if (std::shared_ptr<Node> node = w.lock()) fn(*node);
 }
 
 namespace {
@@ -216,7 +263,11 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
         pending.erase(it);
         check_not_released(node->released(), node->name());
         node->retain_saved_ = retain_graph;
-        std::vector<Tensor> grad_inputs = node->apply(grad_output);
+        std::vector<Tensor> grad_inputs;
+        {
+            detail::BackwardNodeScope where(node->module_path_, node->name());
+            grad_inputs = node->apply(grad_output);
+        }
         if (!retain_graph) node->release_saved();
         const std::vector<Edge>& edges = node->next_edges();
         NT_CHECK(grad_inputs.size() == edges.size(), node->name(), ": expected ", edges.size(),

@@ -54,10 +54,12 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "core/anomaly.h"
+#include "core/named_scope.h"
 #include "core/tensor.h"
 
 namespace normtape {
@@ -75,41 +77,70 @@ struct Edge {
     bool valid() const { return node != nullptr || leaf != nullptr; }
 };
 
-// A tensor saved for backward: shares storage (no copy), holds no grad_fn, remembers the storage
-// version at save time; or, for a tensor that carries a recipe, the recipe (Note
-// [Rematerialization]). A default-constructed SavedTensor stands for "nothing saved" (e.g. no
-// bias) and unpacks to an undefined Tensor.
+namespace detail {
+struct HookPair;  // core/saved_hooks.h
+}
+
+// A tensor saved for backward. What it keeps, in the order it is decided when it is saved:
+// - inside a function that checkpoint() runs (core/activation_checkpoint.h): nothing but a recipe
+//   that reruns the function from its saved inputs;
+// - for a tensor that carries a recipe: the recipe (Note [Rematerialization]);
+// - while SavedTensorHooks are active (core/saved_hooks.h): what their pack functions returned;
+// - otherwise the tensor itself: shared storage (no copy), no grad_fn.
+// A parameter's storage (Storage::is_parameter) is always kept as itself: it exists anyway. The
+// storage's version at save time is remembered, so that unpack() refuses a tensor modified in
+// place since. A default-constructed SavedTensor stands for "nothing saved" (e.g. no bias) and
+// unpacks to an undefined Tensor. Copying one copies handles, not data, and runs no hook.
 class SavedTensor {
 public:
     SavedTensor() = default;
     explicit SavedTensor(const Tensor& t);
 
-    // The saved data as a tensor with no autograd fields (made again from a recipe: a new tensor,
-    // the caller's to hold). Throws Error naming `node_name` if it was released by an earlier
-    // backward, or if the tensor (or a recipe's input) was modified in place since it was saved.
+    // The saved data as a tensor with no autograd fields (made again from a recipe, or unpacked by
+    // the hooks: a new tensor, the caller's to hold). Throws Error naming `node_name` if it was
+    // released by an earlier backward, if the tensor (or a recipe's input) was modified in place
+    // since it was saved, or if the hooks' unpack returned a tensor of another shape, dtype or
+    // device than the one saved; rethrows what a hook or a checkpoint's rerun throws.
     Tensor unpack(const char* node_name) const;
     // Drops the reference to the data or recipe (storages go back to the allocator if unshared).
     void release();
 
     bool holds_data() const { return data_.defined(); }
+    // The tensor held: the saved tensor, or, with hooks, what they packed.
     const Tensor& data() const { return data_; }
     // The recipe kept instead of the data, or nullptr.
     const Recipe* recipe() const { return recipe_.get(); }
+    // True when saved-tensor hooks packed the data.
+    bool packed() const { return !hooks_.empty(); }
 
 private:
     Tensor data_;
     std::shared_ptr<const Recipe> recipe_;
-    std::weak_ptr<Storage> origin_;  // with a recipe: the storage of the tensor it stands for
+    std::vector<std::shared_ptr<const detail::HookPair>> hooks_;  // the pairs that packed data_, innermost first
+    std::weak_ptr<Storage> origin_;  // with a recipe or hooks: the storage of the tensor it stands for
+    Shape shape_;                    // with hooks: what unpack must return
+    DType dtype_ = DType::F32;
+    Device device_ = Device::CPU;
     uint64_t version_ = 0;
     bool was_saved_ = false;
     bool released_ = false;
 };
 
+// One of a node's saved tensors with the name of its slot ("input", "x_hat", "qkv"), as
+// saved_tensors_report() prints it.
+struct SavedSlot {
+    const char* name;
+    SavedTensor* tensor;
+};
+
 // How to make a tensor again from saved tensors (Note [Rematerialization]).
 struct Recipe {
-    const char* name = "";  // the op that makes it, for messages: "gelu", "norm affine"
+    const char* name = "";  // what makes it, for messages and reports: "gelu", "norm affine", "checkpoint"
     std::vector<SavedTensor> inputs;
     std::function<Tensor(const std::vector<Tensor>&)> make;  // from the unpacked inputs, in order
+    // false: make() is called with no inputs and unpacks them itself when it needs them (a
+    // checkpoint reruns its function once for all the tensors it dropped).
+    bool unpack_inputs = true;
     uint64_t version = 0;  // the made tensor's storage version at set_recipe
 };
 
@@ -119,7 +150,8 @@ void set_recipe(Tensor& t, const char* name, const std::vector<Tensor>& inputs,
                 std::function<Tensor(const std::vector<Tensor>&)> make);
 
 // One recorded op. Subclasses hold their saved tensors and plain values (eps, shapes), nothing
-// else, and list the saved tensors in saved_tensors() so the engine can release and count them.
+// else, and list the saved tensors in saved_tensors(), with their slot names, so that the engine
+// can release and count them and saved_tensors_report() can name them.
 class Node {
 public:
     virtual ~Node() = default;
@@ -128,11 +160,13 @@ public:
     // Gradients of the inputs given the gradient of the output; one entry per next_edges() entry,
     // undefined where !needs_input_grad(i). May alias grad_output (Note [Gradient accumulation]).
     virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
-    virtual std::vector<SavedTensor*> saved_tensors() { return {}; }
+    virtual std::vector<SavedSlot> saved_tensors() { return {}; }
 
     const std::vector<Edge>& next_edges() const { return next_edges_; }
     bool needs_input_grad(size_t i) const { return i < next_edges_.size() && next_edges_[i].valid(); }
     uint64_t sequence_nr() const { return sequence_nr_; }
+    // The scope (core/named_scope.h) the node was recorded in: "h.3.ln_1", "" outside modules.
+    const std::string& module_path() const { return *module_path_; }
     // Frees the saved tensors; a later apply() through this node is refused by the engine.
     void release_saved();
     bool released() const { return released_; }
@@ -149,6 +183,7 @@ private:
     friend void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 
     std::vector<Edge> next_edges_;
+    std::shared_ptr<const std::string> module_path_;
     uint64_t sequence_nr_ = 0;
     bool released_ = false;
     bool retain_saved_ = false;
@@ -156,6 +191,9 @@ private:
 
 // Grad mode: on by default, per thread. NoGradGuard turns it off for its scope.
 bool grad_mode_enabled();
+namespace detail {
+void set_grad_mode(bool enabled);  // for EnableGrad scopes inside the library (checkpoint's rerun)
+}
 class NoGradGuard {
 public:
     NoGradGuard();
@@ -192,6 +230,8 @@ void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inpu
 int64_t saved_bytes();
 
 namespace detail {
+// Calls fn(node) for every live node of the tape, in recording order.
+void for_each_live_node(const std::function<void(Node&)>& fn);
 // The engine behind Tensor::backward (see there).
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 }  // namespace detail

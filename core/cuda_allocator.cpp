@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/cuda_copy.h"
 
 namespace normtape::detail {
 
@@ -42,14 +43,7 @@ struct DeviceAllocator {
     MemoryStats stats;
     std::vector<MemoryEvent>* trace = nullptr;
 
-    void record() noexcept {
-        if (!trace) return;
-        try {
-            trace->push_back({stats.num_allocs, stats.allocated_bytes});
-        } catch (...) {
-            trace = nullptr;  // no host memory for the trace: stop tracing, never throw from here
-        }
-    }
+    void record(int64_t delta_bytes) noexcept { append_memory_event(trace, stats, delta_bytes); }
 
     std::set<Block*, BySize>& pool(bool small) { return small ? small_free : large_free; }
 };
@@ -145,7 +139,7 @@ void* cuda_allocate(int device, size_t nbytes) {
     a.stats.allocated_bytes += static_cast<int64_t>(nbytes);
     a.stats.peak_allocated_bytes = std::max(a.stats.peak_allocated_bytes, a.stats.allocated_bytes);
     a.stats.num_allocs += 1;
-    a.record();
+    a.record(static_cast<int64_t>(nbytes));
     return b->ptr;
 }
 
@@ -156,7 +150,7 @@ void cuda_deallocate(int device, void* ptr) noexcept {
     Block* b = it->second;
     a.live.erase(it);
     a.stats.allocated_bytes -= static_cast<int64_t>(b->requested);
-    a.record();
+    a.record(-static_cast<int64_t>(b->requested));
     b->allocated = false;
     b->requested = 0;
     auto& pool = a.pool(b->small);
@@ -192,6 +186,60 @@ void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace) { alloca
 
 void cuda_empty_cache(int device) {
     release_free_segments(device, allocator(device));
+}
+
+namespace {
+
+std::unordered_map<size_t, std::vector<void*>>& host_cache() {  // exact size -> free pinned blocks
+    static std::unordered_map<size_t, std::vector<void*>> cache;
+    return cache;
+}
+
+}  // namespace
+
+void* cuda_host_allocate(size_t nbytes) {
+    auto it = host_cache().find(nbytes);
+    if (it != host_cache().end() && !it->second.empty()) {
+        void* ptr = it->second.back();
+        it->second.pop_back();
+        return ptr;
+    }
+    void* ptr = nullptr;
+    cudaError_t err = cudaHostAlloc(&ptr, nbytes, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // clear it, give the cache back, try once more
+        cuda_host_empty_cache();
+        err = cudaHostAlloc(&ptr, nbytes, cudaHostAllocPortable);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        NT_CHECK_AS(OutOfMemoryError, false, "cudaHostAlloc could not pin ", nbytes, " bytes of host memory");
+    }
+    CUDA_CHECK(err);
+    return ptr;
+}
+
+void cuda_host_deallocate(void* ptr, size_t nbytes) noexcept {
+    try {
+        host_cache()[nbytes].push_back(ptr);
+    } catch (...) {
+        // No host memory for the cache's bookkeeping: keep the block pinned and unused (freeing it
+        // here could race a copy still queued on a side stream).
+    }
+}
+
+void cuda_host_empty_cache() {
+    bool any = false;
+    for (const auto& [size, blocks] : host_cache()) any = any || !blocks.empty();
+    if (!any) return;
+    cuda_side_streams_synchronize();  // a queued copy may still read or write a cached block
+    for (auto& [size, blocks] : host_cache()) {
+        while (!blocks.empty()) {
+            CUDA_CHECK(cudaFreeHost(blocks.back()));
+            blocks.pop_back();
+        }
+    }
+    host_cache().clear();
 }
 
 }  // namespace normtape::detail

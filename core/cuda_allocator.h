@@ -14,6 +14,15 @@
 // so later work is ordered after earlier work that used the block.
 // Counters: allocated_bytes counts the bytes asked for (as the CPU allocator does, so that
 // predictions hold to the byte); reserved_bytes counts the segments held from the driver.
+//
+// Also here: the pinned host memory behind allocate_pinned (core/allocator.h), page-locked with
+// cudaHostAlloc (portable: every GPU may copy from and to it). cudaHostAlloc is slow, and the
+// sizes asked for repeat exactly from one training step to the next, so a freed block is kept in
+// a cache keyed by its exact size and handed out again to a request of that size. Its only users
+// are the side-stream copies of core/cuda_copy.h, each ordered after the copies queued before it
+// on the same GPU's side stream (and a copy into host memory after the other GPUs' too), so a
+// block can be reused at once. cuda_host_empty_cache waits for those copies, then frees the
+// cache. The cpu's counters, which count these bytes, are core/allocator.cpp's.
 #pragma once
 
 #include <cstddef>
@@ -29,5 +38,13 @@ MemoryStats cuda_memory_stats(int device);
 void cuda_reset_peak_memory_stats(int device);
 void cuda_empty_cache(int device);
 void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace);
+
+// `nbytes` (> 0) of pinned host memory, from the cache or cudaHostAlloc (after a failure the
+// cache is freed and the call tried once more). Throws OutOfMemoryError, Error on a CUDA error.
+void* cuda_host_allocate(size_t nbytes);
+// Returns a block of cuda_host_allocate(nbytes) to the cache.
+void cuda_host_deallocate(void* ptr, size_t nbytes) noexcept;
+// Frees the cached pinned blocks (cudaFreeHost) once the side streams' copies are done. Throws Error.
+void cuda_host_empty_cache();
 
 }  // namespace normtape::detail

@@ -2,6 +2,7 @@
 // no GPU is ever available, and anything that would touch one throws.
 #include "core/check.h"
 #include "core/cuda_allocator.h"
+#include "core/cuda_copy.h"
 #include "core/cuda_event.h"
 #include "core/device.h"
 
@@ -23,6 +24,25 @@ MemoryStats cuda_memory_stats(int) { return {}; }
 void cuda_reset_peak_memory_stats(int) {}
 void cuda_empty_cache(int) {}
 void cuda_set_memory_trace(int, std::vector<MemoryEvent>*) {}
+void* cuda_host_allocate(size_t) {
+    NT_CHECK_AS(DeviceError, false, "allocate_pinned: expected a build with the CUDA backend, got one without it");
+}
+void cuda_host_deallocate(void*, size_t) noexcept {}
+void cuda_host_empty_cache() {}
+// SaveOnCpu keeps cpu tensors as they are: without CUDA it never copies, and these are never reached.
+void* cuda_copy_event_create(int) {
+    NT_CHECK_AS(DeviceError, false, "SaveOnCpu: expected device cpu, got cuda: this build has no CUDA backend");
+}
+void cuda_copy_to_host_async(void*, const void*, size_t, int, void*) {
+    NT_CHECK_AS(DeviceError, false, "SaveOnCpu: expected device cpu, got cuda: this build has no CUDA backend");
+}
+void cuda_copy_to_device_async(void*, const void*, size_t, int, void*) {
+    NT_CHECK_AS(DeviceError, false, "SaveOnCpu: expected device cpu, got cuda: this build has no CUDA backend");
+}
+void cuda_stream_wait_event(int, void*) {}
+void cuda_stream_wait_side(int) {}
+bool cuda_event_query(void*) { return true; }
+void cuda_side_streams_synchronize() {}
 void* cuda_event_create(int) {
     NT_CHECK_AS(DeviceError, false, "Event: expected device cpu, got cuda: this build of normtape has no CUDA backend");
 }

@@ -1,8 +1,9 @@
 // core/storage.h: a buffer of bytes on one device, shared by the tensors that view it.
 //
 // A Storage is owned through std::shared_ptr; the last owner returns the bytes to the device's
-// allocator. `version` counts in-place writes: autograd's SavedTensor records it when saving and
-// checks it when unpacking, so a saved tensor that was modified in place is detected.
+// allocator (a pinned host storage to the pinned cache, core/allocator.h). `version` counts
+// in-place writes: autograd's SavedTensor records it when saving and checks it when unpacking, so
+// a saved tensor that was modified in place is detected.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,10 @@ class Storage {
 public:
     // Allocates `nbytes` on `device` (contents uninitialized). Throws as allocate()
     // (core/allocator.h): OutOfMemoryError, DeviceError, or Error on another CUDA error.
-    Storage(size_t nbytes, Device device);
+    // pinned: page-locked host memory from allocate_pinned(), for asynchronous copies to and from
+    // a GPU (SaveOnCpu); counted as any cpu bytes. Throws DeviceError for pinned on a device other
+    // than the cpu, or where allocate_pinned() does (no CUDA backend, no GPU visible).
+    Storage(size_t nbytes, Device device, bool pinned = false);
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -25,6 +29,7 @@ public:
     void* data() const { return data_; }
     size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
+    bool is_pinned() const { return pinned_; }
     uint64_t version() const { return version_; }
     void bump_version() { ++version_; }
     // True once a leaf over this storage was marked requires_grad (a parameter or a user input
@@ -39,6 +44,7 @@ private:
     Device device_;
     uint64_t version_ = 0;
     bool is_parameter_ = false;
+    bool pinned_ = false;
 };
 
 }  // namespace normtape

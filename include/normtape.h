@@ -1,10 +1,12 @@
 // normtape.h: the umbrella header. Everything public, in namespace normtape:
-//   core/  Tensor, TensorOptions, factories, memory_stats, autograd (backward, NoGradGuard, saved_bytes),
-//          anomaly detection, the cpu thread count (set_num_threads)
+//   core/  Tensor, TensorOptions, factories, memory_stats and the memory trace, autograd (backward,
+//          NoGradGuard, saved_bytes, saved_tensors_report, SavedTensorHooks, SaveOnCpu, checkpoint,
+//          NamedScope), anomaly detection, the cpu thread count (set_num_threads)
 //   ops/   add, mul, scale, gelu, dropout, sum, mean, matmul, linear, linear_gelu, causal_self_attention, embedding,
 //          cross_entropy, layer_norm, rms_norm, SavePolicy
-//   nn/    Module, Linear, Embedding, Dropout, LayerNorm, RMSNorm, GPT, AdamW, clip_grad_norm_, safetensors,
-//          checkpoints, learning-rate schedules (ConstantLR, WarmupCosineLR, StepLR), Batcher
+//   nn/    Module (named_modules, apply, ModuleScope), Linear, Embedding, Dropout, LayerNorm, RMSNorm,
+//          set_save_policy, GPT, AdamW, clip_grad_norm_, safetensors, checkpoints, learning-rate
+//          schedules (ConstantLR, WarmupCosineLR, StepLR), Batcher
 //   NORMTAPE_VERSION (and _MAJOR, _MINOR, _PATCH), version()
 // Include this header, not the ones below: it is what a consumer of the installed package writes.
 //
@@ -18,11 +20,16 @@
 
 #pragma GCC visibility push(default)
 
+#include "core/activation_checkpoint.h"
 #include "core/allocator.h"
 #include "core/anomaly.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/named_scope.h"
 #include "core/parallel.h"
+#include "core/save_on_cpu.h"
+#include "core/saved_hooks.h"
+#include "core/saved_report.h"
 #include "core/tensor.h"
 #include "core/version.h"
 #include "nn/adamw.h"

@@ -130,7 +130,7 @@ struct AttentionBackward : Node {
     AttentionBackward(const Tensor& qkv_, const Tensor& out_, const Tensor& lse_, int64_t nh, const DropoutMask& d)
         : qkv(qkv_), out(out_), lse(lse_), n_head(nh), drop(d) {}
     const char* name() const override { return "CausalSelfAttentionBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&qkv, &out, &lse}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"qkv", &qkv}, {"out", &out}, {"lse", &lse}}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor x = qkv.unpack(name()), o = out.unpack(name()), l = lse.unpack(name()), g = grad_output.contiguous();
         Tensor dqkv = empty(x.shape(), TensorOptions().dtype(x.dtype()).device(x.device()));

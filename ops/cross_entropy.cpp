@@ -37,7 +37,7 @@ struct CrossEntropyBackward : Node {
     SavedTensor logits, lse, targets;
     CrossEntropyBackward(const Tensor& l, const Tensor& s, const Tensor& t) : logits(l), lse(s), targets(t) {}
     const char* name() const override { return "CrossEntropyBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&logits, &lse, &targets}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"logits", &logits}, {"lse", &lse}, {"targets", &targets}}; }
 
     // Whether the saved logits' bytes can be reached through nothing but this node (see the Note):
     // one handle to the saved tensor (the SavedTensor's own) and one to its storage.

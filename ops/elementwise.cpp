@@ -70,7 +70,7 @@ struct MulBackward : Node {
     SavedTensor a, b;
     MulBackward(const Tensor& a_, const Tensor& b_) : a(a_), b(b_) {}
     const char* name() const override { return "MulBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&a, &b}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"self", &a}, {"other", &b}}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor g = grad_output.contiguous();
         Tensor da = needs_input_grad(0) ? mul(g, b.unpack(name())) : Tensor();
@@ -143,7 +143,7 @@ struct GeluBackward : Node {
     SavedTensor x;
     explicit GeluBackward(const Tensor& x_) : x(x_) {}
     const char* name() const override { return "GeluBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&x}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"self", &x}}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         return {detail::gelu_backward(grad_output, x.unpack(name()))};
     }

@@ -25,7 +25,7 @@ struct EmbeddingBackward : Node {
     int64_t V;
     EmbeddingBackward(const Tensor& ids_, int64_t v) : ids(ids_), V(v) {}
     const char* name() const override { return "EmbeddingBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&ids}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"indices", &ids}}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor idx = ids.unpack(name()), g = grad_output.contiguous();
         int64_t C = g.size(-1);

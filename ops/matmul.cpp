@@ -180,7 +180,7 @@ struct MatmulBackward : Node {
     SavedTensor a, b;
     MatmulBackward(const Tensor& a_, const Tensor& b_) : a(a_), b(b_) {}
     const char* name() const override { return "MatmulBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&a, &b}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"self", &a}, {"mat2", &b}}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor g = grad_output.contiguous();
         Tensor da, db;
@@ -222,7 +222,7 @@ struct LinearBackward : Node {
     SavedTensor x, weight;
     LinearBackward(const Tensor& x_, const Tensor& weight_) : x(x_), weight(weight_) {}
     const char* name() const override { return "LinearBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&x, &weight}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"input", &x}, {"weight", &weight}}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         return linear_backward(*this, grad_output, x, weight);
     }
@@ -233,7 +233,7 @@ struct LinearGeluBackward : Node {
     SavedTensor x, weight, h;
     LinearGeluBackward(const Tensor& x_, const Tensor& weight_, const Tensor& h_) : x(x_), weight(weight_), h(h_) {}
     const char* name() const override { return "LinearGeluBackward"; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&x, &weight, &h}; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"input", &x}, {"weight", &weight}, {"h", &h}}; }
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         return linear_backward(*this, detail::gelu_backward(grad_output, h.unpack(name())), x, weight);
     }

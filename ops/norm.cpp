@@ -132,7 +132,8 @@ struct NormBackward : Node {
           weight(weight_), bias(bias_) {}
 
     const char* name() const override { return node_name; }
-    std::vector<SavedTensor*> saved_tensors() override { return {&x_or_y, &mean, &rstd, &weight, &bias}; }
+    std::vector<SavedSlot> saved_tensors() override { const char* first = policy == SavePolicy::Input ? "x" : policy == SavePolicy::Output ? "y" : "x_hat";
+        return {{first, &x_or_y}, {"mean", &mean}, {"rstd", &rstd}, {"weight", &weight}, {"bias", &bias}}; }
 
     std::vector<Tensor> apply(const Tensor& grad_output) override {
         Tensor s = x_or_y.unpack(node_name), m = mean.unpack(node_name), r = rstd.unpack(node_name);
