@@ -2,8 +2,11 @@
 #include "nn/gpt.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
+#include "core/activation_checkpoint.h"
+#include "core/save_on_cpu.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
@@ -43,6 +46,7 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head),
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
+    ModuleScope scope(*this);
     Tensor y = causal_self_attention(c_attn->forward(x), n_head, is_training() ? attn_dropout : 0.0);
     return resid_dropout->forward(c_proj->forward(y));
 }
@@ -55,7 +59,13 @@ MLP::MLP(const GPTConfig& c) : recompute_gelu(c.recompute_gelu) {
 
 // The hidden layer in one op: on CUDA its bias (and GELU, unless made again) ride in the product's epilogue.
 Tensor MLP::forward(const Tensor& x) const {
-    return dropout->forward(c_proj->forward(linear_gelu(x, c_fc->weight, c_fc->bias, recompute_gelu)));
+    ModuleScope scope(*this);
+    Tensor hidden;
+    {
+        ModuleScope c_fc_scope(*c_fc);  // c_fc's weights, in one op with the GELU after it
+        hidden = linear_gelu(x, c_fc->weight, c_fc->bias, recompute_gelu);
+    }
+    return dropout->forward(c_proj->forward(hidden));
 }
 
 Block::Block(const GPTConfig& c) {
@@ -66,6 +76,7 @@ Block::Block(const GPTConfig& c) {
 }
 
 Tensor Block::forward(Tensor x) const {
+    ModuleScope scope(*this);
     // Reassigning x drops the handle to the old residual: Note [Why saving y saves memory].
     x = add(x, attn->forward(ln_1->forward(x)));
     x = add(x, mlp->forward(ln_2->forward(x)));
@@ -82,7 +93,7 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, param_options(c)));
 }
 
-Tensor GPT::forward(const Tensor& idx) const {
+Tensor GPT::forward(const Tensor& idx, bool in_loss) const {
     NT_CHECK(idx.defined(), "GPT: expected idx of shape [B, T] i64, got an undefined tensor");
     NT_CHECK_AS(DTypeError, idx.dtype() == DType::I64, "GPT: expected idx of shape [B, T] i64, got ",
                 shape_str(idx.shape()), " ", dtype_name(idx.dtype()));
@@ -91,26 +102,39 @@ Tensor GPT::forward(const Tensor& idx) const {
     int64_t T = idx.size(1);
     NT_CHECK_AS(ShapeError, T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
                 config_.block_size, "], got ", T);
+    std::optional<SaveOnCpu> offload;  // Note [SaveOnCpu]: over the whole forward, so prefetching crosses layers
+    if (config_.offload && !in_loss) offload.emplace();
+    ModuleScope scope(*this);
     // The positions 0..T-1 are wpe's first T rows: a view, whose backward saves nothing (an
     // embedding lookup would save T ids, the one saved tensor not linear in B * T).
     Tensor x = drop->forward(add(wte->forward(idx), wpe->weight.narrow(0, 0, T)));
     // Moving the residual into each block leaves the block the only handle, so the block's input
     // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
-    for (const auto& block : h) x = block->forward(std::move(x));
+    for (const auto& block : h) {
+        if (config_.checkpoint_blocks)  // Note [Activation checkpointing]: saves x only
+            x = checkpoint([b = block.get()](const Tensor& in) { return b->forward(in); }, x);
+        else
+            x = block->forward(std::move(x));
+    }
     x = ln_f->forward(x);
     return lm_head->forward(x);
 }
 
-Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const { return cross_entropy(forward(idx), targets); }
+Tensor GPT::forward(const Tensor& idx) const { return forward(idx, false); }
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
+    std::optional<SaveOnCpu> offload;  // the logits too, the largest tensor saved outside the blocks
+    if (config_.offload) offload.emplace();
+    return cross_entropy(forward(idx, true), targets);
+}
 
 void GPT::set_policy(SavePolicy policy) {
     config_.policy = policy;
-    for (const auto& block : h) {
-        block->ln_1->options.policy = policy;
-        block->ln_2->options.policy = policy;
-    }
-    ln_f->options.policy = policy;
+    set_save_policy(*this, policy);
 }
+
+void GPT::set_checkpoint_blocks(bool on) { config_.checkpoint_blocks = on; }
+void GPT::set_offload(bool on) { config_.offload = on; }
 
 int64_t num_parameters(const GPTConfig& c) {
     const int64_t C = c.n_embd, V = c.vocab_size;
@@ -124,6 +148,19 @@ int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
     int64_t x_bytes = B * T * c.n_embd * static_cast<int64_t>(element_size(c.dtype));
     int64_t mean_bytes = c.norm == NormKind::Layer ? B * T * static_cast<int64_t>(element_size(stat_dtype(c.dtype))) : 0;
     return norms * (x_bytes + mean_bytes);
+}
+
+int64_t predicted_checkpoint_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    const int64_t es = static_cast<int64_t>(element_size(c.dtype));
+    const int64_t ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
+    const int64_t ids = B * T * static_cast<int64_t>(element_size(DType::I64));
+    const int64_t x = B * T * c.n_embd * es;
+    const int64_t stats = c.norm == NormKind::Layer && c.policy == SavePolicy::Input ? 2 * B * T * ss : B * T * ss;
+    // ln_f saves x (Input), y or x_hat, which lm_head saves too (y, or x_hat through y's recipe);
+    // under Input lm_head saves y as well.
+    const int64_t ln_f = (c.policy == SavePolicy::Input ? 2 : 1) * x + stats;
+    const int64_t loss = B * T * c.vocab_size * es + B * T * ss + ids;  // logits, log-sum-exp, targets
+    return c.n_layer * x + ids + ln_f + loss;  // block inputs, wte's ids, ln_f and lm_head, the loss
 }
 
 int64_t predicted_gelu_recompute_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {

@@ -40,6 +40,12 @@ struct GPTConfig {
     // (predicted_gelu_recompute_saving_bytes), for one GELU pass over them in backward.
     bool recompute_gelu = true;
     double dropout = 0.0;  // probability, in [0, 1)
+    // Each block run through checkpoint() (core/activation_checkpoint.h): only the blocks' inputs
+    // are saved, and each block's forward runs again in backward (predicted_checkpoint_saved_bytes).
+    bool checkpoint_blocks = false;
+    // forward() and loss() under SaveOnCpu (core/save_on_cpu.h): what they save goes to pinned host
+    // memory, and comes back to the GPU in backward. Nothing changes for cpu tensors.
+    bool offload = false;
 };
 
 // Throws, naming GPTConfig: ShapeError when a size is not positive or n_embd % n_head != 0,
@@ -101,8 +107,11 @@ public:
     // cross_entropy() (targets of another shape or out of range).
     Tensor loss(const Tensor& idx, const Tensor& targets) const;
 
-    // Sets the save policy of every norm (no parameter changes).
+    // Sets the save policy of every norm (no parameter changes; set_save_policy, nn/norm.h).
     void set_policy(SavePolicy policy);
+    // Set GPTConfig::checkpoint_blocks and offload from the next forward on.
+    void set_checkpoint_blocks(bool on);
+    void set_offload(bool on);
 
     const GPTConfig& config() const { return config_; }
 
@@ -113,6 +122,8 @@ public:
     std::shared_ptr<Linear> lm_head;
 
 private:
+    Tensor forward(const Tensor& idx, bool in_loss) const;  // in_loss: loss() opened the offload
+
     GPTConfig config_;
 };
 
@@ -125,6 +136,15 @@ int64_t num_parameters(const GPTConfig& config);
 // of stat_dtype(config.dtype) (f32 for f32 and bf16, f64 for f64). Assumes no Output forward fell back to saving its input
 // (every |norm weight| >= kOutputPolicyMinWeight; see output_policy_fallbacks()).
 int64_t predicted_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
+
+// saved_bytes() right after GPT::loss on a [B, T] batch with checkpoint_blocks set (and
+// offload off), in bytes: the L blocks' inputs (B*T*C elements each), and what the ops
+// outside the blocks save: wte's ids and the targets (B*T i64 each); ln_f's x, y or x_hat (with
+// the y that lm_head saves under Input) and its statistics (B*T each: rstd, and mean under Input
+// for LayerNorm); the logits (B*T*V) and their log-sum-exp (B*T) (docs/DESIGN.md).
+// Elements of config.dtype, statistics of stat_dtype(config.dtype). Assumes no Output forward fell
+// back to saving its input (output_policy_fallbacks()).
+int64_t predicted_checkpoint_saved_bytes(const GPTConfig& config, int64_t B, int64_t T);
 
 // Bytes that GPTConfig::recompute_gelu saves in saved_bytes() right after a forward of a [B, T]
 // batch, whatever the norm policy: each layer's gelu(h), L * 4 * B*T*C elements of config.dtype

@@ -39,6 +39,28 @@ int64_t Module::num_parameters() const {
     return n;
 }
 
+std::vector<std::shared_ptr<Module>> Module::children() const {
+    std::vector<std::shared_ptr<Module>> out;
+    for (const auto& [name, child] : children_) out.push_back(child);
+    return out;
+}
+
+void Module::collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out) {
+    out.emplace_back(path, this);
+    for (const auto& [name, child] : children_) child->collect_modules(path.empty() ? name : path + "." + name, out);
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+    std::vector<std::pair<std::string, Module*>> out;
+    collect_modules("", out);
+    return out;
+}
+
+void Module::apply(const std::function<void(Module&)>& fn) {
+    for (const auto& [name, child] : children_) child->apply(fn);
+    fn(*this);
+}
+
 void Module::zero_grad() {
     for (Tensor& t : parameters()) t.zero_grad();
 }
@@ -80,7 +102,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, TensorO
     if (has_bias) bias = register_parameter("bias", zeros({out_features}, options.requires_grad(false)));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) const {
+    ModuleScope scope(*this);
+    return linear(x, weight, bias);
+}
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions options) {
     NT_CHECK_AS(ShapeError, num_embeddings > 0 && embedding_dim > 0,
@@ -91,12 +116,18 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOption
     weight = register_parameter("weight", normal_init({num_embeddings, embedding_dim}, 0.02, options));
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(ids, weight); }
+Tensor Embedding::forward(const Tensor& ids) const {
+    ModuleScope scope(*this);
+    return embedding(ids, weight);
+}
 
 Dropout::Dropout(double p_) : p(p_) {
     NT_CHECK(p >= 0 && p < 1, "Dropout: expected a probability p in [0, 1), got ", p);
 }
 
-Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
+Tensor Dropout::forward(const Tensor& x) const {
+    ModuleScope scope(*this);
+    return dropout(x, p, is_training());
+}
 
 }  // namespace normtape

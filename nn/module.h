@@ -6,11 +6,13 @@
 // submodule's, in registration order. Parameters are leaves with requires_grad set.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/named_scope.h"
 #include "core/tensor.h"
 
 namespace normtape {
@@ -41,6 +43,18 @@ public:
     void eval() { train(false); }
     bool is_training() const { return training_; }
 
+    // The name this module was registered under in its parent ("ln_1", "h.3"); "" for a module
+    // never registered (a model's root). A module registered twice keeps the last name.
+    const std::string& name() const { return name_; }
+    // The submodules registered directly in this one, in registration order.
+    std::vector<std::shared_ptr<Module>> children() const;
+    // This module ("") and every submodule, depth first in registration order, with dotted paths
+    // ("h.3.ln_1"), as torch.nn.Module.named_modules(). The pointers live as long as this module.
+    std::vector<std::pair<std::string, Module*>> named_modules();
+    // Calls fn on every submodule, children before their parent, then on this module, as
+    // torch.nn.Module.apply(fn). Rethrows what fn throws (the modules before it were visited).
+    void apply(const std::function<void(Module&)>& fn);
+
 protected:
     // Adds `t` as a parameter called `name` (it must be a leaf, else Error; requires_grad is set;
     // DTypeError for an i64 tensor). Returns it.
@@ -49,16 +63,29 @@ protected:
     // Never throws.
     template <class M>
     std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+        static_cast<Module&>(*module).name_ = name;
         children_.emplace_back(name, module);
         return module;
     }
 
 private:
     void collect(const std::string& prefix, NamedTensors& out) const;
+    void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out);
 
+    std::string name_;
     NamedTensors params_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
     bool training_ = true;
+};
+
+// Opens the scope of `module` (core/named_scope.h) for its lifetime: every forward of the modules
+// here starts with one, so the nodes it records, and the allocations it makes, carry the module's
+// path ("h.3.mlp.c_fc") in saved_tensors_report() and the memory trace. A user's module does the
+// same: `Tensor forward(const Tensor& x) const { ModuleScope scope(*this); ... }`. Never throws
+// except std::bad_alloc.
+class ModuleScope : public NamedScope {
+public:
+    explicit ModuleScope(const Module& module) : NamedScope(module.name()) {}
 };
 
 // Linear(in_features, out_features, bias): y = x @ weight^T + bias (ops/matmul.h linear).

@@ -22,16 +22,33 @@ LayerNorm::LayerNorm(int64_t normalized_shape, NormOptions opts) : NormModule(op
     }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, options.eps, options.policy); }
+Tensor LayerNorm::forward(const Tensor& x) const {
+    ModuleScope scope(*this);
+    return layer_norm(x, weight, bias, options.eps, options.policy);
+}
 
 RMSNorm::RMSNorm(int64_t normalized_shape, NormOptions opts) : NormModule(opts) {
     check_size("RMSNorm", normalized_shape, opts);
     if (opts.elementwise_affine) weight = register_parameter("weight", ones({normalized_shape}, TensorOptions().dtype(opts.dtype).device(opts.device)));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, options.eps, options.policy); }
+Tensor RMSNorm::forward(const Tensor& x) const {
+    ModuleScope scope(*this);
+    return rms_norm(x, weight, options.eps, options.policy);
+}
 
 const char* norm_kind_name(NormKind kind) { return kind == NormKind::Layer ? "layer" : "rms"; }
+
+int64_t set_save_policy(Module& model, SavePolicy policy) {
+    int64_t n = 0;
+    model.apply([&](Module& m) {
+        if (auto* norm = dynamic_cast<NormModule*>(&m)) {
+            norm->options.policy = policy;
+            ++n;
+        }
+    });
+    return n;
+}
 
 std::shared_ptr<NormModule> make_norm(NormKind kind, int64_t normalized_shape, NormOptions options) {
     if (kind == NormKind::Layer) return std::make_shared<LayerNorm>(normalized_shape, options);

@@ -50,6 +50,11 @@ public:
     Tensor weight;  // [normalized_shape] or undefined
 };
 
+// Sets the save policy of every LayerNorm and RMSNorm in `model` (itself included, found by
+// Module::apply), from their next forward on; no parameter changes. Returns how many norms it set.
+// Graphs already recorded keep what they saved. Never throws.
+int64_t set_save_policy(Module& model, SavePolicy policy);
+
 enum class NormKind { Layer, RMS };
 // "layer" or "rms".
 const char* norm_kind_name(NormKind kind);
