@@ -197,8 +197,8 @@ TEST_CASE("autograd: a parameter saved through a view is still not counted by sa
 namespace {
 // The SavedTensor of `node` that keeps a recipe (nullptr if none).
 SavedTensor* recipe_slot(const std::shared_ptr<Node>& node) {
-    for (SavedTensor* s : node->saved_tensors())
-        if (s->recipe()) return s;
+    for (SavedSlot s : node->saved_tensors())
+        if (s.tensor->recipe()) return s.tensor;
     return nullptr;
 }
 std::vector<uint16_t> bits(const Tensor& t_any) {  // a bf16 tensor's raw bits, on any device

@@ -1,8 +1,9 @@
 // tests/test_cli.cpp: train_gpt's command line as a user meets it: every bad flag, value or input
 // gives one line naming the cause and exits 2 before training; an error during the run exits 1;
 // --help shows every default and the README lists the same flags; a short run writes JSON whose
-// measured saving equals the prediction. The files a run reads and writes (checkpoints, outputs,
-// a diverging run): tests/test_cli_files.cpp.
+// measured saving equals the prediction; --memory-report's categories add up to the saved bytes;
+// --checkpoint blocks and --offload on change no loss. The files a run reads and writes
+// (checkpoints, outputs, a diverging run): tests/test_cli_files.cpp.
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +22,24 @@ using namespace normtape::testing;
 namespace {
 
 const std::string kTiny = "--data random --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input";
+
+// The categories of --memory-report in the order printed (examples/saved_categories.h).
+const char* const kCategories[] = {"norms", "attention", "MLP", "embeddings", "logits and loss",
+                                   "checkpointed block inputs", "other"};
+
+// "12,345" -> 12345
+int64_t without_commas(std::string s) {
+    s.erase(std::remove(s.begin(), s.end(), ','), s.end());
+    return std::stoll(s);
+}
+
+// The losses of each run of a train_gpt JSON file, in order.
+std::vector<nlohmann::json> run_losses(const std::string& json_path) {
+    const nlohmann::json j = nlohmann::json::parse(slurp(json_path));
+    std::vector<nlohmann::json> out;
+    for (const nlohmann::json& run : j["runs"]) out.push_back(run["losses"]);
+    return out;
+}
 
 // The option lines of train_gpt --help by flag, "--steps" -> "  --steps INT=300  training steps ...",
 // --help left out.
@@ -68,6 +87,8 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
              Case{"--device tpu", "--device \"tpu\": expected cpu or cuda"},
              Case{"--dtype f16", "--dtype \"f16\": expected f32 or bf16"},
              Case{"--on-nan maybe", "--on-nan \"maybe\": expected stop or continue"},
+             Case{"--offload maybe", "--offload \"maybe\": expected on or off"},
+             Case{"--checkpoint all", "--checkpoint \"all\": expected none or blocks"},
              Case{"--vocab 100 --data " + (dir / "short.txt"), "--vocab 100 needs --data random"},
              Case{"--data /nonexistent/file.txt",
                   "--data /nonexistent/file.txt: cannot read the data file: No such file"},
@@ -318,6 +339,134 @@ TEST_CASE("train_gpt: one policy still draws its chart, and every line reaches t
     CHECK(log.find("train_gpt: layer norm") != std::string::npos);
     CHECK(log.find("data: random tokens") != std::string::npos);
     CHECK(log.find("step ") == std::string::npos);  // seen before the first step's line flushed it
+}
+
+TEST_CASE("train_gpt: --memory-report prints the saved bytes by category, which add up to the saved bytes and the JSON's") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    const std::string json = dir / "run.json", chart = dir / "c.svg";
+    RunResult r =
+        run_train_gpt(dir, kTiny + " --device cpu --steps 1 --memory-report --json " + json + " --chart " + chart);
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("[input ] saved for backward after the first forward: ") != std::string::npos);
+    CHECK(r.out.find("CrossEntropyBackward#") != std::string::npos);  // the largest storage: the logits
+    // The category lines: "  <bytes> <share>%  <name>", then the total.
+    const std::string header = "[input ] saved bytes by category:\n";
+    const size_t at = r.out.find(header);
+    REQUIRE(at != std::string::npos);
+    std::istringstream lines_after(r.out.substr(at + header.size()));
+    std::map<std::string, int64_t> printed;
+    int64_t sum = 0, total = -1;
+    for (std::string line; std::getline(lines_after, line) && total < 0;) {
+        std::istringstream fields(line);
+        std::string bytes, share;
+        fields >> bytes >> share;
+        std::string name;
+        std::getline(fields >> std::ws, name);
+        if (name == "total (saved_bytes())") total = without_commas(bytes);
+        else sum += printed[name] = without_commas(bytes);
+    }
+    for (const char* name : kCategories) CHECK_MESSAGE(printed.count(name) == 1, name);
+    CHECK(printed.size() == std::size(kCategories));
+    const nlohmann::json run = nlohmann::json::parse(slurp(json))["runs"][0];
+    const int64_t saved = run["saved_activation_bytes"].get<int64_t>();
+    CHECK(total == saved);
+    CHECK(sum == saved);
+    CHECK(run["saved_bytes_on_device"].get<int64_t>() == saved);  // the cpu holds everything
+    // The step's peak, named by the memory trace's labels: a phase and a module.
+    const std::string peak = run["step_peak"].get<std::string>();
+    CHECK((peak.find(" in forward, ") != std::string::npos || peak.find(" in backward, ") != std::string::npos));
+    // Every part of the model saves something; nothing is checkpointed or unaccounted for.
+    for (const char* name : {"norms", "attention", "MLP", "embeddings", "logits and loss"}) CHECK(printed[name] > 0);
+    CHECK(printed["checkpointed block inputs"] == 0);
+    CHECK(printed["other"] == 0);
+    // The JSON: the same categories, and the whole report, whose total is the saved bytes.
+    int64_t json_sum = 0;
+    for (const char* name : kCategories) {
+        CAPTURE(name);
+        CHECK(run["saved_bytes_by_category"][name].get<int64_t>() == printed[name]);
+        json_sum += run["saved_bytes_by_category"][name].get<int64_t>();
+    }
+    CHECK(json_sum == saved);
+    CHECK(run["saved_tensors_report"]["total_bytes"].get<int64_t>() == saved);
+    CHECK(run["saved_tensors_report"]["entries"].size() > 10);
+    CHECK(slurp(chart).find("Saved for backward after the first forward") != std::string::npos);
+    // Without the flag nothing is printed, and the JSON and the chart have the same.
+    RunResult quiet = run_train_gpt(dir, kTiny + " --device cpu --steps 1 --json " + json + " --chart " + chart);
+    REQUIRE(quiet.code == 0);
+    CHECK(quiet.out.find("by category") == std::string::npos);
+    CHECK(nlohmann::json::parse(slurp(json))["runs"][0]["saved_bytes_by_category"] == run["saved_bytes_by_category"]);
+    CHECK(slurp(chart).find("checkpointed block inputs") != std::string::npos);
+}
+
+TEST_CASE("train_gpt: --checkpoint blocks saves the predicted bytes and trains bit for bit as without on the cpu") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    const std::string tiny = "--data random --device cpu --steps 3 --batch 2 --seq 8 --layers 2 --heads 2 --embd 16 "
+                             "--log-every 10 --chart " + (dir / "c.svg");
+    RunResult plain = run_train_gpt(dir, tiny + " --policy all --json " + (dir / "plain.json"));
+    RunResult ck = run_train_gpt(dir, tiny + " --policy all --checkpoint blocks --json " + (dir / "ck.json"));
+    CAPTURE(ck.err);
+    REQUIRE(plain.code == 0);
+    REQUIRE(ck.code == 0);
+    CHECK(run_losses(dir / "ck.json") == run_losses(dir / "plain.json"));  // JSON keeps every double's digits
+    size_t equal = 0;
+    for (size_t at = ck.out.find("checkpointed blocks: saved activation bytes"); at != std::string::npos;
+         at = ck.out.find("checkpointed blocks: saved activation bytes", at + 1))
+        equal += ck.out.compare(ck.out.find('\n', at) - 23, 23, "= measured, to the byte") == 0;
+    CHECK(equal == 3);
+    CHECK(ck.out.find("GELU recompute: not measured with --checkpoint blocks") != std::string::npos);
+    CHECK(ck.out.find("not checked: with --checkpoint blocks") != std::string::npos);
+    const nlohmann::json j = nlohmann::json::parse(slurp(dir / "ck.json"));
+    CHECK(j["config"]["checkpoint"] == "blocks");
+    for (const nlohmann::json& run : j["runs"]) {
+        CAPTURE(run["policy"]);
+        CHECK(run["saved_activation_bytes"] == run["predicted_checkpoint_saved_bytes"]);
+        const int64_t block_inputs = 2 * 2 * 8 * 16 * 4;  // L B T C, f32
+        CHECK(run["saved_bytes_by_category"]["checkpointed block inputs"].get<int64_t>() == block_inputs);
+        CHECK(run["saved_bytes_by_category"]["attention"].get<int64_t>() == 0);
+        CHECK(run["saved_bytes_by_category"]["MLP"].get<int64_t>() == 0);
+    }
+    // By hand, under Input: the 2 block inputs, wte's ids, ln_f's x and mean and rstd, the y that
+    // lm_head saves, the logits, their log-sum-exps and the targets.
+    const int64_t BT = 2 * 8, C = 16, V = 256;
+    CHECK(j["runs"][0]["saved_activation_bytes"].get<int64_t>() ==
+          2 * BT * C * 4 + BT * 8 + 2 * BT * C * 4 + 2 * BT * 4 + BT * V * 4 + BT * 4 + BT * 8);
+    // A setting of the run, not of the model: a run saved without it resumes with it, to the same losses.
+    const std::string ckpt = dir / "run.safetensors";
+    RunResult first = run_train_gpt(dir, tiny + " --policy output --stop-at 2 --save " + ckpt);
+    REQUIRE(first.code == 0);
+    RunResult resumed = run_train_gpt(dir, "--resume " + ckpt + " --device cpu --checkpoint blocks --offload on --json " +
+                                               (dir / "resumed.json") + " --chart " + (dir / "c.svg"));
+    CAPTURE(resumed.err);
+    REQUIRE(resumed.code == 0);
+    const std::vector<nlohmann::json> resumed_losses = run_losses(dir / "resumed.json"),
+                                      plain_losses = run_losses(dir / "plain.json");
+    REQUIRE(resumed_losses.size() == 1);
+    REQUIRE(plain_losses.size() == 3);
+    CHECK(resumed_losses[0] == nlohmann::json::array({plain_losses[1][2]}));  // the output run's step 3
+}
+
+TEST_CASE("train_gpt: --offload on the cpu keeps the saved tensors where they are and trains bit for bit as without") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    const std::string tiny = "--data random --device cpu --steps 3 --batch 2 --seq 8 --layers 2 --heads 2 --embd 16 "
+                             "--policy both --log-every 10 --chart " + (dir / "c.svg");
+    RunResult plain = run_train_gpt(dir, tiny + " --json " + (dir / "plain.json"));
+    RunResult off = run_train_gpt(dir, tiny + " --offload on --json " + (dir / "off.json"));
+    CAPTURE(off.err);
+    REQUIRE(plain.code == 0);
+    REQUIRE(off.code == 0);
+    CHECK(off.out.find("= measured, to the byte") != std::string::npos);
+    CHECK(run_losses(dir / "off.json") == run_losses(dir / "plain.json"));
+    const nlohmann::json a = nlohmann::json::parse(slurp(dir / "plain.json"));
+    const nlohmann::json b = nlohmann::json::parse(slurp(dir / "off.json"));
+    CHECK(b["config"]["offload"] == true);
+    for (int k = 0; k < 2; ++k) {
+        CHECK(b["runs"][k]["saved_activation_bytes"] == a["runs"][k]["saved_activation_bytes"]);
+        CHECK(b["runs"][k]["saved_bytes_on_device"] == b["runs"][k]["saved_activation_bytes"]);
+    }
 }
 
 }  // TEST_SUITE

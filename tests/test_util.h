@@ -133,6 +133,22 @@ inline constexpr DType kFloatTypes[] = {DType::F64, DType::F32};
 inline int64_t cpu_allocated() { return memory_stats(Device::CPU).allocated_bytes; }
 inline TensorOptions opts(DType dtype) { return TensorOptions().dtype(dtype); }
 // Standard normals of `dtype`, times `scale`; no gradient.
+inline constexpr SavePolicy kSavePolicies[] = {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized};
+
+// A fixed batch for a GPT of config `c`: token ids and next-token targets [B, T] i64 on c.device,
+// two storages (so that the tape counts both).
+struct TokenBatch {
+    Tensor idx, targets;
+};
+inline TokenBatch token_batch(const GPTConfig& c, int64_t B, int64_t T) {
+    std::vector<int64_t> ids(B * T), next(B * T);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        ids[i] = static_cast<int64_t>((i * 37 + 5) % c.vocab_size);
+        next[i] = static_cast<int64_t>((i * 53 + 1) % c.vocab_size);
+    }
+    return {from_vector(ids, {B, T}).to(c.device), from_vector(next, {B, T}).to(c.device)};
+}
+
 inline Tensor input(const Shape& shape, DType dtype, double scale = 1.0) {
     Tensor t = randn(shape, opts(dtype));
     t.mul_(scale);
