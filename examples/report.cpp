@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
+#include "saved_categories.h"
 #include "svg_chart.h"
 
 using namespace normtape;
@@ -72,14 +74,21 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
         std::printf("%-34s %16s %16s %16s\n", name, with_commas(x).c_str(), with_commas(y).c_str(),
                     with_commas(x - y).c_str());
     };
+    const bool checkpointing = a.checkpoint == "blocks";
     row("saved activation bytes (tape)", in.saved_activation_bytes, out.saved_activation_bytes);
-    std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
-                predicted == in.saved_activation_bytes - out.saved_activation_bytes ? "= measured, to the byte"
-                                                                                      : "!= measured");
+    row(("  of them on " + a.device).c_str(), in.saved_on_device_bytes, out.saved_on_device_bytes);
+    if (checkpointing)
+        std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
+                    "not checked: with --checkpoint blocks the blocks keep only their inputs");
+    else
+        std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
+                    predicted == in.saved_activation_bytes - out.saved_activation_bytes ? "= measured, to the byte"
+                                                                                          : "!= measured");
     row("peak allocated bytes", in.peak_allocated_bytes, out.peak_allocated_bytes);
     if (a.device == "cuda") row("peak reserved bytes", in.peak_reserved_bytes, out.peak_reserved_bytes);
     double peak_ratio = static_cast<double>(in.peak_allocated_bytes - out.peak_allocated_bytes) / static_cast<double>(predicted);
-    std::printf("%-34s %16s %16s %15.2f%%\n", "peak saving / predicted saving", "", "", 100.0 * peak_ratio);
+    if (!checkpointing)
+        std::printf("%-34s %16s %16s %15.2f%%\n", "peak saving / predicted saving", "", "", 100.0 * peak_ratio);
     std::printf("%-34s %16.4f %16.4f\n", "final loss (nats)", in.losses.back(), out.losses.back());
     if (!in.val_losses.empty() && !out.val_losses.empty())
         std::printf("%-34s %16.4f %16.4f\n", "best validation loss (nats)", in.best_val_loss, out.best_val_loss);
@@ -95,17 +104,55 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
         double diff = 0;
         for (size_t i = 0; i < in.losses.size() && i < r.losses.size(); ++i)
             diff = std::max(diff, std::abs(in.losses[i] - r.losses[i]) / std::abs(in.losses[i]));
-        std::printf("save %s: saved activation bytes %s (saving %s, %s), peak allocated bytes %s, final loss %.4f, "
-                    "median step %.1f ms, largest relative difference from the input run's loss curve %.2e\n",
+        const int64_t saving = in.saved_activation_bytes - r.saved_activation_bytes;
+        std::printf("save %s: saved activation bytes %s (%s on %s; saving %s, %s), peak allocated bytes %s, final loss "
+                    "%.4f, median step %.1f ms, largest relative difference from the input run's loss curve %.2e\n",
                     policy_name(r.policy), with_commas(r.saved_activation_bytes).c_str(),
-                    with_commas(in.saved_activation_bytes - r.saved_activation_bytes).c_str(),
-                    predicted == in.saved_activation_bytes - r.saved_activation_bytes ? "= predicted, to the byte"
-                                                                                      : "!= predicted",
+                    with_commas(r.saved_on_device_bytes).c_str(), a.device.c_str(), with_commas(saving).c_str(),
+                    checkpointing ? "not checked with --checkpoint blocks"
+                    : predicted == saving ? "= predicted, to the byte"
+                                          : "!= predicted",
                     with_commas(r.peak_allocated_bytes).c_str(), r.losses.back(), r.step_ms_median, diff);
     }
 }
 
-void print_gelu_recompute(const std::vector<RunResult>& runs, int64_t predicted) {
+void print_saved_bytes(const Args& a, const std::vector<RunResult>& runs) {
+    for (const RunResult& r : runs)
+        std::printf("[%-6s] saved activation bytes (tape) after the first forward: %s, %s of them on %s; median step "
+                    "time %.1f ms\n",
+                    policy_name(r.policy), with_commas(r.saved_activation_bytes).c_str(),
+                    with_commas(r.saved_on_device_bytes).c_str(), a.device.c_str(), r.step_ms_median);
+}
+
+bool print_checkpoint_prediction(const Args& a, const std::vector<RunResult>& runs) {
+    if (a.checkpoint != "blocks") return true;
+    bool ok = true;
+    for (const RunResult& r : runs) {
+        const int64_t predicted = r.predicted_checkpoint_saved_bytes;
+        if (a.offload == "on") {
+            std::printf("[%-6s] checkpointed blocks: saved activation bytes %s, %s of them on %s (the prediction, %s, "
+                        "is checked with --offload off)\n",
+                        policy_name(r.policy), with_commas(r.saved_activation_bytes).c_str(),
+                        with_commas(r.saved_on_device_bytes).c_str(), a.device.c_str(),
+                        with_commas(predicted).c_str());
+            continue;
+        }
+        const bool equal = r.saved_activation_bytes == predicted;
+        ok = ok && equal;
+        std::printf("[%-6s] checkpointed blocks: saved activation bytes %s, predicted %s (L block inputs + what the ops "
+                    "outside the blocks save), %s\n",
+                    policy_name(r.policy), with_commas(r.saved_activation_bytes).c_str(),
+                    with_commas(predicted).c_str(), equal ? "= measured, to the byte" : "!= measured");
+    }
+    return ok;
+}
+
+void print_gelu_recompute(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
+    if (a.checkpoint == "blocks" && a.recompute_gelu == "on") {
+        std::printf("GELU recompute: not measured with --checkpoint blocks (the blocks keep only their inputs, so it "
+                    "changes no byte saved by the forward)\n");
+        return;
+    }
     if (predicted == 0) return;
     for (const RunResult& r : runs)
         std::printf("[%-6s] GELU recompute: saved activation bytes %s lower, predicted %s (L * 4 * B*T*C elements), "
@@ -113,6 +160,16 @@ void print_gelu_recompute(const std::vector<RunResult>& runs, int64_t predicted)
                     policy_name(r.policy), with_commas(r.gelu_recompute_saving_bytes).c_str(),
                     with_commas(predicted).c_str(),
                     r.gelu_recompute_saving_bytes == predicted ? "= measured, to the byte" : "!= measured");
+}
+
+std::string step_peak(const std::vector<MemoryEvent>& trace) {
+    auto peak = std::max_element(trace.begin(), trace.end(), [](const MemoryEvent& x, const MemoryEvent& y) {
+        return x.allocated_bytes < y.allocated_bytes;
+    });
+    if (peak == trace.end()) return "";
+    const std::string where = peak->scope && !peak->scope->empty() ? *peak->scope : "outside the modules";
+    return mib(peak->allocated_bytes) + " in " + (peak->backward ? "backward, " : "forward, ") +
+           (peak->node ? std::string(peak->node) + " (" + where + ")" : where);
 }
 
 void write_chart(const Args& a, const std::vector<RunResult>& runs) {
@@ -148,9 +205,29 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
             ms.y.push_back(static_cast<double>(e.allocated_bytes) / (1 << 20));
         }
         mem.series.push_back(ms);
+        if (auto peak = std::max_element(r.memory_trace.begin(), r.memory_trace.end(),
+                                         [](const MemoryEvent& x, const MemoryEvent& y) {
+                                             return x.allocated_bytes < y.allocated_bytes;
+                                         });
+            peak != r.memory_trace.end())  // where the step's peak is (core/named_scope.h)
+            mem.markers.push_back({static_cast<double>(peak->num_allocs), name + " peak: " + step_peak(r.memory_trace)});
     }
     mem.markers.push_back({static_cast<double>(runs[0].forward_allocs), "forward | backward"});
-    write_file("--chart", a.chart, render_svg({loss, mem}));
+    // One stacked bar per run: what its first forward saved, by category.
+    BarPanel saved{"Saved for backward after the first forward", "saved MiB", {}, {}, {}};
+    const char* category_colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#7f7f7f"};
+    static_assert(std::size(category_colors) == kSavedCategories.size());
+    for (size_t c = 0; c < kSavedCategories.size(); ++c) {
+        saved.categories.push_back(kSavedCategories[c]);
+        saved.colors.push_back(category_colors[c]);
+    }
+    for (const RunResult& r : runs) {
+        ChartBar bar{std::string("save ") + policy_name(r.policy), {}};
+        for (const auto& [name, bytes] : saved_bytes_by_category(r.saved_report))
+            bar.values.push_back(static_cast<double>(bytes) / (1 << 20));
+        saved.bars.push_back(bar);
+    }
+    write_file("--chart", a.chart, render_svg({loss, mem, saved}));
     std::printf("chart: %s\n", a.chart.c_str());
 }
 
@@ -163,7 +240,8 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                    {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset}, {"parameters", params},
                    {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan},
                    {"val_fraction", a.val_fraction}, {"eval_every", a.eval_every},
-                   {"eval_batches", a.eval_batches}, {"save_best", a.save_best}};
+                   {"eval_batches", a.eval_batches}, {"save_best", a.save_best}, {"offload", a.offload == "on"},
+                   {"checkpoint", a.checkpoint}};
     j["predicted_saving_bytes"] = predicted.norm_policy;
     j["predicted_gelu_recompute_saving_bytes"] = predicted.gelu_recompute;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
@@ -182,6 +260,13 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"phase_timing", r.phase_timing}, {"val_steps", r.val_steps},
                               {"val_losses", r.val_losses}, {"best_val_loss", r.best_val_loss},
                               {"best_val_step", r.best_val_step}};
+        run["saved_bytes_on_device"] = r.saved_on_device_bytes;
+        run["step_peak"] = step_peak(r.memory_trace);
+        if (a.checkpoint == "blocks") run["predicted_checkpoint_saved_bytes"] = r.predicted_checkpoint_saved_bytes;
+        run["saved_bytes_by_category"] = nlohmann::json::object();
+        for (const auto& [name, bytes] : saved_bytes_by_category(r.saved_report))
+            run["saved_bytes_by_category"][name] = bytes;
+        run["saved_tensors_report"] = nlohmann::json::parse(r.saved_report.json(-1));
         if (&r != &runs[0] && runs[0].policy == SavePolicy::Input)
             run["measured_saving_bytes"] = runs[0].saved_activation_bytes - r.saved_activation_bytes;
         j["runs"].push_back(run);

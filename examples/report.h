@@ -19,6 +19,13 @@ struct RunResult {
     int64_t nonfinite_step = 0;  // the first step (from 1) whose loss or gradient norm was NaN or Inf; 0: none
     std::string nonfinite_what;  // "the loss is nan", "the gradient norm is inf"
     int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
+    // After the first forward: the saved-tensor report (its total is saved_activation_bytes), and
+    // the bytes of it held on the run's device (with --offload on, on a GPU, nearly all of it is
+    // on the host instead).
+    normtape::SavedTensorsReport saved_report;
+    int64_t saved_on_device_bytes = 0;
+    // With --checkpoint blocks: predicted_checkpoint_saved_bytes() of the run's config (nn/gpt.h).
+    int64_t predicted_checkpoint_saved_bytes = 0;
     // With --recompute-gelu on: saved_activation_bytes of the first batch with it off, minus with it
     // on (0 when off).
     int64_t gelu_recompute_saving_bytes = 0;
@@ -43,7 +50,8 @@ struct RunResult {
 };
 
 // What each memory mechanism is predicted to save, in bytes (nn/gpt.h): the norm policy (Output
-// or Normalized over Input) and GELU recompute (0 when off).
+// or Normalized over Input) and GELU recompute (0 when off, and with --checkpoint blocks, where it
+// is not measured: the blocks keep only their inputs).
 struct Predicted {
     int64_t norm_policy = 0, gelu_recompute = 0;
 };
@@ -59,20 +67,33 @@ void print_phase_times(const RunResult& r);
 // With --preset gpt2-medium-ish and two runs or more: PyTorch's figures for the same model beside
 // ours (the input and output runs).
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
-// The two runs (input, then output policy) side by side: saved activation bytes, the predicted
-// saving and whether it equals the measured one, peak bytes, final loss, step time, tokens/s,
-// and the largest relative difference between the loss curves.
+// The two runs (input, then output policy) side by side: saved activation bytes (and those on the
+// run's device), the predicted saving and whether it equals the measured one (with --checkpoint
+// blocks: not checked, the blocks keep only their inputs), peak bytes, final loss, step time,
+// tokens/s, and the largest relative difference between the loss curves.
 void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
-// With GELU recompute on, one line per run: its measured saving beside the prediction.
-void print_gelu_recompute(const std::vector<RunResult>& runs, int64_t predicted);
+// With GELU recompute on, one line per run: its measured saving beside the prediction (with
+// --checkpoint blocks, one line saying it is not measured).
+void print_gelu_recompute(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
+// One line per run: saved activation bytes, those on the run's device, the median step time.
+void print_saved_bytes(const Args& a, const std::vector<RunResult>& runs);
+// With --checkpoint blocks, one line per run: its saved bytes beside its
+// predicted_checkpoint_saved_bytes and whether they are equal (with --offload on, the prediction is
+// not checked: the line says so). Returns false when one differs.
+bool print_checkpoint_prediction(const Args& a, const std::vector<RunResult>& runs);
+// Where the highest point of a step's memory trace is: "1.50 MiB in backward, LayerNormBackward
+// (h.0.ln_1)" or "... in forward, h.1.mlp.c_fc"; "" for an empty trace.
+std::string step_peak(const std::vector<normtape::MemoryEvent>& trace);
 // Writes a.chart: the loss of each run per step (its finite values; a marker where it became
-// non-finite), and the allocated bytes during one step. Throws normtape::IOError naming the file
+// non-finite), the allocated bytes during one step with each run's peak marked and named
+// (step_peak), and the saved bytes after the first forward by category
+// (examples/saved_categories.h), a stacked bar per run. Throws normtape::IOError naming the file
 // and the reason when it cannot be written.
 void write_chart(const Args& a, const std::vector<RunResult>& runs);
 // Writes a.json: the config (`data_desc` for the data, `params` parameters), the predicted savings
 // (predicted_saving_bytes: the norm policy's; predicted_gelu_recompute_saving_bytes), with two runs
 // the measured norm-policy saving, and each run's figures, measured savings (measured_saving_bytes
-// against the input run, for the runs after it; gelu_recompute_saving_bytes) and losses (null where
-// non-finite). Throws normtape::IOError naming the file and the reason when it cannot be written.
+// against the input run, for the runs after it; gelu_recompute_saving_bytes), saved bytes on the
+// device, by category and the whole saved-tensor report, and losses (null where non-finite). Throws normtape::IOError naming the file and the reason when it cannot be written.
 void write_json(const Args& a, const std::vector<RunResult>& runs, const Predicted& predicted,
                 const std::string& data_desc, int64_t params);

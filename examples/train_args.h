@@ -33,6 +33,11 @@ struct Args {
     int64_t eval_every = 0;       // evaluate every this many steps (0: after the last step only)
     int64_t eval_batches = 20;    // held-out batches per evaluation
     bool save_best = false;       // --save writes the checkpoint of the best validation loss instead
+    // Memory settings of the run, not of the model (they change no result bit, so --resume does not
+    // compare them): GPTConfig::offload and checkpoint_blocks, and the printing of the
+    // saved-tensor report after each run's first forward.
+    std::string offload = "off", checkpoint = "none";
+    bool memory_report = false;
     // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name
     // the checkpoint, not a flag, as their source.
     std::set<std::string> from_checkpoint;

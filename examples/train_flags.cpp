@@ -25,6 +25,15 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--recompute-gelu", a.recompute_gelu,
                    "on (default): the MLP's gelu(h) is made again in backward instead of saved (4*B*T*C elements "
                    "a layer); off: saved");
+    app.add_option("--offload", a.offload,
+                   "on: the blocks' saved tensors go to pinned host memory during the forward and come back in "
+                   "backward (SaveOnCpu; on the cpu nothing moves); off: they stay on the device");
+    app.add_option("--checkpoint", a.checkpoint,
+                   "blocks: each block saves only its input and runs its forward again in backward (activation "
+                   "checkpointing); none: every block saves what its ops need");
+    app.add_flag("--memory-report", a.memory_report,
+                 "after each run's first forward, print the largest saved tensors and the saved bytes by part of the "
+                 "model (norms, attention, MLP, ...) (default: off)");
     app.add_option("--lr", a.lr, "peak learning rate, > 0 and <= 1e6 (linear warm-up, then cosine decay to --min-lr)")
         ->check(real);
     app.add_option("--warmup", a.warmup, "warm-up steps, 0 to --steps - 1 (default: 10% of --steps)")
@@ -54,7 +63,7 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--json", a.json, "write the results as JSON to this file (default: none)")
         ->check(kFileName)
         ->type_name("FILE");
-    app.add_option("--chart", a.chart, "SVG chart of the loss and of the memory during one step")
+    app.add_option("--chart", a.chart, "SVG chart of the loss, of the memory during one step and of the saved bytes by category")
         ->check(kFileName)
         ->type_name("FILE");
     app.add_option("--save", a.save,
@@ -80,7 +89,8 @@ void add_flags(CLI::App& app, Args& a) {
                    "(0: at --steps)")
         ->check(integer);
     app.add_option("--resume", a.resume,
-                   "continue the run saved in this checkpoint (flags left out take its values; others must match) "
+                   "continue the run saved in this checkpoint (flags left out take its values; others must match, except "
+                   "--recompute-gelu, --offload and --checkpoint, which change no result) "
                    "(default: none)")
         ->check(kFileName)
         ->type_name("FILE");

@@ -12,6 +12,11 @@
 // --save-every steps); --resume FILE continues that run so that it trains exactly as the run that
 // never stopped (bit for bit on the cpu). See Note [Resuming a run] in examples/resume.h.
 //
+// Memory: after each run's first forward the saved-tensor report (core/saved_report.h) is taken
+// and its bytes put by part of the model (examples/saved_categories.h) for the JSON and the chart;
+// --memory-report prints it. --offload on keeps what the model saves in host memory (SaveOnCpu),
+// --checkpoint blocks keeps only the blocks' inputs (checkpoint()); neither changes a result bit.
+//
 // Nothing is lost (examples/train_args.h): every value, the data and each output file are checked
 // before the first step; a step whose loss or gradient norm is NaN or Inf stops the run
 // (--on-nan) before anything is saved over a checkpoint; a checkpoint's tensors are checked
@@ -26,7 +31,7 @@
 // examples/train_data.h (its batches: Batcher, nn/data.h; the schedule: WarmupCosineLR,
 // nn/lr_scheduler.h), the checks of --resume in examples/resume.h, the timing of each step's
 // forward, backward and optimizer in examples/phase_timer.h, the table, JSON and chart in
-// examples/report.h.
+// examples/report.h, the saved bytes by category in examples/saved_categories.h.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -43,6 +48,7 @@
 #include "phase_timer.h"
 #include "report.h"
 #include "resume.h"
+#include "saved_categories.h"
 #include "train_args.h"
 #include "train_data.h"
 #include "train_flags.h"
@@ -67,6 +73,8 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     c.dropout = a.dropout;
     c.dtype = dtype_of(a);
     c.device = device_of(a);
+    c.offload = a.offload == "on";
+    c.checkpoint_blocks = a.checkpoint == "blocks";
     return c;
 }
 
@@ -218,13 +226,16 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
 
     r.policy = policy;
     r.first_step = start;
+    if (a.checkpoint == "blocks")
+        r.predicted_checkpoint_saved_bytes = predicted_checkpoint_saved_bytes(model.config(), a.batch, a.seq);
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
     PhaseTimer phases(dev);
     r.phase_timing = phases.method();
     for (int64_t step = start; step < end; ++step) {
         auto [idx, targets] = batcher.next();
-        // GELU recompute's saving, measured on the first batch before the step's peak is reset.
-        if (step == start && a.recompute_gelu == "on")
+        // GELU recompute's saving, measured on the first batch before the step's peak is reset
+        // (not with checkpointed blocks, which keep only their inputs either way).
+        if (step == start && a.recompute_gelu == "on" && a.checkpoint != "blocks")
             r.gelu_recompute_saving_bytes = saved_bytes_without_gelu_recompute(model, idx, targets);
         synchronize(dev);
         reset_peak_memory_stats(dev);
@@ -240,7 +251,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
             if (step == start) {
                 r.saved_activation_bytes = saved_bytes();
-                if (a.recompute_gelu == "on") r.gelu_recompute_saving_bytes -= r.saved_activation_bytes;
+                if (a.recompute_gelu == "on" && a.checkpoint != "blocks")
+                    r.gelu_recompute_saving_bytes -= r.saved_activation_bytes;
+                r.saved_report = saved_tensors_report();  // a walk over the nodes: no data is read
+                r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
             }
             loss.backward();
             phases.mark(PhaseTimer::kBackwardDone);
@@ -263,6 +277,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         }
         if (step == trace_step)
             for (MemoryEvent& e : r.memory_trace) e.num_allocs -= allocs_at_start;
+        if (step == start && a.memory_report) print_memory_report(policy_name(policy), r.saved_report, dev);
         MemoryStats m = memory_stats(dev);
         r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, m.peak_allocated_bytes);
         r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
@@ -358,10 +373,13 @@ int run(const Args& a, ResumeState* resume) {
     }
 
     const GPTConfig config = make_config(a, SavePolicy::Input);
+    const bool gelu_measured = a.recompute_gelu == "on" && a.checkpoint != "blocks";
     const Predicted predicted{predicted_saving_bytes(config, a.batch, a.seq),
-                              a.recompute_gelu == "on" ? predicted_gelu_recompute_saving_bytes(config, a.batch, a.seq) : 0};
+                              gelu_measured ? predicted_gelu_recompute_saving_bytes(config, a.batch, a.seq) : 0};
     print_preset_reference(a, runs, predicted.norm_policy);
-    print_gelu_recompute(runs, predicted.gelu_recompute);
+    print_gelu_recompute(a, runs, predicted.gelu_recompute);
+    if (runs.size() < 2) print_saved_bytes(a, runs);  // with two or more, the table shows them
+    const bool checkpoint_ok = print_checkpoint_prediction(a, runs);
     if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
     write_chart(a, runs);
     const RunResult& last = runs.back();
@@ -373,8 +391,13 @@ int run(const Args& a, ResumeState* resume) {
                      policy_name(last.policy));
         return 1;
     }
-    // GELU recompute saves its prediction in every run, and Output and Normalized each save theirs
-    // over Input, to the byte.
+    // GELU recompute saves its prediction in every run, checkpointed blocks save theirs, and Output
+    // and Normalized each save theirs over Input (when the blocks save more than their inputs), to
+    // the byte.
+    if (!checkpoint_ok) {
+        std::fprintf(stderr, "train_gpt: the saved bytes of the checkpointed blocks differ from the prediction\n");
+        return 1;
+    }
     for (const RunResult& r : runs)
         if (r.gelu_recompute_saving_bytes != predicted.gelu_recompute) {
             std::fprintf(stderr, "train_gpt: measured saving of GELU recompute in the %s run differs from the prediction\n",
@@ -383,6 +406,7 @@ int run(const Args& a, ResumeState* resume) {
         }
     if (runs.size() < 2) return 0;
     print_table(a, runs, predicted.norm_policy);
+    if (a.checkpoint == "blocks") return 0;
     for (size_t k = 1; k < runs.size(); ++k)
         if (runs[0].saved_activation_bytes - runs[k].saved_activation_bytes != predicted.norm_policy) {
             std::fprintf(stderr, "train_gpt: measured saving of the %s run differs from the prediction\n",

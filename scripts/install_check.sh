@@ -3,7 +3,8 @@
 # static library (the build/ that test.sh makes, with its CUDA setting) and for a shared one
 # (build-shared/: the library and train_gpt): cmake --install into a temporary prefix, build
 # examples/consumer against it with find_package, run it (it trains a small model and fails unless
-# the loss fell). On the shared library, also check what it exports: train_gpt links and runs
+# the loss fell) and its second program, examples/memory_report.cpp (it fails unless every way of
+# changing the saved tensors gives the plain run's gradients). On the shared library, also check what it exports: train_gpt links and runs
 # against it (a wider use of the API than the consumer's), and no Eigen or nlohmann-json symbol
 # is exported.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -11,7 +12,8 @@ install_build_deps
 PREFIX_ROOT="$(mktemp -d)"
 trap 'rm -rf "$PREFIX_ROOT"' EXIT
 
-# consumer_check KIND: install $BUILD into a fresh prefix, then build and run the consumer.
+# consumer_check KIND: install $BUILD into a fresh prefix, then build and run the consumer and
+# memory_report.
 consumer_check() {
     local prefix="$PREFIX_ROOT/$1"
     cmake --install "$BUILD" --prefix "$prefix" >/dev/null
@@ -20,6 +22,8 @@ consumer_check() {
     cmake --build "$BUILD/consumer" -j "$(nproc)" >/dev/null
     echo "--- consumer against the installed $1 library ($(cd "$prefix" && find lib* -name 'libnormtape*' | tr '\n' ' '))"
     "$BUILD/consumer/consumer"
+    echo "--- memory_report against the installed $1 library"
+    "$BUILD/consumer/memory_report" | sed -n '/^setting/,/^$/p'
 }
 
 configure_and_build normtape
