@@ -8,21 +8,23 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt]   (default all)
+#   scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt|memory]   (default all)
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the three fits in 10
 #     minutes on an H200 whose build-gpu/ is already built); profile: only scripts/profile_step.sh,
 #     the step's kernel time by category beside PyTorch's (needs Nsight Compute's ncu); nanogpt:
 #     nanoGPT's Shakespeare GPU configuration trained by train_gpt and by PyTorch eager
-#     (scripts/train_torch_shakespeare.py). Neither profile nor nanogpt is part of all.
+#     (scripts/train_torch_shakespeare.py); memory: the gpt2-medium-ish preset under each policy
+#     with --memory-report, plain, with --offload on and with --checkpoint blocks (the saved bytes
+#     left on the GPU and the step time of each). Neither profile, nanogpt nor memory is part of all.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|bench|sanitize|profile|nanogpt) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt]" >&2; exit 2;; esac
+case "$MODE" in all|tests|bench|sanitize|profile|nanogpt|memory) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt|memory]" >&2; exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 summary=()
@@ -128,6 +130,19 @@ if [ "$MODE" = nanogpt ]; then
     summary+=("PyTorch: $(tail -1 "$GPU_OUT/nanogpt_torch.log")")
 fi
 
+# The preset's saved bytes and step time: as it is, with the blocks' saved tensors in pinned host
+# memory, and with the blocks checkpointed (train_gpt exits 1 if those bytes differ from the formula).
+if [ "$MODE" = memory ]; then
+    for run in plain "offload --offload on" "checkpoint --checkpoint blocks" \
+               "offload_checkpoint --offload on --checkpoint blocks"; do
+        read -r name flags <<<"$run"
+        # shellcheck disable=SC2086
+        step "preset, $name" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all --steps 12 --log-every 4 \
+            --memory-report $flags --json "$GPU_OUT/memory_$name.json" --chart "$GPU_OUT/memory_$name.svg" \
+            > "$GPU_OUT/memory_$name.log" 2>&1
+    done
+fi
+
 if [ "$MODE" = profile ]; then
     if scripts/profile_step.sh build-gpu "$GPU_OUT" > "$GPU_OUT/profile.log" 2>&1; then summary+=("profile: ok"); else
         summary+=("profile: FAILED"); failed=1; fi
@@ -145,4 +160,7 @@ done
 [ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
 [ -f "$GPU_OUT/torch_gpt.log" ] && { echo "--- medium preset beside PyTorch eager"; tail -8 "$GPU_OUT/torch_gpt.log"; }
 [ -f "$GPU_OUT/profile.log" ] && { echo "--- kernel time by category"; head -14 "$GPU_OUT/profile.log"; }
+for f in "$GPU_OUT"/memory_*.log; do
+    [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -25; }
+done
 exit $failed
