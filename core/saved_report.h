@@ -52,8 +52,8 @@ struct SavedTensorsReport {
 
     // Bytes of the entries on `device` (packed ones on the host count there).
     int64_t bytes_on(Device device) const;
-    // A table for a terminal: the `top` largest entries (0: all, in recording order otherwise
-    // largest first) with their holders, then the totals by op and by module. Never throws except
+    // A table for a terminal: the `top` largest entries, largest first, with their holders (top 0:
+    // every entry, in recording order), then the totals by op and by module. Never throws except
     // std::bad_alloc.
     std::string table(size_t top = 0) const;
     // The whole report as a JSON object: {"total_bytes", "entries": [{"bytes", "shape", "dtype",
