@@ -100,7 +100,6 @@ std::shared_ptr<const Recipe> checkpoint_drop(CheckpointFrame& frame, const Tens
     recipe->inputs = frame.inputs;  // copies of the handles: counted once by storage
     recipe->unpack_inputs = false;
     recipe->make = [owner = frame.shared_from_this(), k](const std::vector<Tensor>&) { return owner->take(k); };
-    recipe->version = t.storage()->version();
     return recipe;
 }
 

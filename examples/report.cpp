@@ -162,11 +162,19 @@ void print_gelu_recompute(const Args& a, const std::vector<RunResult>& runs, int
                     r.gelu_recompute_saving_bytes == predicted ? "= measured, to the byte" : "!= measured");
 }
 
-std::string step_peak(const std::vector<MemoryEvent>& trace) {
+namespace {
+// The event of the highest allocated bytes in `trace` (the first of equals), or nullptr.
+const MemoryEvent* peak_event(const std::vector<MemoryEvent>& trace) {
     auto peak = std::max_element(trace.begin(), trace.end(), [](const MemoryEvent& x, const MemoryEvent& y) {
         return x.allocated_bytes < y.allocated_bytes;
     });
-    if (peak == trace.end()) return "";
+    return peak == trace.end() ? nullptr : &*peak;
+}
+}  // namespace
+
+std::string step_peak(const std::vector<MemoryEvent>& trace) {
+    const MemoryEvent* peak = peak_event(trace);
+    if (!peak) return "";
     const std::string where = peak->scope && !peak->scope->empty() ? *peak->scope : "outside the modules";
     return mib(peak->allocated_bytes) + " in " + (peak->backward ? "backward, " : "forward, ") +
            (peak->node ? std::string(peak->node) + " (" + where + ")" : where);
@@ -205,11 +213,7 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
             ms.y.push_back(static_cast<double>(e.allocated_bytes) / (1 << 20));
         }
         mem.series.push_back(ms);
-        if (auto peak = std::max_element(r.memory_trace.begin(), r.memory_trace.end(),
-                                         [](const MemoryEvent& x, const MemoryEvent& y) {
-                                             return x.allocated_bytes < y.allocated_bytes;
-                                         });
-            peak != r.memory_trace.end())  // where the step's peak is (core/named_scope.h)
+        if (const MemoryEvent* peak = peak_event(r.memory_trace))  // where the step's peak is (core/named_scope.h)
             mem.markers.push_back({static_cast<double>(peak->num_allocs), name + " peak: " + step_peak(r.memory_trace)});
     }
     mem.markers.push_back({static_cast<double>(runs[0].forward_allocs), "forward | backward"});

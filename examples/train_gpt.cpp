@@ -78,6 +78,10 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     return c;
 }
 
+// Whether GELU recompute's saving is measured: with it on, and not with checkpointed blocks, which
+// keep only their inputs either way.
+bool gelu_saving_measured(const Args& a) { return a.recompute_gelu == "on" && a.checkpoint != "blocks"; }
+
 // Linear warm-up over --warmup steps, then cosine decay to --min-lr at the last step.
 WarmupCosineLR lr_schedule(const Args& a) {
     const int64_t warmup = warmup_steps(a);
@@ -235,7 +239,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         auto [idx, targets] = batcher.next();
         // GELU recompute's saving, measured on the first batch before the step's peak is reset
         // (not with checkpointed blocks, which keep only their inputs either way).
-        if (step == start && a.recompute_gelu == "on" && a.checkpoint != "blocks")
+        if (step == start && gelu_saving_measured(a))
             r.gelu_recompute_saving_bytes = saved_bytes_without_gelu_recompute(model, idx, targets);
         synchronize(dev);
         reset_peak_memory_stats(dev);
@@ -250,11 +254,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             phases.mark(PhaseTimer::kForwardDone);
             if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
             if (step == start) {
-                r.saved_activation_bytes = saved_bytes();
-                if (a.recompute_gelu == "on" && a.checkpoint != "blocks")
-                    r.gelu_recompute_saving_bytes -= r.saved_activation_bytes;
                 r.saved_report = saved_tensors_report();  // a walk over the nodes: no data is read
+                r.saved_activation_bytes = r.saved_report.total_bytes;  // saved_bytes(), to the byte
                 r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
+                if (gelu_saving_measured(a)) r.gelu_recompute_saving_bytes -= r.saved_activation_bytes;
             }
             loss.backward();
             phases.mark(PhaseTimer::kBackwardDone);
@@ -373,9 +376,8 @@ int run(const Args& a, ResumeState* resume) {
     }
 
     const GPTConfig config = make_config(a, SavePolicy::Input);
-    const bool gelu_measured = a.recompute_gelu == "on" && a.checkpoint != "blocks";
     const Predicted predicted{predicted_saving_bytes(config, a.batch, a.seq),
-                              gelu_measured ? predicted_gelu_recompute_saving_bytes(config, a.batch, a.seq) : 0};
+                              gelu_saving_measured(a) ? predicted_gelu_recompute_saving_bytes(config, a.batch, a.seq) : 0};
     print_preset_reference(a, runs, predicted.norm_policy);
     print_gelu_recompute(a, runs, predicted.gelu_recompute);
     if (runs.size() < 2) print_saved_bytes(a, runs);  // with two or more, the table shows them
