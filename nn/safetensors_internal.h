@@ -14,7 +14,14 @@
 #include <vector>
 
 // Header-only (every function static inline here): nothing to link, for the library or its users.
+// Where AVX-512 is on (-march=native on such a CPU, -march=x86-64-v4), xxHash would take its
+// AVX-512 path, whose intrinsics GCC 12 reports as "may be used uninitialized" once inlined
+// (its _mm512_undefined_* leave a register unset on purpose); the AVX2 path is warning-free,
+// and a checksum of a file read from disk is not limited by the hash's vector width.
 #define XXH_INLINE_ALL
+#if defined(__AVX512F__) && !defined(XXH_VECTOR)
+#define XXH_VECTOR XXH_AVX2
+#endif
 #include <xxhash.h>
 
 #include "core/tensor.h"
