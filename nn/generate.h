@@ -1,5 +1,5 @@
 // nn/generate.h: sampling tokens from a GPT (nn/gpt.h), as nanoGPT's GPT.generate and sample.py,
-// with a key/value cache. Not here: reading a checkpoint or text (examples/generate.cpp).
+// with a key/value cache. Not here: reading a checkpoint or text (examples/generate/generate.cpp).
 //
 // Dimensions as nn/gpt.h: B batch, C = n_embd, L = n_layer, V = vocab_size, block_size the
 // longest context; t the positions in the cache, n the new ones.

@@ -1,8 +1,8 @@
 // nn/norm.cpp: LayerNorm and RMSNorm modules.
 #include "nn/norm.h"
 
-#include "ops/layer_norm.h"
-#include "ops/rms_norm.h"
+#include "ops/norm/layer_norm.h"
+#include "ops/norm/rms_norm.h"
 
 namespace normtape {
 

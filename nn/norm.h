@@ -1,10 +1,10 @@
-// nn/norm.h: the LayerNorm and RMSNorm modules over ops/layer_norm.h and ops/rms_norm.h.
+// nn/norm.h: the LayerNorm and RMSNorm modules over ops/norm/layer_norm.h and ops/norm/rms_norm.h.
 #pragma once
 
 #include <memory>
 
 #include "nn/module.h"
-#include "ops/norm_policy.h"
+#include "ops/norm/norm_policy.h"
 
 namespace normtape {
 
@@ -25,8 +25,8 @@ public:
     explicit NormModule(NormOptions o) : options(o) {}
     // x: [..., normalized_shape] -> same shape; with affine parameters x must have their dtype
     // (options.dtype) and device (options.device), without them any floating dtype and device.
-    // What is saved, how gradients are written and what is thrown: ops/layer_norm.h,
-    // ops/rms_norm.h (eps is checked there, at the first forward).
+    // What is saved, how gradients are written and what is thrown: ops/norm/layer_norm.h,
+    // ops/norm/rms_norm.h (eps is checked there, at the first forward).
     virtual Tensor forward(const Tensor& x) const = 0;
 
     NormOptions options;  // policy may be changed between forwards

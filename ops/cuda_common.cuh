@@ -2,7 +2,7 @@
 // a dtype, block-wide sums and maxima, and cp.async copies into shared memory. Internal, CUDA
 // code only. Not here: 16-byte vectors and the elementwise map (core/cuda_map.cuh, included); the
 // host launchers of the shared reductions (column_sum_cuda, single_block_sum_cuda:
-// ops/cuda_launchers.h), anything specific to one op (the norms' row groups: ops/norm_rows.cuh).
+// ops/cuda_launchers.h), anything specific to one op (the norms' row groups: ops/norm/norm_rows.cuh).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -13,7 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "ops/norm_policy.h"
+#include "ops/norm/norm_policy.h"
 
 namespace normtape::detail {
 
@@ -90,8 +90,8 @@ template <class T>
 bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
                         int64_t b_cols, bool trans_b, GemmEpilogue epilogue, T* bias, T* aux, int device);
 
-// ops/norm_forward.cu, ops/norm_backward.cu, ops/norm_reference.cu: the norms (see
-// ops/norm_policy.h); mean is nullptr when not centered, weight/bias nullptr when absent;
+// ops/norm/norm_forward.cu, ops/norm/norm_backward.cu, ops/norm/norm_reference.cu: the norms (see
+// ops/norm/norm_policy.h); mean is nullptr when not centered, weight/bias nullptr when absent;
 // dx/dweight/dbias nullptr when not wanted. norm_*_cuda run the fast kernels where they apply;
 // norm_*_reference_cuda always run the plain ones (tests compare).
 // x_hat (SavePolicy::Normalized; nullptr otherwise): the forward writes x_hat too and computes y

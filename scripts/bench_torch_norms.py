@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's F.layer_norm and F.rms_norm on the shapes of examples/bench_norms.cpp, timed the same
+"""PyTorch's F.layer_norm and F.rms_norm on the shapes of examples/bench/bench_norms.cpp, timed the same
 way (CUDA events, 3 warm-ups, then the median of 20 runs queued back to back, each between its own
 pair of events, so that Python's launch overhead is not counted), printed beside normtape's figures from the same run.
 

@@ -3,7 +3,7 @@
 # static library (the build/ that test.sh makes, with its CUDA setting) and for a shared one
 # (build-shared/: the library and train_gpt): cmake --install into a temporary prefix, build
 # examples/consumer against it with find_package, run it (it trains a small model and fails unless
-# the loss fell) and its second program, examples/memory_report.cpp (it fails unless every way of
+# the loss fell) and its second program, examples/memory_report/memory_report.cpp (it fails unless every way of
 # changing the saved tensors gives the plain run's gradients). On the shared library, also check what it exports: train_gpt links and runs
 # against it (a wider use of the API than the consumer's), and no Eigen or nlohmann-json symbol
 # is exported.

@@ -7,7 +7,7 @@
   --seq --layers --heads --embd --dropout --lr --min-lr --warmup --beta2 --weight-decay --eval-every
   --eval-batches --val-fraction --seed --threads
 
-The PyTorch side of the comparison with examples/train_gpt.cpp: the same model, data and schedule, with
+The PyTorch side of the comparison with examples/train_gpt/train_gpt.cpp: the same model, data and schedule, with
 the settings of karpathy/nanoGPT's config/train_shakespeare_char.py, timed on the same machine.
   nanogpt-cpu (the default): L=4 NH=4 C=128 T=64 B=12, 2000 steps, dropout 0, cpu, f32 (nanoGPT's CPU run)
   nanogpt-gpu: L=6 NH=6 C=384 T=256 B=64, 5000 steps, dropout 0.2, cuda, bf16

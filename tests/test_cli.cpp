@@ -23,7 +23,7 @@ namespace {
 
 const std::string kTiny = "--data random --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input";
 
-// The categories of --memory-report in the order printed (examples/saved_categories.h).
+// The categories of --memory-report in the order printed (examples/train_gpt/saved_categories.h).
 const char* const kCategories[] = {"norms", "attention", "MLP", "embeddings", "logits and loss",
                                    "checkpointed block inputs", "other"};
 

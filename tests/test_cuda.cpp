@@ -7,7 +7,7 @@
 #include "core/device_ptr.h"
 #include "norm_test_cases.h"
 #include "ops/cuda_launchers.h"
-#include "ops/norm.h"
+#include "ops/norm/norm.h"
 #include "test_util.h"
 
 using namespace normtape;

@@ -12,7 +12,7 @@ const NormUnderTest kLayerNorm{"layer_norm", true,
                                    return layer_norm(x, w, b, eps, p);
                                }};
 
-// The textbook formula, written out independently of ops/norm.cpp.
+// The textbook formula, written out independently of ops/norm/norm.cpp.
 std::vector<double> layer_norm_reference(const std::vector<double>& x, const std::vector<double>& w,
                                          const std::vector<double>& b, int64_t N, double eps) {
     std::vector<double> y(x.size());

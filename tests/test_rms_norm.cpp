@@ -12,7 +12,7 @@ const NormUnderTest kRMSNorm{"rms_norm", false,
                                  return rms_norm(x, w, eps, p);
                              }};
 
-// y = x / sqrt(mean(x^2) + eps) * w, written out independently of ops/norm.cpp.
+// y = x / sqrt(mean(x^2) + eps) * w, written out independently of ops/norm/norm.cpp.
 std::vector<double> rms_norm_reference(const std::vector<double>& x, const std::vector<double>& w, int64_t N,
                                        double eps) {
     std::vector<double> y(x.size());

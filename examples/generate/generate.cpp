@@ -1,0 +1,209 @@
+// examples/generate/generate.cpp: samples text from a checkpoint that train_gpt --save wrote, as nanoGPT's
+// sample.py: generate CHECKPOINT --prompt TEXT --tokens N prints the N bytes that the model draws
+// after the prompt (the continuation only) to standard output, as they are drawn.
+//
+// The vocabulary is bytes: the prompt's bytes are its tokens, and each token drawn is written as
+// one byte (a checkpoint of more than 256 tokens, trained on --data random --vocab, is refused).
+// The model is rebuilt from the checkpoint's metadata entry "train_gpt.config" (layers, heads,
+// embd, vocab, seq as block_size, norm, dtype) and its parameters are loaded from its tensors
+// (nn/checkpoint.h); the optimizer state it may hold is ignored. Sampling is nn/generate.h's:
+// --temperature (0: greedy), --top-k (0: all), --seed, and --no-cache for the reference path.
+// --device: cpu or cuda (default: cuda when a GPU is visible, else cpu), in the checkpoint's dtype.
+//
+// Exit status: 0; 2 for a bad flag, prompt or checkpoint, with one line on stderr before anything
+// is printed; 1 for an error while sampling (out of memory, a device error), with its message.
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../common/flag_syntax.h"
+#include "normtape.h"
+
+using namespace normtape;
+
+namespace {
+
+// A bad flag, prompt or checkpoint: main prints it and exits 2.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct GenerateArgs {
+    std::string checkpoint, prompt, prompt_file, device;
+    int64_t tokens = 500;  // nanoGPT's max_new_tokens
+    double temperature = 0.8;
+    int64_t top_k = 200;
+    uint64_t seed = 1337;
+    bool no_cache = false;
+};
+
+std::string number_text(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw UsageError("--prompt-file " + path + ": cannot read the file");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (f.bad()) throw UsageError("--prompt-file " + path + ": cannot read the file");
+    return ss.str();
+}
+
+// The GPT of the checkpoint's "train_gpt.config" (see examples/train_gpt/resume.h), on `device`.
+GPTConfig checkpoint_config(const std::string& path, const std::map<std::string, std::string>& metadata,
+                            Device device) {
+    auto entry = metadata.find("train_gpt.config");
+    if (entry == metadata.end())
+        throw UsageError(path + ": not a train_gpt checkpoint (one written by train_gpt --save): no \"train_gpt.config\" "
+                                "metadata");
+    const nlohmann::json c = nlohmann::json::parse(entry->second, nullptr, /*allow_exceptions=*/false);
+    if (!c.is_object()) throw UsageError(path + ": malformed train_gpt.config metadata (not a JSON object)");
+    auto get = [&](const char* key, bool integer) {
+        const nlohmann::json v = c.value(key, nlohmann::json());
+        if (integer ? !v.is_number_integer() : !v.is_string())
+            throw UsageError(path + ": the checkpoint's train_gpt.config has " +
+                             (v.is_null() ? "no \"" + std::string(key) + "\"" : std::string(key) + " " + v.dump()) +
+                             ", expected " + (integer ? "an integer" : "a string"));
+        return v;
+    };
+    GPTConfig g;
+    g.n_layer = get("layers", true).get<int64_t>();
+    g.n_head = get("heads", true).get<int64_t>();
+    g.n_embd = get("embd", true).get<int64_t>();
+    g.vocab_size = get("vocab", true).get<int64_t>();
+    g.block_size = get("seq", true).get<int64_t>();
+    const std::string norm = get("norm", false).get<std::string>(), dtype = get("dtype", false).get<std::string>();
+    if (norm != "layer" && norm != "rms")
+        throw UsageError(path + ": the checkpoint's train_gpt.config has norm \"" + norm + "\", expected layer or rms");
+    if (dtype != "f32" && dtype != "bf16")
+        throw UsageError(path + ": the checkpoint's train_gpt.config has dtype \"" + dtype + "\", expected f32 or bf16");
+    g.norm = norm == "layer" ? NormKind::Layer : NormKind::RMS;
+    g.dtype = dtype == "bf16" ? DType::BF16 : DType::F32;
+    g.device = device;
+    try {
+        check_config(g);
+    } catch (const Error& e) {
+        throw UsageError(path + ": the checkpoint's train_gpt.config: " + e.what());
+    }
+    if (g.vocab_size > 256)
+        throw UsageError(path + ": the checkpoint's model has a vocabulary of " + std::to_string(g.vocab_size) +
+                         " tokens; generate reads and writes bytes (at most 256)");
+    return g;
+}
+
+int run(const GenerateArgs& a) {
+    // Everything a user can get wrong is checked before the model is built.
+    if (!std::isfinite(a.temperature) || a.temperature < 0)
+        throw UsageError("--temperature " + number_text(a.temperature) + ": expected a finite number >= 0 (0: greedy)");
+    if (a.top_k < 0) throw UsageError("--top-k " + std::to_string(a.top_k) + ": expected an integer >= 0 (0: all)");
+    if (a.tokens < 0) throw UsageError("--tokens " + std::to_string(a.tokens) + ": expected an integer >= 0");
+    const std::string text = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
+    if (text.empty())
+        throw UsageError(a.prompt_file.empty() ? "--prompt: expected at least one byte, got an empty prompt"
+                                               : "--prompt-file " + a.prompt_file + ": the file is empty");
+    std::string device = a.device.empty() ? (cuda_is_available() ? "cuda" : "cpu") : a.device;
+    if (device != "cpu" && device != "cuda") throw UsageError("--device \"" + device + "\": expected cpu or cuda");
+    if (device == "cuda" && !cuda_is_available())
+        throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
+                                         : "--device cuda: this build of normtape has no CUDA backend");
+
+    std::map<std::string, std::string> metadata;
+    NamedTensors tensors;
+    try {
+        tensors = load_safetensors(a.checkpoint, &metadata);
+    } catch (const IOError& e) {
+        throw UsageError(e.what());
+    } catch (const FormatError& e) {
+        throw UsageError(e.what());
+    }
+    const GPTConfig config = checkpoint_config(a.checkpoint, metadata, device == "cuda" ? Device::CUDA : Device::CPU);
+    std::vector<int64_t> prompt;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const int64_t byte = static_cast<unsigned char>(text[i]);
+        if (byte >= config.vocab_size)
+            throw UsageError("the prompt's byte " + std::to_string(byte) + " at offset " + std::to_string(i) +
+                             " is outside the checkpoint's vocabulary of " + std::to_string(config.vocab_size) +
+                             " tokens");
+        prompt.push_back(byte);
+    }
+    GPT model(config);
+    model.eval();  // sampling is inference
+    try {
+        load_checkpoint(a.checkpoint, tensors, metadata, model);
+    } catch (const FormatError& e) {
+        throw UsageError(e.what());
+    } catch (const ShapeError& e) {
+        throw UsageError(e.what());
+    } catch (const DTypeError& e) {
+        throw UsageError(e.what());
+    }
+    tensors.clear();
+
+    SamplingOptions o;
+    o.temperature = a.temperature;
+    o.top_k = a.top_k;
+    o.seed = a.seed;
+    o.use_cache = !a.no_cache;
+    generate(model, prompt, a.tokens, o, [](int64_t token) {
+        std::fputc(static_cast<int>(token), stdout);
+        std::fflush(stdout);  // each byte as it is drawn
+    });
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw std::runtime_error("cannot write to standard output");
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    GenerateArgs a;
+    CLI::App app{"generate: sample bytes from a train_gpt checkpoint (nanoGPT's sample.py, with a key/value cache)"};
+    app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app.add_option("checkpoint", a.checkpoint, "a checkpoint written by train_gpt --save")->required()->type_name("FILE");
+    auto* prompt = app.add_option("--prompt", a.prompt, "the text to continue (at least one byte)")->type_name("TEXT");
+    auto* prompt_file =
+        app.add_option("--prompt-file", a.prompt_file, "read the text to continue from this file")->type_name("FILE");
+    prompt->excludes(prompt_file);
+    app.add_option("--tokens", a.tokens, "bytes to generate, 0 or more")->check(number<int64_t>("an integer"));
+    app.add_option("--temperature", a.temperature, "divides the logits; 0: always the most likely byte (greedy)")
+        ->check(number<double>("a number"));
+    app.add_option("--top-k", a.top_k, "draw among the k most likely bytes only (0: all)")
+        ->check(number<int64_t>("an integer"));
+    app.add_option("--seed", a.seed, "the sampler's seed, 0 to 2^64 - 1")
+        ->check(number<uint64_t>("an integer from 0 to 2^64 - 1"));
+    app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible, else cpu)");
+    app.add_flag("--no-cache", a.no_cache,
+                 "run the whole context through the model for every byte (the reference; slower) instead of the "
+                 "key/value cache");
+    try {
+        app.parse(argc, argv);
+        if (app.count("--prompt") == 0 && app.count("--prompt-file") == 0)
+            throw UsageError("give the text to continue: --prompt TEXT or --prompt-file FILE");
+        return run(a);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "generate: %s (see --help)\n", e.what());
+        return 2;
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "generate: %s\n", e.what());
+        return 2;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "generate: error: out of host memory (std::bad_alloc)\n");
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "generate: error: %s\n", e.what());
+        return 1;
+    }
+}

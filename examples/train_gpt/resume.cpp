@@ -1,0 +1,157 @@
+// examples/train_gpt/resume.cpp: --resume (examples/train_gpt/resume.h): the run's config, reading a checkpoint and
+// checking that the resumed run is the checkpoint's. Not here: the restoring itself
+// (examples/train_gpt/train_gpt.cpp).
+#include "resume.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <type_traits>
+
+#include "train_data.h"
+
+using namespace normtape;
+
+namespace {
+
+uint64_t fnv1a64(const std::string& s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+}
+
+std::string hex(uint64_t v) {
+    char buf[20];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+}  // namespace
+
+nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& text) {
+    // The data file's absolute path, so that a run can be resumed from another directory.
+    std::string data =
+        a.data == "random" ? a.data : std::filesystem::absolute(data_file(a)).lexically_normal().string();
+    return {{"data", data},       {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
+            {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
+            {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
+            {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
+            {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed},
+            {"val-fraction", a.val_fraction}, {"warmup", warmup_steps(a)}, {"min-lr", min_lr(a)},
+            {"beta2", a.beta2},   {"dropout", a.dropout}};
+}
+
+ResumeState read_resume(const std::string& path) {
+    ResumeState r;
+    r.path = path;
+    try {
+        bool checksummed = false;
+        r.tensors = load_safetensors(path, &r.metadata, &checksummed);
+        if (!checksummed)
+            std::fprintf(stderr, "train_gpt: warning: --resume %s: the file carries no checksums (it was written by an "
+                                 "older normtape or another program), so its bytes cannot be verified\n",
+                         path.c_str());
+    } catch (const IOError& e) {
+        throw UsageError(std::string("--resume: ") + e.what());
+    } catch (const FormatError& e) {
+        throw UsageError(std::string("--resume: ") + e.what());
+    }
+    const std::string not_ours = "--resume " + path + ": not a train_gpt checkpoint with training state (one written by "
+                                 "train_gpt --save)";
+    for (const char* key : {"train_gpt.config", "train_gpt.step", "train_gpt.batcher", "optimizer"})
+        if (r.metadata.count(key) == 0) throw UsageError(not_ours + ": no \"" + key + "\" metadata");
+    r.config = nlohmann::json::parse(r.metadata["train_gpt.config"], nullptr, /*allow_exceptions=*/false);
+    const std::string& step = r.metadata["train_gpt.step"];
+    if (!r.config.is_object() || step.empty() || step.size() > 18 ||
+        step.find_first_not_of("0123456789") != std::string::npos)
+        throw UsageError(not_ours + ": malformed train_gpt.config or train_gpt.step");
+    r.step = std::stoll(step);
+    return r;
+}
+
+void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
+    auto take = [&](const char* flag, auto& field) {
+        using T = std::decay_t<decltype(field)>;
+        const char* key = flag + 2;
+        const nlohmann::json saved = r.config.value(key, nlohmann::json());
+        bool typed = false;
+        if constexpr (std::is_same_v<T, std::string>) typed = saved.is_string();
+        else if constexpr (std::is_same_v<T, double>) typed = saved.is_number();
+        else if constexpr (std::is_same_v<T, uint64_t>) typed = saved.is_number_unsigned();
+        else typed = saved.is_number_integer() && (!saved.is_number_unsigned() || saved.get<uint64_t>() <= INT64_MAX);
+        if (!typed)
+            throw UsageError("--resume " + r.path + ": the checkpoint's config has " +
+                             (saved.is_null() ? "no \"" + std::string(key) + "\"" : key + (" " + saved.dump())) +
+                             ", expected " + (std::is_same_v<T, std::string> ? "a string"
+                                              : std::is_same_v<T, double> ? "a number"
+                                              : std::is_same_v<T, uint64_t> ? "an integer from 0 to 2^64 - 1"
+                                                                            : "an integer"));
+        if (app.count(flag) == 0) {
+            field = saved.get<T>();
+            a.from_checkpoint.insert(key);
+        } else if (field != saved.get<T>()) {
+            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + saved.dump() +
+                             ", this one asks for " + nlohmann::json(field).dump() +
+                             " (a resumed run must be the same run: leave the flag out to take the checkpoint's)");
+        }
+    };
+    if (app.count("--policy") && (a.policy == "both" || a.policy == "all"))
+        throw UsageError("--resume continues one run: give --policy input, output or normalized (the checkpoint's is " +
+                         r.config.value("policy", nlohmann::json()).dump() + "), not " + a.policy);
+    take("--steps", a.steps);
+    take("--batch", a.batch);
+    take("--seq", a.seq);
+    take("--layers", a.layers);
+    take("--heads", a.heads);
+    take("--embd", a.embd);
+    take("--vocab", a.vocab);
+    take("--norm", a.norm);
+    take("--policy", a.policy);
+    take("--dtype", a.dtype);
+    take("--lr", a.lr);
+    take("--seed", a.seed);
+    // A checkpoint without "val-fraction" trained on the whole text.
+    if (r.config.contains("val-fraction")) {
+        take("--val-fraction", a.val_fraction);
+    } else if (app.count("--val-fraction") == 0) {
+        a.val_fraction = 0;
+        a.from_checkpoint.insert("val-fraction");
+    } else if (a.val_fraction != 0) {
+        throw UsageError("--resume " + r.path + ": the checkpoint's run held nothing out, this one asks for "
+                         "--val-fraction " + nlohmann::json(a.val_fraction).dump() +
+                         " (leave the flag out to take the checkpoint's)");
+    }
+    // Checkpoints written before these flags existed trained with their defaults then: the
+    // default schedule, beta2 0.95, no dropout.
+    auto take_since = [&](const char* flag, auto& field, auto old) {
+        if (r.config.contains(flag + 2)) return take(flag, field);
+        if (app.count(flag))
+            throw UsageError("--resume " + r.path + ": the checkpoint's config has no \"" + (flag + 2) +
+                             "\" (its run used the default): leave " + flag + " out");
+        field = old;
+        a.from_checkpoint.insert(flag + 2);
+    };
+    take_since("--warmup", a.warmup, int64_t{-1});
+    take_since("--min-lr", a.min_lr, std::numeric_limits<double>::quiet_NaN());
+    take_since("--beta2", a.beta2, 0.95);
+    take_since("--dropout", a.dropout, 0.0);
+    // --data may name the same bytes by another path: check_resume_data compares the bytes' size
+    // and hash.
+    if (app.count("--data") == 0) take("--data", a.data);
+}
+
+void check_resume_data(const ResumeState& r, const std::string& text, const std::string& description) {
+    const nlohmann::json bytes = r.config.value("data_bytes", nlohmann::json()),
+                         hash = r.config.value("data_fnv1a64", nlohmann::json());
+    if (!bytes.is_number_unsigned() || !hash.is_string())
+        throw UsageError("--resume " + r.path + ": the checkpoint's config has data_bytes " + bytes.dump() +
+                         " and data_fnv1a64 " + hash.dump() + ", expected an integer and a string");
+    const uint64_t want_bytes = bytes.get<uint64_t>();
+    const std::string want_hash = hash.get<std::string>();
+    if (want_bytes != text.size() || want_hash != hex(fnv1a64(text)))
+        throw UsageError("--resume " + r.path + ": the data (" + description + ", " + std::to_string(text.size()) +
+                         " bytes, FNV-1a " + hex(fnv1a64(text)) + ") is not the checkpoint's run's (" +
+                         std::to_string(want_bytes) + " bytes, FNV-1a " + want_hash + ")");
+}

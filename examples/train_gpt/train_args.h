@@ -1,0 +1,76 @@
+// examples/train_gpt/train_args.h: train_gpt's settings: Args (CLI11 fills it from the flags in main,
+// --preset and --resume complete it), the checks every value goes through whatever its source,
+// the checks of the files the run will write, and UsageError, the error on which train_gpt exits
+// with status 2. Not here: the flags' definitions and their syntax (examples/train_gpt/train_gpt.cpp).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+struct Args {
+    std::string data;  // empty: kDefaultData (examples/train_gpt/train_data.h); "random": random tokens
+    int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
+    std::string norm = "layer", policy = "both", device, dtype, preset, recompute_gelu = "on";
+    double lr = 3e-3;
+    int64_t warmup = -1;                                          // warm-up steps (-1: 10% of steps)
+    double min_lr = std::numeric_limits<double>::quiet_NaN();     // where the decay ends (NaN: lr / 10)
+    double beta2 = 0.95;                                          // AdamW's
+    double dropout = 0.0;                                         // GPTConfig::dropout
+    int64_t threads = 0;                                          // cpu threads (0: every core)
+    int64_t sample = 0;                                           // bytes to sample after training
+    uint64_t seed = 1337;
+    int64_t log_every = 50;
+    std::string json, save, chart = "train_gpt.svg";
+    bool detect_anomaly = false;
+    std::string on_nan = "stop";  // what a non-finite loss does: "stop" the run or "continue"
+    std::string resume;           // checkpoint to continue from
+    int64_t save_every = 0;       // also save every this many steps (0: only at the end)
+    int64_t stop_at = 0;          // stop after this step of the --steps schedule (0: at --steps)
+    double val_fraction = 0.1;    // the tail of the text held out for validation (0: none)
+    int64_t eval_every = 0;       // evaluate every this many steps (0: after the last step only)
+    int64_t eval_batches = 20;    // held-out batches per evaluation
+    bool save_best = false;       // --save writes the checkpoint of the best validation loss instead
+    // Memory settings of the run, not of the model (they change no result bit, so --resume does not
+    // compare them): GPTConfig::offload and checkpoint_blocks, and the printing of the
+    // saved-tensor report after each run's first forward.
+    std::string offload = "off", checkpoint = "none";
+    bool memory_report = false;
+    // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name
+    // the checkpoint, not a flag, as their source.
+    std::set<std::string> from_checkpoint;
+};
+
+// Thrown for a bad flag, value, input file or checkpoint found before training starts; main
+// prints it on one line and exits 2.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// How a value of `a` is named in messages: "--heads 3", or "--resume ck.safetensors: the
+// checkpoint's heads 3" when --resume took it from the checkpoint. `key` is the flag without its
+// dashes ("heads", "log-every").
+std::string describe(const Args& a, const std::string& key, const std::string& value);
+
+// The schedule's warm-up steps and final rate: --warmup and --min-lr, or their defaults (10% of
+// --steps, at least 1; --lr / 10).
+int64_t warmup_steps(const Args& a);
+double min_lr(const Args& a);
+
+// Checks every value of `a` once --preset and --resume have filled in what the flags left out:
+// the ranges and choices that --help lists, and the values that must go together (--embd
+// divisible by --heads, --warmup below --steps, --min-lr at most --lr, --vocab only with --data random, --save-every with --save, one policy
+// with --resume, --stop-at and --save-every, --stop-at <= --steps, --eval-every and --save-best
+// only with held-out text, --save-best with --save and without --save-every). Throws UsageError naming the
+// value's source (describe()), what was expected and what was found.
+void check_args(const Args& a);
+
+// Checks, before the first step, that the run can write its outputs (--save, --json, --chart):
+// each is a file name (not a directory; --save an existing regular file or a new one)
+// in a directory that exists and that this process may write into (after symbolic links, which
+// the writes follow); none is an input of the run (`data_path`, the file --data read, "" for
+// random tokens; --resume, which only --save may name: it continues the checkpoint); no two name
+// the same file. Throws UsageError naming the flag, the path and the reason.
+void check_outputs(const Args& a, const std::string& data_path);

@@ -1,0 +1,118 @@
+// examples/train_gpt/train_flags.cpp: train_gpt's flags and presets (examples/train_gpt/train_flags.h).
+#include "train_flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "../common/flag_syntax.h"
+
+void add_flags(CLI::App& app, Args& a) {
+    const CLI::Validator integer = number<int64_t>("an integer"), real = number<double>("a number"),
+                         seed = number<uint64_t>("an integer from 0 to 2^64 - 1");
+    app.add_option("--data", a.data,
+                   "UTF-8 text file, or 'random' for random tokens (default: data/tinyshakespeare.txt of the source tree)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--steps", a.steps, "training steps per policy, 1 to 2^40")->check(integer);
+    app.add_option("--batch", a.batch, "sequences per batch (B), 1 to 2^20")->check(integer);
+    app.add_option("--seq", a.seq, "sequence length (T), 1 to 2^20")->check(integer);
+    app.add_option("--layers", a.layers, "transformer blocks (L), 1 to 1024")->check(integer);
+    app.add_option("--heads", a.heads, "attention heads (NH), 1 to 1024")->check(integer);
+    app.add_option("--embd", a.embd, "embedding width (C), 1 to 2^16, divisible by --heads")->check(integer);
+    app.add_option("--norm", a.norm, "layer or rms");
+    app.add_option("--policy", a.policy, "input, output, normalized, both (input and output) or all (the three)");
+    app.add_option("--recompute-gelu", a.recompute_gelu,
+                   "on (default): the MLP's gelu(h) is made again in backward instead of saved (4*B*T*C elements "
+                   "a layer); off: saved");
+    app.add_option("--offload", a.offload,
+                   "on: the blocks' saved tensors go to pinned host memory during the forward and come back in "
+                   "backward (SaveOnCpu; on the cpu nothing moves); off: they stay on the device");
+    app.add_option("--checkpoint", a.checkpoint,
+                   "blocks: each block saves only its input and runs its forward again in backward (activation "
+                   "checkpointing); none: every block saves what its ops need");
+    app.add_flag("--memory-report", a.memory_report,
+                 "after each run's first forward, print the largest saved tensors and the saved bytes by part of the "
+                 "model (norms, attention, MLP, ...) (default: off)");
+    app.add_option("--lr", a.lr, "peak learning rate, > 0 and <= 1e6 (linear warm-up, then cosine decay to --min-lr)")
+        ->check(real);
+    app.add_option("--warmup", a.warmup, "warm-up steps, 0 to --steps - 1 (default: 10% of --steps)")
+        ->check(integer)
+        ->default_str("");
+    app.add_option("--min-lr", a.min_lr, "the learning rate the cosine decay ends at, 0 to --lr (default: lr/10)")
+        ->check(real)
+        ->default_str("");
+    app.add_option("--beta2", a.beta2, "AdamW's second-moment decay, 0 to 1 (exclusive)")->check(real);
+    app.add_option("--dropout", a.dropout,
+                   "dropout probability on the embeddings, the attention probabilities and the residual projections, "
+                   "0 to 1 (exclusive)")
+        ->check(real);
+    app.add_option("--seed", a.seed, "seed for initialization and batches, 0 to 2^64 - 1")->check(seed);
+    app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible, else cpu)");
+    app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)");
+    app.add_option("--vocab", a.vocab, "vocabulary size with --data random, 2 to 2^24 (text is read as 256 bytes)")
+        ->check(integer);
+    app.add_option("--preset", a.preset,
+                   "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens (default: none)");
+    app.add_option("--threads", a.threads,
+                   "cpu threads, 0 (every core) to 1024; the results are the same bit for bit whatever the count")
+        ->check(integer);
+    app.add_option("--sample", a.sample, "after training, print this many bytes sampled from the model, 0 to 2^20")
+        ->check(integer);
+    app.add_option("--log-every", a.log_every, "steps between progress lines")->check(integer);
+    app.add_option("--json", a.json, "write the results as JSON to this file (default: none)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--chart", a.chart, "SVG chart of the loss, of the memory during one step and of the saved bytes by category")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--save", a.save,
+                   "write a checkpoint (safetensors: model, optimizer, step, data position, config) to this file at the "
+                   "end (with --policy both: the output run's) (default: none)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--save-every", a.save_every,
+                   "with --save, also write the checkpoint every N steps (0: only at the end)")
+        ->check(integer);
+    app.add_option("--val-fraction", a.val_fraction,
+                   "the tail of the text held out for the validation loss, 0 to 0.5 (0: none)")
+        ->check(real);
+    app.add_option("--eval-every", a.eval_every,
+                   "evaluate the held-out loss every N steps, and after the last (0: after the last only)")
+        ->check(integer);
+    app.add_option("--eval-batches", a.eval_batches, "held-out batches per evaluation, 1 to 2^20")->check(integer);
+    app.add_flag("--save-best", a.save_best,
+                 "with --save, write the checkpoint at each new best validation loss instead of at the end "
+                 "(default: off)");
+    app.add_option("--stop-at", a.stop_at,
+                   "stop after this step; the learning-rate schedule still spans --steps, so --resume continues it "
+                   "(0: at --steps)")
+        ->check(integer);
+    app.add_option("--resume", a.resume,
+                   "continue the run saved in this checkpoint (flags left out take its values; others must match, except "
+                   "--recompute-gelu, --offload and --checkpoint, which change no result) "
+                   "(default: none)")
+        ->check(kFileName)
+        ->type_name("FILE");
+    app.add_option("--on-nan", a.on_nan,
+                   "stop: a non-finite loss ends the run (status 1) before anything is saved over a checkpoint; "
+                   "continue: train on, saving no checkpoint");
+    app.add_flag("--detect-anomaly", a.detect_anomaly,
+                 "stop at the first NaN or Inf that an op or a backward node produces, naming it (slow: checks every "
+                 "output; on cuda copies each to the host) (default: off)");
+}
+
+void apply_preset(const CLI::App& app, Args& a) {
+    if (a.preset == "gpt2-medium-ish") {  // explicit flags win over the preset
+        auto set = [&](const char* flag, int64_t& field, int64_t value) {
+            if (app.count(flag) == 0) field = value;
+        };
+        set("--vocab", a.vocab, 32768);
+        set("--seq", a.seq, 1024);
+        set("--embd", a.embd, 1024);
+        set("--heads", a.heads, 16);
+        set("--layers", a.layers, 12);
+        set("--batch", a.batch, 16);
+        if (app.count("--data") == 0) a.data = "random";
+    }
+}

@@ -1,0 +1,469 @@
+// examples/train_gpt/train_gpt.cpp: the main job. Trains a byte-level pre-LN GPT on a UTF-8 text file (its
+// last --val-fraction held out for the validation loss) or on random tokens and, with --policy
+// both or all, trains it once per norm save policy (same seed, same batches), then prints the
+// memory each policy needed, side by side, with the savings the formulas predict. Runs on the cpu
+// or a CUDA GPU (the default when one is visible).
+//
+// Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
+// L layers (--layers), V vocabulary (256 bytes; --vocab with --data random).
+//
+// Checkpoints: --save FILE writes the model, the AdamW state, the step, the batch generator's state
+// and the run's config into one safetensors file (at the end, at --stop-at, and every
+// --save-every steps); --resume FILE continues that run so that it trains exactly as the run that
+// never stopped (bit for bit on the cpu). See Note [Resuming a run] in examples/train_gpt/resume.h.
+//
+// Memory: after each run's first forward the saved-tensor report (core/saved_report.h) is taken
+// and its bytes put by part of the model (examples/train_gpt/saved_categories.h) for the JSON and the chart;
+// --memory-report prints it. --offload on keeps what the model saves in host memory (SaveOnCpu),
+// --checkpoint blocks keeps only the blocks' inputs (checkpoint()); neither changes a result bit.
+//
+// Nothing is lost (examples/train_gpt/train_args.h): every value, the data and each output file are checked
+// before the first step; a step whose loss or gradient norm is NaN or Inf stops the run
+// (--on-nan) before anything is saved over a checkpoint; a checkpoint's tensors are checked
+// (checksums, finite values) before the run resumes from it.
+//
+// Exit codes: 0 done; 2 the command line, the data or a checkpoint is wrong, found before training
+// starts; 1 an error during the run (a non-finite loss or gradient, with the step; with
+// --detect-anomaly the first op or backward node that produced a NaN or Inf), an output that
+// cannot be written, or measured saving != predicted saving. Each error is one line on stderr.
+//
+// This file: the flags, their checks, and the training loop. The data is read in
+// examples/train_gpt/train_data.h (its batches: Batcher, nn/data.h; the schedule: WarmupCosineLR,
+// nn/lr_scheduler.h), the checks of --resume in examples/train_gpt/resume.h, the timing of each step's
+// forward, backward and optimizer in examples/train_gpt/phase_timer.h, the table, JSON and chart in
+// examples/train_gpt/report.h, the saved bytes by category in examples/train_gpt/saved_categories.h.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "normtape.h"
+#include "phase_timer.h"
+#include "report.h"
+#include "resume.h"
+#include "saved_categories.h"
+#include "train_args.h"
+#include "train_data.h"
+#include "train_flags.h"
+
+using namespace normtape;
+
+namespace {
+
+Device device_of(const Args& a) { return a.device == "cuda" ? Device::CUDA : Device::CPU; }
+DType dtype_of(const Args& a) { return a.dtype == "bf16" ? DType::BF16 : DType::F32; }
+
+GPTConfig make_config(const Args& a, SavePolicy policy) {
+    GPTConfig c;
+    c.vocab_size = a.vocab;
+    c.block_size = a.seq;
+    c.n_layer = a.layers;
+    c.n_head = a.heads;
+    c.n_embd = a.embd;
+    c.norm = a.norm == "layer" ? NormKind::Layer : NormKind::RMS;
+    c.policy = policy;
+    c.recompute_gelu = a.recompute_gelu == "on";
+    c.dropout = a.dropout;
+    c.dtype = dtype_of(a);
+    c.device = device_of(a);
+    c.offload = a.offload == "on";
+    c.checkpoint_blocks = a.checkpoint == "blocks";
+    return c;
+}
+
+// Whether GELU recompute's saving is measured: with it on, and not with checkpointed blocks, which
+// keep only their inputs either way.
+bool gelu_saving_measured(const Args& a) { return a.recompute_gelu == "on" && a.checkpoint != "blocks"; }
+
+// Linear warm-up over --warmup steps, then cosine decay to --min-lr at the last step.
+WarmupCosineLR lr_schedule(const Args& a) {
+    const int64_t warmup = warmup_steps(a);
+    return WarmupCosineLR(a.lr, warmup, std::max(a.steps, warmup + 1), min_lr(a));
+}
+
+// Records the device allocator's events into `trace` for its lifetime (stops even if the step
+// throws).
+class MemoryTraceScope {
+public:
+    MemoryTraceScope(Device device, std::vector<MemoryEvent>* trace) : device_(device), active_(trace != nullptr) {
+        if (active_) set_memory_trace(device_, trace);
+    }
+    ~MemoryTraceScope() {
+        if (active_) set_memory_trace(device_, nullptr);
+    }
+    MemoryTraceScope(const MemoryTraceScope&) = delete;
+    MemoryTraceScope& operator=(const MemoryTraceScope&) = delete;
+
+private:
+    Device device_;
+    bool active_;
+};
+
+// The name of the first parameter of `model` that holds a NaN or Inf, "" when all are finite
+// (x * 0 sums to 0 for finite x, to NaN when one x is NaN or Inf).
+std::string nonfinite_parameter(const Module& model) {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : model.named_parameters())
+        if (!std::isfinite(sum(scale(p, 0.0)).to(DType::F32).item<float>())) return name;
+    return "";
+}
+
+// saved_bytes() after a forward of (idx, targets) with the MLPs' GELU recompute off, the graph
+// dropped before it returns: what the run would save without it. The dropout stream is set back,
+// so the run draws the masks it draws without this measurement.
+int64_t saved_bytes_without_gelu_recompute(GPT& model, const Tensor& idx, const Tensor& targets) {
+    struct Restore {  // the flags and the stream go back even if the forward throws
+        GPT& m;
+        PhiloxState stream = philox_state();
+        ~Restore() {
+            for (auto& block : m.h) block->mlp->recompute_gelu = true;
+            set_philox_state(stream);
+        }
+    } restore{model};
+    for (auto& block : model.h) block->mlp->recompute_gelu = false;
+    Tensor loss = model.loss(idx, targets);
+    return saved_bytes();
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+// Prints `bytes` bytes sampled from `model` after a newline (nn/generate.h; nanoGPT's sample.py
+// settings: temperature 0.8, top-k 200), seeded with --seed.
+void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
+    model.eval();
+    SamplingOptions options;
+    options.temperature = 0.8;
+    options.top_k = 200;
+    options.seed = seed;
+    std::printf("[%-6s] a sample of %lld bytes (temperature 0.8, top-k 200):\n", policy_name(policy),
+                static_cast<long long>(bytes));
+    generate(model, {'\n'}, bytes, options, [](int64_t token) { std::putchar(static_cast<int>(token)); });
+    std::printf("\n");
+    model.train();
+}
+
+// One run of one policy; with `sample`, --sample bytes drawn from the trained model are printed.
+RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume, bool sample) {
+    using clock = std::chrono::steady_clock;
+    const Device dev = device_of(a);
+    manual_seed(a.seed);
+    GPT model(make_config(a, policy));
+    std::vector<ParamGroup> groups(2);  // weight decay for matrices only (GPT-2 / nanoGPT)
+    groups[0].weight_decay = 0.1;
+    groups[1].weight_decay = 0.0;
+    for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+    AdamWOptions opt;
+    opt.lr = a.lr;
+    opt.beta2 = a.beta2;
+    AdamW optimizer(groups, opt);
+    TextSplit split = split_text(a, text);
+    Batcher batcher(std::move(split.train), a.batch, a.seq, a.vocab, a.seed, dev);
+    // The held-out batches: the same ones at every evaluation (Note [Held-out loss] in train_data.h).
+    std::optional<Batcher> val;
+    if (!split.val.empty()) val.emplace(std::move(split.val), a.batch, a.seq, a.vocab, a.seed + 1, dev);
+    const std::string val_start = val ? val->state() : "";
+    const WarmupCosineLR schedule = lr_schedule(a);
+    RunResult r;
+    int64_t start = 0;
+    if (resume) {  // Note [Resuming a run]
+        try {
+            load_checkpoint(resume->path, resume->tensors, resume->metadata, model, &optimizer);
+        } catch (const Error& e) {  // the file cannot resume this run: found before training, as a flag
+            throw UsageError(std::string("--resume: ") + e.what());
+        }
+        resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
+        try {
+            batcher.set_state(resume->metadata.at("train_gpt.batcher"));
+        } catch (const Error& e) {
+            throw UsageError(std::string("--resume: the checkpoint's train_gpt.batcher: ") + e.what());
+        }
+        start = resume->step;
+        unsigned long long seed = 0, offset = 0;
+        const std::string& stream = resume->metadata["train_gpt.philox"];
+        if (std::sscanf(stream.c_str(), "%llu %llu", &seed, &offset) == 2) set_philox_state({seed, offset});
+        else if (a.dropout > 0) throw UsageError("--resume: the checkpoint has no dropout stream (train_gpt.philox)");
+        if (auto best = resume->metadata.find("train_gpt.best_val"); best != resume->metadata.end()) {
+            double loss = 0;
+            long long at = 0;
+            if (std::sscanf(best->second.c_str(), "%lf at step %lld", &loss, &at) == 2) {
+                r.best_val_loss = loss;
+                r.best_val_step = at;
+            }
+        }
+        std::printf("resumed from %s at step %lld\n", resume->path.c_str(), static_cast<long long>(start));
+    }
+    const int64_t end = a.stop_at > 0 ? a.stop_at : a.steps;
+    auto save = [&](int64_t steps_done) {
+        if (r.nonfinite_step > 0) {  // a checkpoint of a diverged model would replace a good one
+            std::printf("checkpoint: %s not written at step %lld: %s at step %lld\n", a.save.c_str(),
+                        static_cast<long long>(steps_done), r.nonfinite_what.c_str(),
+                        static_cast<long long>(r.nonfinite_step));
+            return;
+        }
+        std::map<std::string, std::string> metadata = {
+            {"format", "normtape-gpt"},
+            {"policy", policy_name(policy)},
+            {"train_gpt.config", run_config(a, policy, text).dump()},
+            {"train_gpt.step", std::to_string(steps_done)},
+            {"train_gpt.batcher", batcher.state()},
+            {"train_gpt.philox", std::to_string(philox_state().seed) + " " + std::to_string(philox_state().offset)}};
+        if (!std::isnan(r.best_val_loss)) {  // so that a resumed --save-best run replaces only a better one
+            char best[64];
+            std::snprintf(best, sizeof best, "%.17g at step %lld", r.best_val_loss,
+                          static_cast<long long>(r.best_val_step));
+            metadata["train_gpt.best_val"] = best;
+        }
+        save_checkpoint(a.save, model, metadata, &optimizer);
+        std::printf("checkpoint: %s (step %lld)\n", a.save.c_str(), static_cast<long long>(steps_done));
+    };
+
+    r.policy = policy;
+    r.first_step = start;
+    if (a.checkpoint == "blocks")
+        r.predicted_checkpoint_saved_bytes = predicted_checkpoint_saved_bytes(model.config(), a.batch, a.seq);
+    const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
+    PhaseTimer phases(dev);
+    r.phase_timing = phases.method();
+    for (int64_t step = start; step < end; ++step) {
+        auto [idx, targets] = batcher.next();
+        // GELU recompute's saving, measured on the first batch before the step's peak is reset
+        // (not with checkpointed blocks, which keep only their inputs either way).
+        if (step == start && gelu_saving_measured(a))
+            r.gelu_recompute_saving_bytes = saved_bytes_without_gelu_recompute(model, idx, targets);
+        synchronize(dev);
+        reset_peak_memory_stats(dev);
+        int64_t allocs_at_start = memory_stats(dev).num_allocs;
+        double ms = 0, grad_norm = 0;
+        Tensor loss;
+        try {
+            MemoryTraceScope trace(dev, step == trace_step ? &r.memory_trace : nullptr);
+            auto t0 = clock::now();
+            phases.mark(PhaseTimer::kStart);
+            loss = model.loss(idx, targets);
+            phases.mark(PhaseTimer::kForwardDone);
+            if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
+            if (step == start) {
+                r.saved_report = saved_tensors_report();  // a walk over the nodes: no data is read
+                r.saved_activation_bytes = r.saved_report.total_bytes;  // saved_bytes(), to the byte
+                r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
+                if (gelu_saving_measured(a)) r.gelu_recompute_saving_bytes -= r.saved_activation_bytes;
+            }
+            loss.backward();
+            phases.mark(PhaseTimer::kBackwardDone);
+            Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
+            optimizer.set_lr(schedule.lr(step));
+            // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
+            // skipped (on the device, which knows the norm) and the step not counted.
+            if (a.on_nan == "continue") optimizer.step();
+            else optimizer.step_if_finite(norm);
+            optimizer.zero_grad();
+            phases.mark(PhaseTimer::kOptimizerDone);
+            synchronize(dev);
+            ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+            grad_norm = norm.item<double>();
+            if (!std::isfinite(grad_norm) && a.on_nan != "continue") optimizer.set_step_count(optimizer.step_count() - 1);
+            r.phase_ms.push_back(phases.read());  // the step is done: reading its events waits for nothing
+        } catch (const AnomalyError& e) {  // say when, beside what and where
+            throw AnomalyError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + " of the " +
+                               policy_name(policy) + " run)");
+        }
+        if (step == trace_step)
+            for (MemoryEvent& e : r.memory_trace) e.num_allocs -= allocs_at_start;
+        if (step == start && a.memory_report) print_memory_report(policy_name(policy), r.saved_report, dev);
+        MemoryStats m = memory_stats(dev);
+        r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, m.peak_allocated_bytes);
+        r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
+        r.losses.push_back(loss.item<float>());
+        r.step_ms.push_back(ms);
+        const bool save_now = !a.save.empty() && !a.save_best &&
+                              (step + 1 == end || (a.save_every > 0 && (step + 1) % a.save_every == 0));
+        if (r.nonfinite_step == 0) {  // the first step that breaks the model, if any
+            std::string what;
+            auto str = [](double v) { return std::isnan(v) ? std::string("nan") : std::to_string(v); };  // not "-nan"
+            if (!std::isfinite(r.losses.back())) what = "the loss is " + str(r.losses.back());
+            else if (!std::isfinite(grad_norm)) what = "the gradient norm is " + str(grad_norm);
+            else if (std::string p = save_now ? nonfinite_parameter(model) : ""; !p.empty())
+                what = "parameter " + p + " holds a NaN or Inf after the update";
+            if (!what.empty()) {
+                r.nonfinite_step = step + 1;
+                r.nonfinite_what = what;
+            }
+        }
+        const bool stop = r.nonfinite_step == step + 1 && a.on_nan == "stop";
+        if (step % a.log_every == 0 || step == end - 1 || r.nonfinite_step == step + 1)
+            std::printf("[%-6s] step %5lld/%lld | loss %.4f | %8.0f tok/s | allocated %s | peak %s\n",
+                        policy_name(policy), static_cast<long long>(step + 1), static_cast<long long>(a.steps),
+                        r.losses.back(), static_cast<double>(a.batch * a.seq) / (ms / 1000.0),
+                        mib(m.allocated_bytes).c_str(), mib(m.peak_allocated_bytes).c_str());
+        if (val && !stop && (step + 1 == end || (a.eval_every > 0 && (step + 1) % a.eval_every == 0))) {
+            const double v = evaluate(model, *val, val_start, a.eval_batches);
+            r.val_steps.push_back(step + 1);
+            r.val_losses.push_back(v);
+            const bool best = std::isfinite(v) && (std::isnan(r.best_val_loss) || v < r.best_val_loss);
+            if (best) {
+                r.best_val_loss = v;
+                r.best_val_step = step + 1;
+            }
+            std::printf("[%-6s] step %5lld/%lld | val loss %.4f%s\n", policy_name(policy),
+                        static_cast<long long>(step + 1), static_cast<long long>(a.steps), v, best ? " (best)" : "");
+            if (best && a.save_best && r.nonfinite_step == 0) save(step + 1);
+        }
+        if (save_now || (stop && !a.save.empty())) save(step + 1);  // after a non-finite step: says it did not
+        if (stop) break;
+    }
+    r.step_ms_median = median(r.step_ms);
+    for (double ms : r.step_ms) r.train_seconds += ms / 1000;
+    // Phase medians leave out the first two steps (the first allocates the caches, the second
+    // records the memory trace) unless there are no others.
+    const size_t skip = r.phase_ms.size() > 2 ? 2 : 0;
+    for (int k = 0; k < 3; ++k) {
+        std::vector<double> v;
+        for (size_t i = skip; i < r.phase_ms.size(); ++i) v.push_back(r.phase_ms[i][k]);
+        r.phase_ms_median[k] = median(v);
+    }
+    r.phase_median_steps = static_cast<int64_t>(r.phase_ms.size() - skip);
+    print_phase_times(r);
+    if (!r.val_losses.empty())
+        std::printf("[%-6s] validation: best loss %.4f at step %lld (%zu evaluation%s of %lld held-out batches)\n",
+                    policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
+                    r.val_losses.size(), r.val_losses.size() == 1 ? "" : "s", static_cast<long long>(a.eval_batches));
+    r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
+    std::printf("[%-6s] trained %zu steps in %.1f s (the steps' own time: evaluations and checkpoints not counted)\n",
+                policy_name(policy), r.step_ms.size(), r.train_seconds);
+    if (sample && a.sample > 0 && r.nonfinite_step == 0) print_sample(model, policy, a.sample, a.seed);
+    if (output_policy_fallbacks() > 0 && r.nonfinite_step == 0)
+        std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",
+                    static_cast<long long>(output_policy_fallbacks()), kOutputPolicyMinWeight);
+    return r;
+}
+
+int run(const Args& a, ResumeState* resume) {
+    std::string desc;
+    std::string text = load_text(a, &desc);
+    if (resume) check_resume_data(*resume, text, desc);
+    check_outputs(a, data_file(a));
+    if (a.threads > 0) set_num_threads(static_cast<int>(a.threads));
+    int64_t params = num_parameters(make_config(a, SavePolicy::Input));
+    std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g, "
+                "%s on %s\n",
+                a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.heads),
+                static_cast<long long>(a.embd), static_cast<long long>(a.vocab), with_commas(params).c_str(),
+                static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.steps), a.lr,
+                a.dtype.c_str(), a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
+                                                   : a.device.c_str());
+    std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
+
+    std::vector<SavePolicy> policies;  // both: input, output; all: the three
+    const bool several = a.policy == "both" || a.policy == "all";
+    if (several || a.policy == "input") policies.push_back(SavePolicy::Input);
+    if (several || a.policy == "output") policies.push_back(SavePolicy::Output);
+    if (a.policy == "all" || a.policy == "normalized") policies.push_back(SavePolicy::Normalized);
+    std::vector<RunResult> runs;
+    for (SavePolicy p : policies) {
+        runs.push_back(train(a, text, p, resume, p == policies.back()));
+        if (runs.back().nonfinite_step > 0 && a.on_nan == "stop") break;
+    }
+
+    const GPTConfig config = make_config(a, SavePolicy::Input);
+    const Predicted predicted{predicted_saving_bytes(config, a.batch, a.seq),
+                              gelu_saving_measured(a) ? predicted_gelu_recompute_saving_bytes(config, a.batch, a.seq) : 0};
+    print_preset_reference(a, runs, predicted.norm_policy);
+    print_gelu_recompute(a, runs, predicted.gelu_recompute);
+    if (runs.size() < 2) print_saved_bytes(a, runs);  // with two or more, the table shows them
+    const bool checkpoint_ok = print_checkpoint_prediction(a, runs);
+    if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
+    write_chart(a, runs);
+    const RunResult& last = runs.back();
+    if (last.nonfinite_step > 0 && a.on_nan == "stop") {
+        std::fprintf(stderr,
+                     "train_gpt: error: %s at step %lld of the %s run: the run stopped, saving no checkpoint after "
+                     "it (--detect-anomaly names the first op that makes a NaN or Inf; --on-nan continue trains on)\n",
+                     last.nonfinite_what.c_str(), static_cast<long long>(last.nonfinite_step),
+                     policy_name(last.policy));
+        return 1;
+    }
+    // GELU recompute saves its prediction in every run, checkpointed blocks save theirs, and Output
+    // and Normalized each save theirs over Input (when the blocks save more than their inputs), to
+    // the byte.
+    if (!checkpoint_ok) {
+        std::fprintf(stderr, "train_gpt: the saved bytes of the checkpointed blocks differ from the prediction\n");
+        return 1;
+    }
+    for (const RunResult& r : runs)
+        if (r.gelu_recompute_saving_bytes != predicted.gelu_recompute) {
+            std::fprintf(stderr, "train_gpt: measured saving of GELU recompute in the %s run differs from the prediction\n",
+                         policy_name(r.policy));
+            return 1;
+        }
+    if (runs.size() < 2) return 0;
+    print_table(a, runs, predicted.norm_policy);
+    if (a.checkpoint == "blocks") return 0;
+    for (size_t k = 1; k < runs.size(); ++k)
+        if (runs[0].saved_activation_bytes - runs[k].saved_activation_bytes != predicted.norm_policy) {
+            std::fprintf(stderr, "train_gpt: measured saving of the %s run differs from the prediction\n",
+                         policy_name(runs[k].policy));
+            return 1;
+        }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log as it is printed
+    Args a;
+    CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
+    app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    add_flags(app, a);
+    try {
+        app.parse(argc, argv);
+        std::optional<ResumeState> resume;
+        if (!a.resume.empty()) {
+            if (!a.preset.empty()) throw UsageError("--resume takes the model from the checkpoint: leave out --preset");
+            resume = read_resume(a.resume);
+            apply_resume_config(app, a, *resume);
+        }
+        apply_preset(app, a);
+        if (a.device.empty()) a.device = cuda_is_available() ? "cuda" : "cpu";
+        if (a.dtype.empty()) a.dtype = a.device == "cuda" ? "bf16" : "f32";
+        check_args(a);
+        if (a.device == "cuda" && !cuda_is_available())
+            throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
+                                             : "--device cuda: this build of normtape has no CUDA backend");
+        if (resume && resume->step >= (a.stop_at > 0 ? a.stop_at : a.steps))
+            throw UsageError("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(resume->step) +
+                             ", nothing is left to train up to step " +
+                             std::to_string(a.stop_at > 0 ? a.stop_at : a.steps));
+        set_detect_anomaly(a.detect_anomaly);
+        return run(a, resume ? &*resume : nullptr);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "train_gpt: %s (see --help)\n", e.what());
+        return 2;
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.what());
+        return 2;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr,
+                     "train_gpt: error: out of host memory (std::bad_alloc) for B=%lld T=%lld C=%lld L=%lld V=%lld: "
+                     "try a smaller --batch, --seq or model\n",
+                     static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.embd),
+                     static_cast<long long>(a.layers), static_cast<long long>(a.vocab));
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+        return 1;
+    }
+}

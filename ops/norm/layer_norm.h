@@ -1,0 +1,31 @@
+// ops/norm/layer_norm.h: layer_norm, the first of the two first-class ops.
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/norm/norm_policy.h"
+
+namespace normtape {
+
+// layer_norm: y = (x - mean) * rstd * weight + bias over the last dimension of x, with
+// mean = sum(x) / N, rstd = 1 / sqrt(var + eps), var = sum((x - mean)^2) / N (biased).
+// Ba et al. 2016, arXiv:1607.06450; matches torch.nn.functional.layer_norm(x, [N], weight, bias, eps).
+// x: [..., N] f32, f64 or bf16, on the cpu or a CUDA device, M = numel / N rows; weight, bias:
+// [N], same dtype and device as x, each may be undefined (no affine / no bias). Returns y: shape,
+// dtype and device of x. The statistics mean and rstd [M] are f32 for f32 and bf16 x, f64 for
+// f64 (the cpu sums in f64, CUDA in f32; y is rounded to x's dtype once).
+// Saves rstd, weight, bias, and x + mean under SavePolicy::Input, y under SavePolicy::Output, or
+// x_hat under SavePolicy::Normalized, where y = x_hat * weight + bias is computed from the rounded
+// x_hat and carries a recipe (Note [SavePolicy::Normalized]); except that a forward under Output whose weight has an |element| < kOutputPolicyMinWeight saves
+// as Input does and is counted by output_policy_fallbacks() (see Note [Why saving y saves memory]
+// and Note [Weights near zero under SavePolicy::Output] in ops/norm/norm_policy.h). Backward returns
+// dx (=) and dweight, dbias, which the engine adds into weight.grad and bias.grad (+=). On CUDA,
+// dweight and dbias are summed in a fixed order: the same bits run to run on one GPU model.
+// Throws, naming layer_norm: ShapeError for an empty or scalar x, weight/bias not of shape [N]
+// (normalized_shape), or on CUDA N or M above INT32_MAX; DTypeError for a non-floating x or
+// weight/bias of another dtype; DeviceError for weight/bias on another device; Error for an
+// undefined x or eps <= 0 or not finite; AnomalyError for a non-finite y under anomaly
+// detection (core/anomaly.h).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                  SavePolicy policy = SavePolicy::Input);
+
+}  // namespace normtape

@@ -1,0 +1,281 @@
+// ops/norm/norm.cpp: the forward, argument checks, CPU kernels and backward node shared by layer_norm
+// and rms_norm, and the policy's counter (output_policy_fallbacks, ops/norm/norm_policy.h). The CPU
+// kernels are plain loops over rows, written to be read: the reference that the CUDA kernels are
+// tested against; chunks of rows run on parallel threads (core/parallel.h). Not here: the public
+// contracts (ops/norm/layer_norm.h, ops/norm/rms_norm.h), the CUDA kernels (ops/norm/norm_reference.cu,
+// ops/norm/norm_forward.cu, ops/norm/norm_backward.cu).
+#include "ops/norm/norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/cuda_dispatch.h"
+#include "core/device_ptr.h"
+#include "core/dispatch.h"
+#include "core/parallel.h"
+#include "ops/checks.h"
+#include "ops/cuda_launchers.h"
+
+namespace normtape {
+
+namespace {
+
+using detail::device_ptr;
+
+int64_t fallback_count = 0;
+
+// Rows per chunk of the cpu kernels: about kGrain / 4 elements (a norm's element costs several
+// of an elementwise op's).
+int64_t rows_grain(int64_t N) { return std::max<int64_t>(1, detail::kGrain / 4 / std::max<int64_t>(N, 1)); }
+
+// y = x_hat * weight + bias over rows of length N, x_hat = (x - mean) * rstd (mean = 0 when not
+// centered), rstd = 1 / sqrt(var + eps), var biased (divided by N). Sums in double.
+// x, y: [M, N] of T; weight, bias: [N] or nullptr; mean (nullptr when not centered), rstd: [M] of
+// S = acc_t<T> (f32 for f32 and bf16, f64 for f64).
+template <class T, class S = acc_t<T>>
+void norm_forward_cpu(T* y, S* mean, S* rstd, const T* x, const T* weight, const T* bias, int64_t M, int64_t N,
+                      double eps) {
+    detail::parallel_for(0, M, rows_grain(N), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+            const T* xi = x + i * N;
+            double m = 0.0;
+            if (mean) {
+                for (int64_t j = 0; j < N; ++j) m += xi[j];
+                m /= static_cast<double>(N);
+            }
+            double var = 0.0;
+            for (int64_t j = 0; j < N; ++j) var += (double(xi[j]) - m) * (double(xi[j]) - m);
+            var /= static_cast<double>(N);
+            double s = 1.0 / std::sqrt(var + eps);
+            if (mean) mean[i] = static_cast<S>(m);
+            rstd[i] = static_cast<S>(s);
+            T* yi = y + i * N;
+            for (int64_t j = 0; j < N; ++j) {
+                double v = (double(xi[j]) - m) * s;
+                if (weight) v *= double(weight[j]);
+                if (bias) v += double(bias[j]);
+                yi[j] = static_cast<T>(v);
+            }
+        }
+    });
+}
+
+// y = x_hat * weight + bias in acc_t rounded once, rows of N (weight, bias nullptr when absent).
+template <class T>
+void norm_affine_cpu(T* y, const T* x_hat, const T* weight, const T* bias, int64_t M, int64_t N) {
+    using A = acc_t<T>;
+    detail::parallel_for(0, M, rows_grain(N), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+                A v = A(x_hat[i * N + j]);
+                if (weight) v *= A(weight[j]);
+                if (bias) v += A(bias[j]);
+                y[i * N + j] = static_cast<T>(v);
+            }
+    });
+}
+
+// With g = dy * weight and means over the row (Ba et al. 2016; PyTorch's layer_norm_backward):
+//   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))     (RMSNorm: no mean(g) term)
+//   dweight = sum over rows of dy * x_hat,  dbias = sum over rows of dy.
+// dx, dweight, dbias are overwritten (=); nullptr skips one. `saved` is x or y by `policy`;
+// x_hat comes from x_hat_from_saved(), the one place the policy matters. dweight and dbias are
+// summed in double by chunks of rows, the chunks' sums added in chunk order (parallel_reduce).
+template <class T, class S = acc_t<T>>
+void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const S* mean, const S* rstd,
+                       const T* weight, const T* bias, bool centered, SavePolicy policy, int64_t M, int64_t N) {
+    const int64_t nw = dweight ? N : 0;  // acc: dweight's N sums (if any), then dbias's
+    std::vector<double> acc(nw + (dbias ? N : 0));
+    detail::parallel_reduce(0, M, rows_grain(N), static_cast<int64_t>(acc.size()), acc.data(),
+                            [&](int64_t i0, int64_t i1, double* dw) {
+        double* db = dw + nw;
+        std::vector<double> x_hat(N), g(N);
+        for (int64_t i = i0; i < i1; ++i) {
+            const T* dyi = dy + i * N;
+            const T* si = saved + i * N;
+            S m = mean ? mean[i] : S(0);
+            double mean_g = 0.0, mean_g_xhat = 0.0;
+            for (int64_t j = 0; j < N; ++j) {
+                x_hat[j] = x_hat_from_saved<T, S>(policy, si[j], m, rstd[i], weight, bias, j);
+                g[j] = weight ? double(dyi[j]) * double(weight[j]) : double(dyi[j]);
+                mean_g += g[j];
+                mean_g_xhat += g[j] * x_hat[j];
+                if (dweight) dw[j] += double(dyi[j]) * x_hat[j];
+                if (dbias) db[j] += double(dyi[j]);
+            }
+            mean_g = centered ? mean_g / N : 0.0;
+            mean_g_xhat /= N;
+            if (dx) {
+                T* dxi = dx + i * N;
+                for (int64_t j = 0; j < N; ++j)
+                    dxi[j] = static_cast<T>(double(rstd[i]) * (g[j] - mean_g - x_hat[j] * mean_g_xhat));
+            }
+        }
+    });
+    for (int64_t j = 0; dweight && j < N; ++j) dweight[j] = static_cast<T>(acc[j]);
+    for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(acc[nw + j]);
+}
+
+// Saved: x (Input), y (Output) or x_hat (Normalized) [M, N]; mean [M] (LayerNorm under Input),
+// rstd [M]; weight, bias [N] when present. Gradients: dx [.., N], dweight, dbias [N].
+struct NormBackward : Node {
+    const char* node_name;
+    bool centered;
+    SavePolicy policy;
+    SavedTensor x_or_y, mean, rstd, weight, bias;
+
+    NormBackward(const char* name_, bool centered_, SavePolicy policy_, const Tensor& x_or_y_, const Tensor& mean_,
+                 const Tensor& rstd_, const Tensor& weight_, const Tensor& bias_)
+        : node_name(name_), centered(centered_), policy(policy_), x_or_y(x_or_y_), mean(mean_), rstd(rstd_),
+          weight(weight_), bias(bias_) {}
+
+    const char* name() const override { return node_name; }
+    std::vector<SavedSlot> saved_tensors() override { const char* first = policy == SavePolicy::Input ? "x" : policy == SavePolicy::Output ? "y" : "x_hat";
+        return {{first, &x_or_y}, {"mean", &mean}, {"rstd", &rstd}, {"weight", &weight}, {"bias", &bias}}; }
+
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        Tensor s = x_or_y.unpack(node_name), m = mean.unpack(node_name), r = rstd.unpack(node_name);
+        Tensor w = weight.unpack(node_name), b = bias.unpack(node_name);
+        Tensor dy = grad_output.contiguous();
+        TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
+        Tensor dx = needs_input_grad(0) ? empty(s.shape(), opts) : Tensor();
+        Tensor dw = needs_input_grad(1) ? empty(w.shape(), opts) : Tensor();
+        Tensor db = needs_input_grad(2) ? empty(b.shape(), opts) : Tensor();
+        int64_t N = s.size(-1), M = s.numel() / N;
+        dispatch_floating(s.dtype(), node_name, [&](auto tag) {
+            using T = decltype(tag);
+            using S = acc_t<T>;
+            if (s.device().is_cuda()) {
+                NT_CUDA(detail::norm_backward_cuda<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db),
+                                                      device_ptr<T>(dy), device_ptr<T>(s), device_ptr<S>(m),
+                                                      device_ptr<S>(r), device_ptr<T>(w), device_ptr<T>(b), centered,
+                                                      policy, M, N, s.device().index));
+            } else {
+                norm_backward_cpu<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db), device_ptr<T>(dy),
+                                     device_ptr<T>(s), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(w),
+                                     device_ptr<T>(b), centered, policy, M, N);
+            }
+        });
+        if (dx.defined()) dx = dx.view(grad_output.shape());
+        return {dx, dw, db};
+    }
+};
+
+// weight or bias, when given, is [N] of x's dtype and device.
+void check_param(const char* op, const char* what, const Tensor& p, const Tensor& x, int64_t N) {
+    if (!p.defined()) return;
+    detail::check_like(op, what, p, "x", x);
+    NT_CHECK_AS(ShapeError, p.dim() == 1 && p.size(0) == N, op, ": expected ", what, " of shape [", N,
+                "] (normalized_shape, the last dimension of x ", shape_str(x.shape()), "), got ", shape_str(p.shape()));
+}
+
+// Note [Weights near zero under SavePolicy::Output]. Reads a GPU weight on the host (N values).
+bool weight_allows_output_policy(const Tensor& weight_any) {
+    if (!weight_any.defined()) return true;
+    Tensor weight = weight_any.device().is_cuda() ? weight_any.to(Device::CPU) : weight_any;
+    bool ok = true;
+    dispatch_floating(weight.dtype(), "norm", [&](auto tag) {
+        using T = decltype(tag);
+        const T* p = weight.data_ptr<T>();
+        for (int64_t j = 0, end = weight.numel(); j < end; ++j) ok = ok && std::abs(double(p[j])) >= kOutputPolicyMinWeight;
+    });
+    return ok;
+}
+
+}  // namespace
+
+const char* policy_name(SavePolicy policy) {
+    switch (policy) {
+        case SavePolicy::Input: return "input";
+        case SavePolicy::Output: return "output";
+        case SavePolicy::Normalized: return "normalized";
+    }
+    return "?";
+}
+
+int64_t output_policy_fallbacks() { return fallback_count; }
+
+namespace detail {
+
+Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x_in, const Tensor& weight_in,
+                    const Tensor& bias_in, double eps, SavePolicy policy) {
+    detail::check_floating_input(op, "x", x_in);
+    NT_CHECK_AS(ShapeError, x_in.dim() >= 1, op,
+                ": expected x of shape [..., N] with at least one dimension, got a scalar (shape [])");
+    NT_CHECK(std::isfinite(eps) && eps > 0.0, op, ": expected eps > 0 and finite, got ", eps);
+    int64_t N = x_in.size(-1), M = x_in.numel() / N;
+    // The CUDA kernels take N as int and launch up to one block per row (grid x <= INT32_MAX).
+    detail::check_fits_int32(op, x_in, "N (normalized_shape)", N);
+    detail::check_fits_int32(op, x_in, "M (rows, numel / N)", M);
+    check_param(op, "weight", weight_in, x_in, N);
+    check_param(op, "bias", bias_in, x_in, N);
+
+    Tensor x = x_in.contiguous();
+    Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
+    Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+    TensorOptions opts = TensorOptions().dtype(x.dtype()).device(x.device());
+    TensorOptions stat_opts = opts.dtype(stat_dtype(x.dtype()));
+    // Under Normalized with a weight or bias, when the call records (Note [SavePolicy::Normalized]),
+    // the forward writes x_hat too and makes y from the rounded x_hat; otherwise y alone.
+    const bool normalized =
+        policy == SavePolicy::Normalized && (weight.defined() || bias.defined()) && should_record(x, weight, bias);
+    Tensor y = empty(x.shape(), opts);
+    Tensor x_hat = normalized ? empty(x.shape(), opts) : Tensor();
+    // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
+    Tensor mean = centered ? empty({M}, stat_opts) : Tensor();
+    Tensor rstd = empty({M}, stat_opts);
+    dispatch_floating(x.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        using S = acc_t<T>;
+        if (x.device().is_cuda()) {
+            NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<S>(mean),
+                                                 device_ptr<S>(rstd), device_ptr<T>(x), device_ptr<T>(weight),
+                                                 device_ptr<T>(bias), M, N, eps, x.device().index));
+        } else if (normalized) {
+            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
+                                nullptr, nullptr, M, N, eps);
+            norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M, N);
+        } else {
+            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
+                                device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
+        }
+    });
+    if (normalized) {
+        auto node = std::make_shared<NormBackward>(node_name, centered, policy, x_hat, Tensor(), rstd, weight, bias);
+        record(node, y, x, weight, bias);
+        set_recipe(y, "norm affine", {x_hat, weight, bias},
+                   [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
+    } else if (should_record(x, weight, bias)) {
+        if (policy == SavePolicy::Output && !weight_allows_output_policy(weight)) {
+            policy = SavePolicy::Input;
+            ++fallback_count;
+        }
+        const Tensor& saved = policy == SavePolicy::Input ? x : y;  // Output, or Normalized without affine: y = x_hat
+        auto node = std::make_shared<NormBackward>(node_name, centered, policy, saved,
+                                                   policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias);
+        record(node, y, x, weight, bias);
+    }
+    detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"weight", weight}, {"bias", bias}});
+    return y;
+}
+
+Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias) {
+    Tensor y = empty(x_hat.shape(), TensorOptions().dtype(x_hat.dtype()).device(x_hat.device()));
+    int64_t N = x_hat.size(-1), M = x_hat.numel() / N;
+    dispatch_floating(x_hat.dtype(), "norm", [&](auto tag) {
+        using T = decltype(tag);
+        if (x_hat.device().is_cuda()) {
+            NT_CUDA(detail::norm_affine_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight),
+                                                device_ptr<T>(bias), M, N, x_hat.device().index));
+        } else {
+            norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M, N);
+        }
+    });
+    return y;
+}
+
+}  // namespace detail
+
+}  // namespace normtape
