@@ -20,6 +20,7 @@ struct DeviceContext {
     cublasLtHandle_t cublaslt = nullptr;
     void* workspace = nullptr;
     curandGenerator_t curand = nullptr;
+    int compute_capability = 0;  // major * 10 + minor
 };
 
 std::vector<DeviceContext>& contexts() {
@@ -49,6 +50,10 @@ DeviceContext& context(int device) {
         CURAND_CHECK(curandCreateGenerator(&c.curand, CURAND_RNG_PSEUDO_PHILOX4_32_10));
         CURAND_CHECK(curandSetStream(c.curand, c.stream));
         CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(c.curand, current_seed));
+        int major = 0, minor = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        c.compute_capability = major * 10 + minor;
         c.ready = true;
     }
     return c;
@@ -89,6 +94,11 @@ bool cuda_is_available() {
         return count > 0;
     }();
     return available;
+}
+
+int cuda_compute_capability(Device device) {
+    NT_CHECK_AS(DeviceError, device.is_cuda(), "cuda_compute_capability: expected a CUDA device, got ", device_name(device));
+    return context(device.index).compute_capability;
 }
 
 void synchronize(Device device) {

@@ -10,6 +10,10 @@ namespace normtape {
 
 bool cuda_is_built() { return false; }
 bool cuda_is_available() { return false; }
+int cuda_compute_capability(Device device) {
+    NT_CHECK_AS(DeviceError, false, "cuda_compute_capability: expected a CUDA device in a build with the CUDA backend, got ",
+                device_name(device), " in a build without it");
+}
 void synchronize(Device device) {
     NT_CHECK_AS(DeviceError, device.is_cpu(), "synchronize: expected device cpu, got ", device_name(device),
                 ", which needs the CUDA backend that this build does not have");

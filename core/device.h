@@ -41,6 +41,13 @@ bool cuda_is_available();
 // True when this build has the CUDA backend (whether or not a GPU is visible).
 bool cuda_is_built();
 
+// The compute capability of CUDA device `device` as major * 10 + minor, as in sm_90: 80 for an
+// A100, 86 for an RTX 3090, 89 for an RTX 4090 or L4, 90 for an H100, 120 for an RTX 5090.
+// bf16 needs 80 or later (ops refuse it below, naming the op and this number); f32 runs on any GPU
+// the build has kernels for. Throws DeviceError for the cpu, in a build without the CUDA backend,
+// with no GPU visible, or for an index that is not there.
+int cuda_compute_capability(Device device);
+
 // Waits until all work queued on `device` has finished (no-op on the cpu). Throws DeviceError for
 // CUDA in a build without the backend, with no GPU visible or for a GPU index that is not there;
 // Error on a CUDA error, which it reports with the failing call's file and line.

@@ -9,12 +9,22 @@
 
 namespace normtape::detail {
 
-// t is defined, non-empty, of a floating dtype, on any device.
+// bf16 arithmetic on a GPU (cuBLAS's bf16 products, the tensor-core kernels) needs compute
+// capability 8.0 or later; `compute_capability` is the device's (cuda_compute_capability).
+inline void check_dtype_on_gpu(const char* op, const char* name, DType dtype, Device device, int compute_capability) {
+    NT_CHECK_AS(DTypeError, dtype != DType::BF16 || compute_capability >= 80, op, ": expected ", name,
+                " of dtype f32 on ", device_name(device), ", a GPU of compute capability ", compute_capability / 10, ".",
+                compute_capability % 10, " (bf16 needs 8.0 or later: A100, RTX 30xx and newer), got bf16");
+}
+
+// t is defined, non-empty, of a floating dtype, on any device (bf16 on a GPU that has it).
 inline void check_floating_input(const char* op, const char* name, const Tensor& t) {
     NT_CHECK(t.defined(), op, ": expected a tensor ", name, ", got an undefined tensor");
     NT_CHECK_AS(DTypeError, is_floating(t.dtype()), op, ": expected ", name,
                 " of a floating dtype (f32, f64 or bf16), got ", dtype_name(t.dtype()));
     NT_CHECK_AS(ShapeError, t.numel() > 0, op, ": expected a non-empty ", name, ", got shape ", shape_str(t.shape()));
+    if (t.device().is_cuda() && t.dtype() == DType::BF16)
+        check_dtype_on_gpu(op, name, t.dtype(), t.device(), cuda_compute_capability(t.device()));
 }
 
 // t has the dtype and device of ref (an already checked input named ref_name).

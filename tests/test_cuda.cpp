@@ -4,6 +4,10 @@
 // skips with a message where no GPU is visible.
 #include <functional>
 
+#if NORMTAPE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "core/device_ptr.h"
 #include "norm_test_cases.h"
 #include "ops/cuda_launchers.h"
@@ -70,6 +74,23 @@ const DType kDtypes[] = {DType::F32, DType::BF16};
 }  // namespace
 
 TEST_SUITE("cuda") {
+
+TEST_CASE("cuda: cuda_compute_capability is the driver's, and bf16 runs where it is 8.0 or later") {
+    REQUIRE_CUDA_OR_SKIP();
+    const int cc = cuda_compute_capability(Device::CUDA);
+#if NORMTAPE_WITH_CUDA
+    cudaDeviceProp prop{};
+    REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+    CHECK(cc == prop.major * 10 + prop.minor);
+#endif
+    Tensor x = randn({4, 8}, TensorOptions().device(Device::CUDA)).to(DType::BF16);
+    if (cc >= 80) {
+        CHECK_NOTHROW(gelu(x));
+    } else {
+        CHECK_THROWS_KIND_WITH(gelu(x), DTypeError, "gelu", "compute capability");
+        CHECK_NOTHROW(gelu(x.to(DType::F32)));
+    }
+}
 
 TEST_CASE("cuda: the caching allocator counts, caches, reuses, splits and resets") {
     REQUIRE_CUDA_OR_SKIP();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/checks.h"
 #include "test_util.h"
 
 namespace {
@@ -167,6 +168,18 @@ TEST_CASE("errors: CUDA tensors without a GPU throw DeviceError, naming the op")
         check_error<DeviceError>([] { reset_peak_memory_stats(Device::CUDA); }, {"cuda"});
         check_error<DeviceError>([] { ones({2}).to(Device::CUDA); }, {"to", "expected device cpu", "got cuda", "CUDA backend"});
     }
+}
+
+TEST_CASE("errors: bf16 on a GPU below compute capability 8.0 is refused naming the op and the capability") {
+    // The rule every op applies to a bf16 input on a GPU (check_floating_input); the GPU's
+    // capability is given, so that the refusal is tested where no such GPU is.
+    check_error<DTypeError>([] { detail::check_dtype_on_gpu("linear", "x", DType::BF16, Device::CUDA, 75); },
+                            {"linear", "x", "compute capability 7.5", "8.0", "f32", "got bf16"});
+    check_error<DTypeError>([] { detail::check_dtype_on_gpu("gelu", "x", DType::BF16, Device::cuda(1), 70); },
+                            {"gelu", "cuda:1", "compute capability 7.0"});
+    CHECK_NOTHROW(detail::check_dtype_on_gpu("linear", "x", DType::F32, Device::CUDA, 75));
+    for (int cc : {80, 86, 89, 90, 120}) CHECK_NOTHROW(detail::check_dtype_on_gpu("linear", "x", DType::BF16, Device::CUDA, cc));
+    check_error<DeviceError>([] { cuda_compute_capability(Device::CPU); }, {"cuda_compute_capability", "cpu"});
 }
 
 TEST_CASE("errors: mixed devices throw DeviceError naming both devices") {
