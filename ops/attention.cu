@@ -225,7 +225,7 @@ void attention_forward_cuda(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int6
     using A = acc_t<T>;
     const int hs = static_cast<int>(C / NH);
     if constexpr (std::is_same_v<T, bf16>) {
-        if (flash_attention_applies(hs, device, {out, qkv}))
+        if (flash_attention_applies(hs, false, device, {out, qkv}))
             return flash_attention_forward(out, lse, qkv, B, Tn, C, NH, drop, device);
     }
     const A scale = A(1) / std::sqrt(A(hs));
@@ -252,7 +252,7 @@ void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out,
     Tensor D = empty({B, NH, Tn}, TensorOptions().dtype(dtype_of<A>()).device(Device::cuda(device)));
     launch_rows<T>(attention_rowdot_kernel<T>, 0, hs, rows, device, device_ptr<A>(D), dout, out, Tn, C, NH, hs);
     if constexpr (std::is_same_v<T, bf16>) {
-        if (flash_attention_applies(hs, device, {dqkv, dout, qkv}))
+        if (flash_attention_applies(hs, true, device, {dqkv, dout, qkv}))
             return flash_attention_backward(dqkv, dout, qkv, lse, device_ptr<A>(D), B, Tn, C, NH, drop, device);
     }
     const A scale = A(1) / std::sqrt(A(hs)), keep_scale = A(1) / (A(1) - A(drop.p));

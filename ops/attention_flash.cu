@@ -443,13 +443,20 @@ constexpr size_t backward_shared() {
 
 }  // namespace
 
-bool flash_attention_applies(int64_t hs, int device, std::initializer_list<const void*> pointers) {
+bool flash_attention_applies(int64_t hs, bool backward, int device, std::initializer_list<const void*> pointers) {
     if (hs != 64 && hs != 128) return false;
     for (const void* p : pointers)
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-    int major = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return major >= 8;
+    const size_t shared = backward ? (hs == 64 ? backward_shared<64>() : backward_shared<128>())
+                                   : (hs == 64 ? forward_shared<64>() : forward_shared<128>());
+    int shared_optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    // The code this GPU runs must come from sm_80 or later (mma.sync, ldmatrix, cp.async): not on
+    // an earlier GPU, nor from a build whose code for this GPU is an earlier architecture's PTX.
+    (void)cuda::stream(device);  // makes `device` current for the kernel's attributes
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, flash_forward_kernel<64, false>));
+    return attributes.ptxVersion >= 80 && shared <= static_cast<size_t>(shared_optin);
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
