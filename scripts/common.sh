@@ -35,7 +35,8 @@ install_build_deps() {
 # -DNORMTAPE_CUDA=OFF.
 configure_and_build() {
     if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
-    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${CMAKE_ARGS[@]}" >/dev/null
+    # Only the project's own lines of CMake's output (the CUDA architectures chosen, say).
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${CMAKE_ARGS[@]}" | sed -n 's/^-- normtape: /normtape: /p'
     local targets=()
     [ $# -gt 0 ] && targets=(--target "$@")
     cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}"

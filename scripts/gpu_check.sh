@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh: everything that needs an NVIDIA GPU, in one command. Configures build-gpu/
-# for the architecture CUDA_ARCH (default 90: Hopper; set it for another GPU), builds, runs every
-# test with the GPU visible (the PyTorch cross-check needs a python3 with CUDA torch), the CUDA
+# for this machine's GPU (CMake's native; CUDA_ARCH=... for other architectures), builds, runs every
+# test with the GPU visible (the PyTorch cross-check needs a python3 with CUDA torch), every test
+# again from build-ptx80/, a build of compute_80 PTX only, which the driver compiles for this GPU,
+# so that the code of GPUs before Hopper (no thread-block clusters) runs on it too; the CUDA
 # tests once more under compute-sanitizer's memcheck and racecheck, the norm kernels' and the
 # attention's benchmarks beside PyTorch's, the other bandwidth-bound kernels' (bench_ops), the
 # memory comparison of the gpt2-medium-ish preset in bf16 and its step beside PyTorch eager's, the
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt|memory]   (default all)
-#     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); sanitize: the
-#     sanitizers only; bench: the benchmarks and training runs only (each of the three fits in 10
-#     minutes on an H200 whose build-gpu/ is already built); profile: only scripts/profile_step.sh,
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|memory]   (default all)
+#     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
+#     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
+#     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
+#     minutes on an H100 or H200 with nothing built yet); profile: only scripts/profile_step.sh,
 #     the step's kernel time by category beside PyTorch's (needs Nsight Compute's ncu); nanogpt:
 #     nanoGPT's Shakespeare GPU configuration trained by train_gpt and by PyTorch eager
 #     (scripts/train_torch_shakespeare.py); memory: the gpt2-medium-ish preset under each policy
@@ -23,18 +26,24 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|bench|sanitize|profile|nanogpt|memory) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|bench|sanitize|profile|nanogpt|memory]" >&2; exit 2;; esac
+case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|memory) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|memory]" >&2; exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 summary=()
 failed=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$GPU_OUT/gpu.txt"
 
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
-    > "$GPU_OUT/configure.log" 2>&1 || { tail -20 "$GPU_OUT/configure.log"; exit 1; }
-if cmake --build build-gpu -j "$(nproc)" > "$GPU_OUT/build.log" 2>&1; then summary+=("build: ok"); else
-    grep -E "error" "$GPU_OUT/build.log" | head -20; exit 1; fi
+# build DIR LABEL [CMAKE ARGS...]: configures and builds DIR with -Werror, logs under $GPU_OUT.
+build() {
+    local dir=$1 label=$2; shift 2
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DNORMTAPE_WERROR=ON "$@" > "$GPU_OUT/configure-$label.log" 2>&1 ||
+        { tail -20 "$GPU_OUT/configure-$label.log"; exit 1; }
+    if cmake --build "$dir" -j "$(nproc)" > "$GPU_OUT/build-$label.log" 2>&1; then
+        summary+=("build $label: ok ($(sed -n 's/^-- normtape: //p' "$GPU_OUT/configure-$label.log"))"); else
+        grep -E "error" "$GPU_OUT/build-$label.log" | head -20; exit 1; fi
+}
+[ "$MODE" = ptx80 ] || build build-gpu gpu ${CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH"}
 
 export NORMTAPE_PYTHON=python3
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
@@ -44,6 +53,15 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
     grep -E "Failed|\*\*\*Exception|Not Run|Skipped" "$GPU_OUT/ctest.log" | head -20
     ./build-gpu/normtape_tests -ts=cuda,torch_crosscheck -s 2>&1 | grep -E "errors against PyTorch|  (layer|rms)/|skipped" \
         > "$GPU_OUT/crosscheck.txt"
+fi
+
+# The same tests from compute_80 PTX: flash attention from sm_80 code, the norms without clusters.
+if [ "$MODE" = all ] || [ "$MODE" = ptx80 ]; then
+    build build-ptx80 ptx80 -DCMAKE_CUDA_ARCHITECTURES=80-virtual
+    (cd build-ptx80 && ctest -j "$(nproc)" --output-on-failure -R "${GPU_TESTS:-.}" > "$GPU_OUT/ctest-ptx80.log" 2>&1)
+    summary+=("tests from compute_80 PTX: $(grep -E 'tests passed|tests failed' "$GPU_OUT/ctest-ptx80.log" | tail -1)")
+    grep -q "100% tests passed" "$GPU_OUT/ctest-ptx80.log" || failed=1
+    grep -E "Failed|\*\*\*Exception|Not Run" "$GPU_OUT/ctest-ptx80.log" | head -20
 fi
 
 # compute-sanitizer: memcheck (out-of-bounds and misaligned device accesses, leaks, CUDA API

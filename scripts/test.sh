@@ -8,7 +8,10 @@
 #                                tests/labels.cmake lists them)
 #   scripts/test.sh --sanitize   build-sanitize/: cpu only, under AddressSanitizer and UBSan
 #                                (any finding fails the test that made it)
-# The flags combine (--sanitize --fast). A test that cannot run here (the CUDA tests without a
+#   scripts/test.sh --werror     a warning in the project's own code fails the build (CI, and
+#                                the project's developers; a user's build only reports it)
+# Without a GPU visible the CUDA sources compile for every architecture of the portable list
+# (CMakeLists.txt); the first lines say which. The flags combine (--sanitize --fast --werror). A test that cannot run here (the CUDA tests without a
 # GPU, the PyTorch cross-check without torch) is reported by ctest as skipped, not passed. After
 # ctest's own summary the script prints the counts:
 #   normtape tests: 155 ran
@@ -16,9 +19,11 @@
 # and exits non-zero when a test failed.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 CTEST_ARGS=()
+WERROR=OFF
 for arg in "$@"; do
     case "$arg" in
     --fast) CTEST_ARGS+=(-LE slow) ;;
+    --werror) WERROR=ON ;;
     --sanitize)
         BUILD="$ROOT/build-sanitize"
         CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMTAPE_SANITIZE=ON -DNORMTAPE_CUDA=OFF)
@@ -27,11 +32,12 @@ for arg in "$@"; do
         export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
         ;;
     *)
-        echo "usage: scripts/test.sh [--fast] [--sanitize]" >&2
+        echo "usage: scripts/test.sh [--fast] [--sanitize] [--werror]" >&2
         exit 2
         ;;
     esac
 done
+CMAKE_ARGS+=(-DNORMTAPE_WERROR=$WERROR)
 install_build_deps
 install_packages python3 python3-torch
 configure_and_build
