@@ -201,6 +201,19 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors are checked as flags are
     CHECK(given.code == 0);
 }
 
+TEST_CASE("train_gpt: a data file that cannot be read whole is refused before training, exit 2, with the bytes read") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("unreadable_data");
+    const std::string big = dir / "big.txt";
+    write_bytes(big, "");
+    fs::resize_file(big, uint64_t{1} << 30);  // 1 GiB of zeros, sparse: no disk is used
+    // Under a 768 MiB address space the 1 GiB cannot be held: the read must fail, not stop short.
+    RunResult r = run_train_gpt(dir, "--data " + big + " --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --device cpu "
+                                "--policy input --steps 1", "ulimit -v 786432");
+    check_refused(r, {"--data " + big + ": cannot read the data file: read ", " of its 1073741824 bytes: ",
+                      "Cannot allocate memory"});
+}
+
 TEST_CASE("train_gpt: output files that cannot be written at the end: the reason, exit code 1") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     if (!fs::exists("/dev/full")) SKIP_TEST("no /dev/full");
