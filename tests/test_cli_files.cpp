@@ -214,6 +214,44 @@ TEST_CASE("train_gpt: a data file that cannot be read whole is refused before tr
                       "Cannot allocate memory"});
 }
 
+TEST_CASE("train_gpt: something in the way of --save's temporary file is refused before the first step, exit 2") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("save_tmp");
+    fs::create_directory(dir / "real");
+    fs::create_symlink("real/ck.safetensors", dir / "link.safetensors");
+    struct Case {
+        std::string save, tmp;  // the flag's file, and where a save writes first (through the link)
+        std::function<void(const std::string&)> make;
+        std::string says;
+    };
+    const std::string ck = dir / "ck.safetensors";
+    for (const Case& c : {
+             Case{ck, ck + ".tmp", [](const std::string& t) { fs::create_directory(t); }, "is a directory"},
+             Case{ck, ck + ".tmp", [](const std::string& t) { REQUIRE(mkfifo(t.c_str(), 0600) == 0); }, "is a FIFO"},
+             Case{ck, ck + ".tmp", [&](const std::string& t) { fs::create_symlink(dir / "nowhere", t); },
+                  "is a symbolic link"},
+             Case{dir / "link.safetensors", dir / "real/ck.safetensors.tmp",
+                  [](const std::string& t) { fs::create_directory(t); }, "is a directory"},
+         }) {
+        CAPTURE(c.save);
+        CAPTURE(c.says);
+        c.make(c.tmp);
+        check_refused(run_train_gpt(dir, kTiny + " --policy input --steps 2 --save " + c.save),
+                      {"--save " + c.save + ": " + c.tmp + ", the temporary file a checkpoint is written to", c.says,
+                       "expected a regular file or nothing"});
+        CHECK(!fs::exists(dir / "ck.safetensors"));
+        CHECK(!fs::exists(dir / "real/ck.safetensors"));
+        fs::remove(c.tmp);
+    }
+    // A regular file there (a killed save's) is no obstacle: the save takes it over.
+    write_bytes(ck + ".tmp", "left by a killed save");
+    RunResult r = run_train_gpt(dir, kTiny + " --policy input --steps 2 --save " + ck);
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+    CHECK(fs::exists(ck));
+    CHECK(!fs::exists(ck + ".tmp"));
+}
+
 TEST_CASE("train_gpt: output files that cannot be written at the end: the reason, exit code 1") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     if (!fs::exists("/dev/full")) SKIP_TEST("no /dev/full");
