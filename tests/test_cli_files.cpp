@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -250,6 +251,41 @@ TEST_CASE("train_gpt: something in the way of --save's temporary file is refused
     CHECK(r.code == 0);
     CHECK(fs::exists(ck));
     CHECK(!fs::exists(ck + ".tmp"));
+}
+
+TEST_CASE("train_gpt: a checkpoint's second moments and steps are checked at load, exit 2 naming the value") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("forged_state");
+    const std::string ck = dir / "ck.safetensors", forged = dir / "forged.safetensors";
+    REQUIRE(run_train_gpt(dir, kTiny + " --policy input --steps 40 --stop-at 10 --save " + ck).code == 0);
+    // `ck` with one value of tensor `name` set to `value`, or metadata `key` set to `text`; saved
+    // again, so its checksums hold.
+    auto forge = [&](const std::string& name, int64_t index, float value, const std::string& key = "",
+                     const std::string& text = "") {
+        std::map<std::string, std::string> meta;
+        NamedTensors tensors = load_safetensors(ck, &meta);
+        for (auto& [n, t] : tensors)
+            if (n == name) t.data_ptr<float>()[index] = value;
+        if (!key.empty()) meta[key] = text;
+        save_safetensors(forged, tensors, meta);
+    };
+    const std::string of = "--resume: load_checkpoint: " + forged + ": optimizer state ";
+    forge("optimizer.exp_avg_sq.h.0.ln_1.weight", 3, -1.0f);
+    check_refused(run_train_gpt(dir, "--resume " + forged),
+                  {of + "optimizer.exp_avg_sq.h.0.ln_1.weight holds a negative value (-1) at flat index 3 of [16] f32",
+                   "expected AdamW's second moment, a mean of squares, >= 0"});
+    forge("optimizer.exp_avg.wte.weight", 7, std::numeric_limits<float>::infinity());
+    check_refused(run_train_gpt(dir, "--resume " + forged),
+                  {of + "optimizer.exp_avg.wte.weight holds a non-finite value (inf) at flat index 7"});
+    forge("", 0, 0, "train_gpt.step", "9");
+    check_refused(run_train_gpt(dir, "--resume " + forged),
+                  {"--resume " + forged + ": the checkpoint's training step (train_gpt.step 9) differs from its "
+                   "optimizer's step count (\"step\": 10 in its \"optimizer\" metadata)"});
+    // A negative first moment is a value AdamW makes: it resumes.
+    forge("optimizer.exp_avg.h.0.ln_1.weight", 3, -1.0f);
+    RunResult r = run_train_gpt(dir, "--resume " + forged + " --stop-at 11");
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
 }
 
 TEST_CASE("train_gpt: output files that cannot be written at the end: the reason, exit code 1") {

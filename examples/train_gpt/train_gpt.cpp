@@ -183,6 +183,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             throw UsageError(std::string("--resume: ") + e.what());
         }
         resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
+        // Every step of a run is one optimizer step (a skipped one is not counted, and stops the run).
+        if (optimizer.step_count() != resume->step)
+            throw UsageError("--resume " + resume->path + ": the checkpoint's training step (train_gpt.step " +
+                             std::to_string(resume->step) + ") differs from its optimizer's step count (\"step\": " +
+                             std::to_string(optimizer.step_count()) +
+                             " in its \"optimizer\" metadata): expected the two equal, as every run saves them "
+                             "(the file was modified?)");
         try {
             batcher.set_state(resume->metadata.at("train_gpt.batcher"));
         } catch (const Error& e) {
