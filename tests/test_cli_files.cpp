@@ -288,6 +288,18 @@ TEST_CASE("train_gpt: a checkpoint's second moments and steps are checked at loa
     CHECK(r.code == 0);
 }
 
+TEST_CASE("train_gpt: a checkpoint's config that describes a model larger than its file is refused, exit 2") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("forged_size");
+    const std::string ck = dir / "ck.safetensors", forged = dir / "forged.safetensors";
+    REQUIRE(run_train_gpt(dir, kTiny + " --policy input --steps 4 --stop-at 2 --save " + ck).code == 0);
+    // Each size in its range, but 5.2e10 parameters (206 GB) where the file holds 11,632.
+    rewrite(ck, forged, [](NamedTensors&, nlohmann::json& j) { j["embd"] = 65536; });
+    check_refused(run_train_gpt(dir, "--resume " + forged, "ulimit -v 4000000"),  // in case the model is built
+                  {"--resume " + forged + ": its config (layers 1, heads 2, embd 65536, vocab 256, seq 8) describes a "
+                   "model of 51574669312 parameters, but the file holds 11632 parameter values"});
+}
+
 TEST_CASE("train_gpt: output files that cannot be written at the end: the reason, exit code 1") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     if (!fs::exists("/dev/full")) SKIP_TEST("no /dev/full");

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/checkpoint_checks.h"
 #include "normtape.h"
 
 namespace fs = std::filesystem;
@@ -37,11 +38,11 @@ struct IntRange {
 const IntRange kIntRanges[] = {
     {"steps", &Args::steps, 1, int64_t{1} << 40, "training steps"},
     {"batch", &Args::batch, 1, int64_t{1} << 20, "sequences per batch"},
-    {"seq", &Args::seq, 1, int64_t{1} << 20, "a sequence length"},
-    {"layers", &Args::layers, 1, 1024, "transformer blocks"},
-    {"heads", &Args::heads, 1, 1024, "attention heads"},
-    {"embd", &Args::embd, 1, int64_t{1} << 16, "an embedding width"},
-    {"vocab", &Args::vocab, 2, int64_t{1} << 24, "a vocabulary size"},
+    {"seq", &Args::seq, 1, kMaxSeq, "a sequence length"},
+    {"layers", &Args::layers, 1, kMaxLayers, "transformer blocks"},
+    {"heads", &Args::heads, 1, kMaxHeads, "attention heads"},
+    {"embd", &Args::embd, 1, kMaxEmbd, "an embedding width"},
+    {"vocab", &Args::vocab, 2, kMaxVocab, "a vocabulary size"},
     {"log-every", &Args::log_every, 1, int64_t{1} << 40, "steps between progress lines"},
     {"save-every", &Args::save_every, 0, int64_t{1} << 40, "steps between checkpoints (0: only at the end)"},
     {"stop-at", &Args::stop_at, 0, int64_t{1} << 40, "the step to stop after (0: --steps)"},

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/checkpoint_checks.h"
 #include "normtape.h"
 #include "phase_timer.h"
 #include "report.h"
@@ -448,6 +449,9 @@ int main(int argc, char** argv) {
         if (a.device == "cuda" && !cuda_is_available())
             throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
                                              : "--device cuda: this build of normtape has no CUDA backend");
+        if (resume)  // before the model is built from the checkpoint's config
+            if (std::string why = model_larger_than_file(make_config(a, SavePolicy::Input), resume->tensors); !why.empty())
+                throw UsageError("--resume " + a.resume + ": " + why);
         if (resume && resume->step >= (a.stop_at > 0 ? a.stop_at : a.steps))
             throw UsageError("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(resume->step) +
                              ", nothing is left to train up to step " +
