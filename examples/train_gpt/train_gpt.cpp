@@ -14,7 +14,7 @@
 //
 // Memory: after each run's first forward the saved-tensor report (core/saved_report.h) is taken
 // and its bytes put by part of the model (examples/train_gpt/saved_categories.h) for the JSON and the chart;
-// --memory-report prints it. --offload on keeps what the model saves in host memory (SaveOnCpu),
+// --memory-report prints it. --offload on keeps what the forward and the loss save in host memory (SaveOnCpu),
 // --checkpoint blocks keeps only the blocks' inputs (checkpoint()); neither changes a result bit.
 //
 // Nothing is lost (examples/train_gpt/train_args.h): every value, the data and each output file are checked
