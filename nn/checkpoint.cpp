@@ -36,13 +36,14 @@ const std::string kExpAvg = "optimizer.exp_avg.", kExpAvgSq = "optimizer.exp_avg
 // "parameter " or "optimizer state ", for messages about the file's tensor `name`.
 const char* kind_of(const std::string& name) { return name.rfind("optimizer.", 0) == 0 ? "optimizer state " : "parameter "; }
 
-// The flat index of the first NaN or Inf of a host tensor's contiguous elements of type T, or -1.
+// The flat index of the first NaN or Inf (or, with `non_negative`, value below 0) of a host
+// tensor's contiguous elements of type T, or -1.
 template <class T>
-int64_t first_non_finite(const Tensor& t, double* value) {
+int64_t first_bad(const Tensor& t, bool non_negative, double* value) {
     const T* p = reinterpret_cast<const T*>(detail::byte_ptr(t));
     for (int64_t i = 0; i < t.numel(); ++i) {
         double v = static_cast<double>(p[i]);  // exact for each of float, double and bf16
-        if (!std::isfinite(v)) {
+        if (!std::isfinite(v) || (non_negative && v < 0)) {
             *value = v;
             return i;
         }
@@ -51,20 +52,29 @@ int64_t first_non_finite(const Tensor& t, double* value) {
 }
 
 // FormatError when the file's tensor `name` (`t`, any device; f32, f64 or bf16: others are not
-// checked) holds a NaN or an Inf, naming the first one's flat index and value.
-void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+// checked) holds a NaN or an Inf, or is AdamW's second moment (exp_avg_sq, a mean of squares) and
+// holds a negative value, on which the next step would take the square root of a negative
+// number; names the first bad value's flat index and the value.
+void check_values(const std::string& path, const std::string& name, const Tensor& t) {
     Tensor c = t.device().is_cuda() ? t.to(Device::CPU) : t.contiguous();
+    const bool non_negative = name.rfind(kExpAvgSq, 0) == 0;
     double value = 0.0;
     int64_t at = -1;
     switch (c.dtype()) {
-        case DType::F32: at = first_non_finite<float>(c, &value); break;
-        case DType::F64: at = first_non_finite<double>(c, &value); break;
-        case DType::BF16: at = first_non_finite<bf16>(c, &value); break;
+        case DType::F32: at = first_bad<float>(c, non_negative, &value); break;
+        case DType::F64: at = first_bad<double>(c, non_negative, &value); break;
+        case DType::BF16: at = first_bad<bf16>(c, non_negative, &value); break;
         case DType::I64: break;
     }
-    NT_CHECK_AS(FormatError, at < 0, "load_checkpoint: ", path, ": ", kind_of(name), name, " holds a non-finite value (",
-                std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf", ") at flat index ", at, " of ",
-                shape_str(c.shape()), " ", dtype_name(c.dtype()), " (a checkpoint of a run that diverged?)");
+    if (at < 0) return;
+    const std::string where = " at flat index " + std::to_string(at) + " of " + shape_str(c.shape()) + " " +
+                              dtype_name(c.dtype());
+    NT_CHECK_AS(FormatError, std::isfinite(value), "load_checkpoint: ", path, ": ", kind_of(name), name,
+                " holds a non-finite value (", std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf", ")", where,
+                " (a checkpoint of a run that diverged?)");
+    detail::throw_error<FormatError>("load_checkpoint: ", path, ": ", kind_of(name), name, " holds a negative value (",
+                                     value, ")", where,
+                                     ": expected AdamW's second moment, a mean of squares, >= 0 (the file was modified?)");
 }
 
 }  // namespace
@@ -163,8 +173,9 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
                             " (master copies are for bf16 parameters)");
         }
     }
-    // A NaN or an Inf would make every later step NaN: refused before anything is modified.
-    for (const Copy& c : copies) check_finite(path, c.name, c.src);
+    // A NaN or an Inf, or a negative second moment, would make every later step NaN: refused
+    // before anything is modified.
+    for (const Copy& c : copies) check_values(path, c.name, c.src);
     NoGradGuard no_grad;
     for (Copy& c : copies) c.dst.copy_(c.src.to(c.dst.device()));
     if (optimizer) optimizer->set_step_count(step);

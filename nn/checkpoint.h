@@ -48,10 +48,11 @@ void save_checkpoint(const std::string& path, const Module& module, const std::m
 // Names, shapes, dtypes, metadata and values are all checked before anything is modified, so on
 // those errors the module and the optimizer are unchanged; an allocation or device error while
 // copying (OutOfMemoryError, DeviceError) can leave earlier tensors updated. Every tensor to be
-// copied (f32, f64, bf16) is checked on the host for NaN and Inf. Throws FormatError naming the
-// file and the tensor when one is missing, or holds a non-finite value (with the flat index and
-// the value of the first: "load_checkpoint: run.safetensors: parameter h.0.ln_1.weight holds a
-// non-finite value (nan) at flat index 3 of [8] f32 (a checkpoint of a run that diverged?)"), or
+// copied (f32, f64, bf16) is checked on the host for NaN and Inf, and each exp_avg_sq (a mean of
+// squares) for a negative value. Throws FormatError naming the file and the tensor when one is
+// missing, or holds a non-finite value (with the flat index and the value of the first:
+// "load_checkpoint: run.safetensors: parameter h.0.ln_1.weight holds a non-finite value (nan) at
+// flat index 3 of [8] f32 (a checkpoint of a run that diverged?)") or a negative second moment, or
 // the file holds no (or malformed) optimizer state; ShapeError or DTypeError when a tensor has
 // another shape or dtype; Error when the hyperparameters differ or a parameter of `module` is not
 // one of `optimizer`'s; and as load_safetensors.

@@ -70,6 +70,13 @@ namespace normtape {
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// The temporary file that save_safetensors(path, ...) writes before renaming it over the file:
+// "<target>.tmp", <target> being `path` with its symbolic links followed as above. For a program
+// that checks, before long work, that the save will be able to create or replace it (a directory,
+// a FIFO or a symbolic link at that name makes the save throw). Throws IOError on a loop of
+// symbolic links or an unreadable link.
+std::string safetensors_temp_path(const std::string& path);
+
 // Reads every tensor of `path` onto the cpu, sorted by name. `metadata`, when given, receives the
 // "__metadata__" entries without the checksum entries, i.e. exactly what the writer was given
 // (only on success). `checksummed`, when given, is set (only on success) to whether the file

@@ -78,6 +78,9 @@ std::string resolve_symlinks(const std::string& path) {
     }
 }
 
+// The temporary file beside the file `target` that a save replaces (symbolic links followed).
+std::string temp_path_of(const std::string& target) { return target + ".tmp"; }
+
 // The temporary file of an atomic save, "<target>.tmp", locked (flock) while it is written.
 // Removed when it goes out of scope unless committed (renamed over the target) and only while
 // locked: a "<target>.tmp" that another writer holds is never ours to remove.
@@ -157,6 +160,8 @@ std::string header_bytes(const nlohmann::json& header) {
 
 }  // namespace
 
+std::string safetensors_temp_path(const std::string& path) { return temp_path_of(resolve_symlinks(path)); }
+
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
     // Everything the caller gave is checked, and the strings are taken as the file will hold
@@ -207,7 +212,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     // directory. On any failure before the rename, "<target>.tmp" is removed (while still locked).
     const std::string target = resolve_symlinks(path);
     TempFile tmp;
-    tmp.path = target + ".tmp";
+    tmp.path = temp_path_of(target);
     open_locked(tmp, path);
     write_all(tmp.fd, placeholder.data(), placeholder.size(), path, tmp.path);
     for (size_t i = 0; i < data.size(); ++i) {

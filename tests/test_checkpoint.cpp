@@ -234,6 +234,42 @@ TEST_CASE("checkpoint: loading refuses a NaN or an Inf in a parameter or in the 
     }
 }
 
+TEST_CASE("checkpoint: loading refuses a negative second moment (exp_avg_sq), changing nothing, and loads a negative exp_avg") {
+    for (DType dtype : {DType::F32, DType::BF16}) {  // a bf16 parameter's moments are f32
+        CAPTURE(dtype_name(dtype));
+        TempDir dir("negative_v");
+        manual_seed(8);
+        GPT a(small_config(dtype));
+        AdamW opt_a = make_optimizer(a);
+        train_step(a, opt_a, 0);
+        save_checkpoint(dir / "ck.safetensors", a, {}, &opt_a);
+        // The file with one value of `tensor` set to -0.25 (saved again: its checksums hold).
+        auto forged = [&](const std::string& tensor) {
+            std::map<std::string, std::string> meta;
+            NamedTensors file = load_safetensors(dir / "ck.safetensors", &meta);
+            for (auto& [name, t] : file)
+                if (name == tensor) t.data_ptr<float>()[5] = -0.25f;
+            const std::string path = dir / "forged.safetensors";
+            save_safetensors(path, file, meta);
+            return path;
+        };
+        manual_seed(9);
+        GPT b(small_config(dtype));
+        AdamW opt_b = make_optimizer(b);
+        const std::string before = bytes_of(b.wte->weight);
+        const std::string bad = forged("optimizer.exp_avg_sq.h.0.mlp.c_fc.weight");
+        CHECK_THROWS_KIND_WITH(load_checkpoint(bad, b, &opt_b), FormatError,
+                               "load_checkpoint: " + bad +
+                                   ": optimizer state optimizer.exp_avg_sq.h.0.mlp.c_fc.weight holds a negative value "
+                                   "(-0.25) at flat index 5 of [32, 8] f32: expected AdamW's second moment, a mean of "
+                                   "squares, >= 0");
+        CHECK(bytes_of(b.wte->weight) == before);
+        CHECK(opt_b.step_count() == 0);
+        CHECK_NOTHROW(load_checkpoint(forged("optimizer.exp_avg.h.0.mlp.c_fc.weight"), b, &opt_b));
+        CHECK(opt_b.step_count() == 1);
+    }
+}
+
 TEST_CASE("checkpoint: train_gpt stopped and resumed gives the losses of the run that never stopped, bit for bit") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("resume");

@@ -71,6 +71,24 @@ TEST_CASE("checkpoint files: a stale <target>.tmp is reused and gone after the s
     CHECK(listing(dir.path) == std::vector<std::string>{"ck.safetensors", "new.safetensors"});
 }
 
+TEST_CASE("checkpoint files: safetensors_temp_path names the temporary file a save writes, through symbolic links") {
+    TempDir dir("temp_path");
+    const std::string ck = dir / "ck.safetensors";
+    CHECK(safetensors_temp_path(ck) == ck + ".tmp");
+    fs::create_directory(dir / "real");
+    fs::create_symlink("real/ck.safetensors", dir / "link.safetensors");
+    const std::string tmp = safetensors_temp_path(dir / "link.safetensors");
+    CHECK(tmp == (dir / "real/ck.safetensors") + ".tmp");
+    // The save writes there: a directory in its way makes it fail, naming it.
+    fs::create_directory(tmp);
+    CHECK_THROWS_KIND_WITH(save_w(dir / "link.safetensors", {1}), IOError, tmp);
+    fs::remove(tmp);
+    save_w(dir / "link.safetensors", {1});
+    CHECK(w_of(dir / "real/ck.safetensors") == std::vector<float>{1});
+    fs::create_symlink("loop", dir / "loop");
+    CHECK_THROWS_KIND_WITH(safetensors_temp_path(dir / "loop"), IOError, "levels of symbolic links");
+}
+
 TEST_CASE("checkpoint files: a second writer of one file gets IOError and touches nothing") {
     TempDir dir("locked");
     std::string path = dir / "ck.safetensors", tmp = path + ".tmp";

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -199,6 +200,104 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors are checked as flags are
     RunResult given = run_train_gpt(elsewhere, "--resume " + forged + " --data " + (dir / "data.txt"));
     CAPTURE(given.err);
     CHECK(given.code == 0);
+}
+
+TEST_CASE("train_gpt: a data file that cannot be read whole is refused before training, exit 2, with the bytes read") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("unreadable_data");
+    const std::string big = dir / "big.txt";
+    write_bytes(big, "");
+    fs::resize_file(big, uint64_t{1} << 30);  // 1 GiB of zeros, sparse: no disk is used
+    // Under a 768 MiB address space the 1 GiB cannot be held: the read must fail, not stop short.
+    RunResult r = run_train_gpt(dir, "--data " + big + " --batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --device cpu "
+                                "--policy input --steps 1", "ulimit -v 786432");
+    check_refused(r, {"--data " + big + ": cannot read the data file: read ", " of its 1073741824 bytes: ",
+                      "Cannot allocate memory"});
+}
+
+TEST_CASE("train_gpt: something in the way of --save's temporary file is refused before the first step, exit 2") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("save_tmp");
+    fs::create_directory(dir / "real");
+    fs::create_symlink("real/ck.safetensors", dir / "link.safetensors");
+    struct Case {
+        std::string save, tmp;  // the flag's file, and where a save writes first (through the link)
+        std::function<void(const std::string&)> make;
+        std::string says;
+    };
+    const std::string ck = dir / "ck.safetensors";
+    for (const Case& c : {
+             Case{ck, ck + ".tmp", [](const std::string& t) { fs::create_directory(t); }, "is a directory"},
+             Case{ck, ck + ".tmp", [](const std::string& t) { REQUIRE(mkfifo(t.c_str(), 0600) == 0); }, "is a FIFO"},
+             Case{ck, ck + ".tmp", [&](const std::string& t) { fs::create_symlink(dir / "nowhere", t); },
+                  "is a symbolic link"},
+             Case{dir / "link.safetensors", dir / "real/ck.safetensors.tmp",
+                  [](const std::string& t) { fs::create_directory(t); }, "is a directory"},
+         }) {
+        CAPTURE(c.save);
+        CAPTURE(c.says);
+        c.make(c.tmp);
+        check_refused(run_train_gpt(dir, kTiny + " --policy input --steps 2 --save " + c.save),
+                      {"--save " + c.save + ": " + c.tmp + ", the temporary file a checkpoint is written to", c.says,
+                       "expected a regular file or nothing"});
+        CHECK(!fs::exists(dir / "ck.safetensors"));
+        CHECK(!fs::exists(dir / "real/ck.safetensors"));
+        fs::remove(c.tmp);
+    }
+    // A regular file there (a killed save's) is no obstacle: the save takes it over.
+    write_bytes(ck + ".tmp", "left by a killed save");
+    RunResult r = run_train_gpt(dir, kTiny + " --policy input --steps 2 --save " + ck);
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+    CHECK(fs::exists(ck));
+    CHECK(!fs::exists(ck + ".tmp"));
+}
+
+TEST_CASE("train_gpt: a checkpoint's second moments and steps are checked at load, exit 2 naming the value") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("forged_state");
+    const std::string ck = dir / "ck.safetensors", forged = dir / "forged.safetensors";
+    REQUIRE(run_train_gpt(dir, kTiny + " --policy input --steps 40 --stop-at 10 --save " + ck).code == 0);
+    // `ck` with one value of tensor `name` set to `value`, or metadata `key` set to `text`; saved
+    // again, so its checksums hold.
+    auto forge = [&](const std::string& name, int64_t index, float value, const std::string& key = "",
+                     const std::string& text = "") {
+        std::map<std::string, std::string> meta;
+        NamedTensors tensors = load_safetensors(ck, &meta);
+        for (auto& [n, t] : tensors)
+            if (n == name) t.data_ptr<float>()[index] = value;
+        if (!key.empty()) meta[key] = text;
+        save_safetensors(forged, tensors, meta);
+    };
+    const std::string of = "--resume: load_checkpoint: " + forged + ": optimizer state ";
+    forge("optimizer.exp_avg_sq.h.0.ln_1.weight", 3, -1.0f);
+    check_refused(run_train_gpt(dir, "--resume " + forged),
+                  {of + "optimizer.exp_avg_sq.h.0.ln_1.weight holds a negative value (-1) at flat index 3 of [16] f32",
+                   "expected AdamW's second moment, a mean of squares, >= 0"});
+    forge("optimizer.exp_avg.wte.weight", 7, std::numeric_limits<float>::infinity());
+    check_refused(run_train_gpt(dir, "--resume " + forged),
+                  {of + "optimizer.exp_avg.wte.weight holds a non-finite value (inf) at flat index 7"});
+    forge("", 0, 0, "train_gpt.step", "9");
+    check_refused(run_train_gpt(dir, "--resume " + forged),
+                  {"--resume " + forged + ": the checkpoint's training step (train_gpt.step 9) differs from its "
+                   "optimizer's step count (\"step\": 10 in its \"optimizer\" metadata)"});
+    // A negative first moment is a value AdamW makes: it resumes.
+    forge("optimizer.exp_avg.h.0.ln_1.weight", 3, -1.0f);
+    RunResult r = run_train_gpt(dir, "--resume " + forged + " --stop-at 11");
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+}
+
+TEST_CASE("train_gpt: a checkpoint's config that describes a model larger than its file is refused, exit 2") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("forged_size");
+    const std::string ck = dir / "ck.safetensors", forged = dir / "forged.safetensors";
+    REQUIRE(run_train_gpt(dir, kTiny + " --policy input --steps 4 --stop-at 2 --save " + ck).code == 0);
+    // Each size in its range, but 5.2e10 parameters (206 GB) where the file holds 11,632.
+    rewrite(ck, forged, [](NamedTensors&, nlohmann::json& j) { j["embd"] = 65536; });
+    check_refused(run_train_gpt(dir, "--resume " + forged, "ulimit -v 4000000"),  // in case the model is built
+                  {"--resume " + forged + ": its config (layers 1, heads 2, embd 65536, vocab 256, seq 8) describes a "
+                   "model of 51574669312 parameters, but the file holds 11632 parameter values"});
 }
 
 TEST_CASE("train_gpt: output files that cannot be written at the end: the reason, exit code 1") {

@@ -3,8 +3,12 @@
 // errors; the cached forward (nn/generate.h) against GPT::forward; generate with and without the
 // cache, its seeds, top_k and errors; the generate binary on a checkpoint that train_gpt wrote.
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -61,13 +65,38 @@ SamplingOptions sampling(double temperature, int64_t top_k, uint64_t seed, bool 
     return o;
 }
 
-// Runs the generate binary that this build made (NORMTAPE_GENERATE) with `args` in `dir`.
-RunResult run_generate(const TempDir& dir, const std::string& args) {
+// Runs the generate binary that this build made (NORMTAPE_GENERATE) with `args` in `dir`, after
+// the shell commands `before` (e.g. a ulimit).
+RunResult run_generate(const TempDir& dir, const std::string& args, const std::string& before = "") {
     std::string out = dir / "gen_stdout", err = dir / "gen_stderr";
-    std::string cmd = "cd " + dir.path.string() + " && " + std::string(NORMTAPE_GENERATE) + " " + args + " > " + out +
-                      " 2> " + err;
+    std::string cmd = (before.empty() ? "" : before + " && ") + "cd " + dir.path.string() + " && " +
+                      std::string(NORMTAPE_GENERATE) + " " + args + " > " + out + " 2> " + err;
     int status = std::system(cmd.c_str());
     return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+// Writes the checkpoint `from` to `to` with its config's `key` set to `value` (checksums rewritten).
+void set_config(const std::string& from, const std::string& to, const char* key, const nlohmann::json& value) {
+    std::map<std::string, std::string> meta;
+    NamedTensors tensors = load_safetensors(from, &meta);
+    nlohmann::json config = nlohmann::json::parse(meta.at("train_gpt.config"));
+    config[key] = value;
+    meta["train_gpt.config"] = config.dump();
+    save_safetensors(to, tensors, meta);
+}
+
+// Writes the safetensors file `from` to `to` without its checksum entries, as another writer would.
+void strip_checksums(const std::string& from, const std::string& to) {
+    const std::string bytes = slurp(from);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+    nlohmann::json& meta = header["__metadata__"];
+    for (auto it = meta.begin(); it != meta.end();)
+        it = it.key().rfind("normtape.checksum.", 0) == 0 ? meta.erase(it) : std::next(it);
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    write_bytes(to, st_file(text, bytes.substr(8 + n)));
 }
 
 }  // namespace
@@ -393,5 +422,53 @@ TEST_SUITE("generate_cli") {
             CHECK(r.err.find(c.says) != std::string::npos);
             CHECK(r.out.empty());
         }
+    }
+
+    TEST_CASE("generate_cli: a checkpoint's sizes are checked before the model is built (exit 2), an unverified file warned of") {
+        REQUIRE_TRAIN_GPT_OR_SKIP();
+        if (std::string(NORMTAPE_GENERATE).empty()) SKIP_TEST("generate was not built");
+        TempDir dir("generate_cli_config");
+        const std::string ck = dir / "ck.safetensors", forged = dir / "forged.safetensors";
+        REQUIRE(run_train_gpt(dir, "--data random --steps 2 --stop-at 1 --batch 2 --seq 8 --layers 1 --heads 2 "
+                                   "--embd 16 --policy input --device cpu --save " + ck).code == 0);
+        const std::string p = " --device cpu --prompt hi --tokens 10";
+        const std::string of = forged + ": the checkpoint's train_gpt.config has ";
+        struct Case {
+            const char* key;
+            nlohmann::json value;
+            std::string says;
+        };
+        for (const Case& c : {
+                 Case{"seq", int64_t{1} << 40, of + "seq 1099511627776, expected a sequence length from 1 to 1048576"},
+                 Case{"seq", 0, of + "seq 0, expected a sequence length from 1 to 1048576"},
+                 Case{"layers", 1025, of + "layers 1025, expected transformer blocks from 1 to 1024"},
+                 Case{"heads", uint64_t{1} << 63, of + "heads 9223372036854775808, expected attention heads from 1 to 1024"},
+                 Case{"embd", -16, of + "embd -16, expected an embedding width from 1 to 65536"},
+                 Case{"vocab", int64_t{1} << 25, of + "vocab 33554432, expected a vocabulary size from 2 to 16777216"},
+                 // Each size in range, but 5.2e10 parameters (206 GB): more than the file holds.
+                 Case{"embd", 65536, forged + ": its config (layers 1, heads 2, embd 65536, vocab 256, seq 8) describes a "
+                                              "model of 51574669312 parameters, but the file holds 11632 parameter values"},
+             }) {
+            CAPTURE(c.key);
+            set_config(ck, forged, c.key, c.value);
+            RunResult r = run_generate(dir, forged + p, "ulimit -v 4000000");  // in case the model is built
+            CAPTURE(r.err);
+            CHECK(r.code == 2);
+            CHECK(lines(r.err) == 1);
+            CHECK(r.err.find("generate: " + c.says) == 0);
+            CHECK(r.out.empty());
+        }
+        // A file without checksums is read, with train_gpt --resume's warning.
+        const std::string plain = dir / "plain.safetensors";
+        strip_checksums(ck, plain);
+        const std::string warning = ": the file carries no checksums (it was written by an older normtape or another "
+                                    "program), so its bytes cannot be verified\n";
+        RunResult g = run_generate(dir, plain + p);
+        CHECK(g.code == 0);
+        CHECK(g.out.size() == 10);
+        CHECK(g.err == "generate: warning: " + plain + warning);
+        RunResult t = run_train_gpt(dir, "--resume " + plain);
+        CHECK(t.code == 0);
+        CHECK(t.err == "train_gpt: warning: --resume " + plain + warning);
     }
 }

@@ -5,10 +5,12 @@
 // The vocabulary is bytes: the prompt's bytes are its tokens, and each token drawn is written as
 // one byte (a checkpoint of more than 256 tokens, trained on --data random --vocab, is refused).
 // The model is rebuilt from the checkpoint's metadata entry "train_gpt.config" (layers, heads,
-// embd, vocab, seq as block_size, norm, dtype) and its parameters are loaded from its tensors
+// embd, vocab, seq as block_size, norm, dtype; the sizes in train_gpt's ranges, the model no larger
+// than the parameters the file holds) and its parameters are loaded from its tensors
 // (nn/checkpoint.h); the optimizer state it may hold is ignored. Sampling is nn/generate.h's:
 // --temperature (0: greedy), --top-k (0: all), --seed, and --no-cache for the reference path.
 // --device: cpu or cuda (default: cuda when a GPU is visible, else cpu), in the checkpoint's dtype.
+// A file without checksums is read with the warning train_gpt --resume gives.
 //
 // Exit status: 0; 2 for a bad flag, prompt or checkpoint, with one line on stderr before anything
 // is printed; 1 for an error while sampling (out of memory, a device error), with its message.
@@ -25,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/checkpoint_checks.h"
 #include "../common/flag_syntax.h"
 #include "normtape.h"
 
@@ -61,9 +64,10 @@ std::string read_file(const std::string& path) {
     return ss.str();
 }
 
-// The GPT of the checkpoint's "train_gpt.config" (see examples/train_gpt/resume.h), on `device`.
+// The GPT of the checkpoint's "train_gpt.config" (see examples/train_gpt/resume.h), on `device`:
+// its sizes within train_gpt's ranges, and no more parameters than the file's `tensors` hold.
 GPTConfig checkpoint_config(const std::string& path, const std::map<std::string, std::string>& metadata,
-                            Device device) {
+                            const NamedTensors& tensors, Device device) {
     auto entry = metadata.find("train_gpt.config");
     if (entry == metadata.end())
         throw UsageError(path + ": not a train_gpt checkpoint (one written by train_gpt --save): no \"train_gpt.config\" "
@@ -78,12 +82,24 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
                              ", expected " + (integer ? "an integer" : "a string"));
         return v;
     };
+    // Each size within train_gpt's ranges for its flag, so that no product of them overflows.
+    auto size = [&](const char* key, int64_t lo, int64_t hi, const char* what) {
+        const nlohmann::json v = get(key, true);
+        // An integer of 2^63 or more is unsigned in the JSON: compared as such, it cannot wrap.
+        const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() >= static_cast<uint64_t>(lo) &&
+                                                           v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                                     : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+        if (!in_range)
+            throw UsageError(path + ": the checkpoint's train_gpt.config has " + key + " " + v.dump() + ", expected " +
+                             what + " from " + std::to_string(lo) + " to " + std::to_string(hi));
+        return v.get<int64_t>();
+    };
     GPTConfig g;
-    g.n_layer = get("layers", true).get<int64_t>();
-    g.n_head = get("heads", true).get<int64_t>();
-    g.n_embd = get("embd", true).get<int64_t>();
-    g.vocab_size = get("vocab", true).get<int64_t>();
-    g.block_size = get("seq", true).get<int64_t>();
+    g.n_layer = size("layers", 1, kMaxLayers, "transformer blocks");
+    g.n_head = size("heads", 1, kMaxHeads, "attention heads");
+    g.n_embd = size("embd", 1, kMaxEmbd, "an embedding width");
+    g.vocab_size = size("vocab", 2, kMaxVocab, "a vocabulary size");
+    g.block_size = size("seq", 1, kMaxSeq, "a sequence length");
     const std::string norm = get("norm", false).get<std::string>(), dtype = get("dtype", false).get<std::string>();
     if (norm != "layer" && norm != "rms")
         throw UsageError(path + ": the checkpoint's train_gpt.config has norm \"" + norm + "\", expected layer or rms");
@@ -100,6 +116,7 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
     if (g.vocab_size > 256)
         throw UsageError(path + ": the checkpoint's model has a vocabulary of " + std::to_string(g.vocab_size) +
                          " tokens; generate reads and writes bytes (at most 256)");
+    if (std::string why = model_larger_than_file(g, tensors); !why.empty()) throw UsageError(path + ": " + why);
     return g;
 }
 
@@ -122,13 +139,16 @@ int run(const GenerateArgs& a) {
     std::map<std::string, std::string> metadata;
     NamedTensors tensors;
     try {
-        tensors = load_safetensors(a.checkpoint, &metadata);
+        bool checksummed = false;
+        tensors = load_safetensors(a.checkpoint, &metadata, &checksummed);
+        if (!checksummed) warn_unverified("generate", a.checkpoint);
     } catch (const IOError& e) {
         throw UsageError(e.what());
     } catch (const FormatError& e) {
         throw UsageError(e.what());
     }
-    const GPTConfig config = checkpoint_config(a.checkpoint, metadata, device == "cuda" ? Device::CUDA : Device::CPU);
+    const GPTConfig config =
+        checkpoint_config(a.checkpoint, metadata, tensors, device == "cuda" ? Device::CUDA : Device::CPU);
     std::vector<int64_t> prompt;
     for (size_t i = 0; i < text.size(); ++i) {
         const int64_t byte = static_cast<unsigned char>(text[i]);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "../common/checkpoint_checks.h"
 #include "train_data.h"
 
 using namespace normtape;
@@ -49,10 +50,7 @@ ResumeState read_resume(const std::string& path) {
     try {
         bool checksummed = false;
         r.tensors = load_safetensors(path, &r.metadata, &checksummed);
-        if (!checksummed)
-            std::fprintf(stderr, "train_gpt: warning: --resume %s: the file carries no checksums (it was written by an "
-                                 "older normtape or another program), so its bytes cannot be verified\n",
-                         path.c_str());
+        if (!checksummed) warn_unverified("train_gpt", "--resume " + path);
     } catch (const IOError& e) {
         throw UsageError(std::string("--resume: ") + e.what());
     } catch (const FormatError& e) {

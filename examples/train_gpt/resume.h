@@ -28,7 +28,7 @@
 // device; bit for bit only on the same one), nor are the settings that change no result bit:
 // what is saved for backward and where (--recompute-gelu, --offload, --checkpoint), --threads and
 // --memory-report; a resumed run may choose them anew. A checkpoint holds one run, so --resume,
-// --stop-at and --save-every need --policy input or output.
+// --stop-at and --save-every need --policy input, output or normalized.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,7 @@
 // (examples/train_gpt/train_args.h).
 #include "train_args.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,9 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "../common/checkpoint_checks.h"
+#include "normtape.h"
 
 namespace fs = std::filesystem;
 
@@ -34,11 +38,11 @@ struct IntRange {
 const IntRange kIntRanges[] = {
     {"steps", &Args::steps, 1, int64_t{1} << 40, "training steps"},
     {"batch", &Args::batch, 1, int64_t{1} << 20, "sequences per batch"},
-    {"seq", &Args::seq, 1, int64_t{1} << 20, "a sequence length"},
-    {"layers", &Args::layers, 1, 1024, "transformer blocks"},
-    {"heads", &Args::heads, 1, 1024, "attention heads"},
-    {"embd", &Args::embd, 1, int64_t{1} << 16, "an embedding width"},
-    {"vocab", &Args::vocab, 2, int64_t{1} << 24, "a vocabulary size"},
+    {"seq", &Args::seq, 1, kMaxSeq, "a sequence length"},
+    {"layers", &Args::layers, 1, kMaxLayers, "transformer blocks"},
+    {"heads", &Args::heads, 1, kMaxHeads, "attention heads"},
+    {"embd", &Args::embd, 1, kMaxEmbd, "an embedding width"},
+    {"vocab", &Args::vocab, 2, kMaxVocab, "a vocabulary size"},
     {"log-every", &Args::log_every, 1, int64_t{1} << 40, "steps between progress lines"},
     {"save-every", &Args::save_every, 0, int64_t{1} << 40, "steps between checkpoints (0: only at the end)"},
     {"stop-at", &Args::stop_at, 0, int64_t{1} << 40, "the step to stop after (0: --steps)"},
@@ -74,6 +78,39 @@ std::string format_real(double v) {
 bool same_file(const fs::path& a, const std::string& b) {
     std::error_code ec;
     return !b.empty() && (a == written_file(b) || fs::equivalent(a, b, ec));
+}
+
+// What `mode` is, for messages about a file in the way: "a directory", "a FIFO", ...
+const char* kind_of(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+    return "not a regular file";
+}
+
+// A checkpoint is written to a temporary file first and renamed over --save (Note [Atomic
+// checkpoint writes] in nn/safetensors_write.cpp): the save opens that file, never through a
+// symbolic link, and only a regular file that this process may write. Throws UsageError, `what`
+// naming --save, when something else is in the way there, which would fail the save after the run.
+void check_save_temp(const std::string& what, const std::string& save) {
+    std::string tmp;
+    try {
+        tmp = normtape::safetensors_temp_path(save);
+    } catch (const normtape::IOError& e) {
+        throw UsageError(what + ": " + e.what());
+    }
+    const std::string named = what + ": " + tmp + ", the temporary file a checkpoint is written to before it is renamed over " +
+                              save + ", ";
+    struct stat st;
+    if (::lstat(tmp.c_str(), &st) != 0) {
+        if (errno == ENOENT) return;  // the save creates it, in a directory checked writable
+        throw UsageError(named + "cannot be examined: " + std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode))
+        throw UsageError(named + "is " + kind_of(st.st_mode) + ", expected a regular file or nothing (remove it)");
+    if (::access(tmp.c_str(), W_OK) != 0) throw UsageError(named + "cannot be written: " + std::strerror(errno));
 }
 
 }  // namespace
@@ -160,6 +197,7 @@ void check_outputs(const Args& a, const std::string& data_path) {
             throw UsageError(what + ": cannot write into the directory " + dir.string() + ": " + std::strerror(errno));
         if (!is_save && fs::exists(st) && ::access(file.c_str(), W_OK) != 0)
             throw UsageError(what + ": cannot write the file: " + std::strerror(errno));
+        if (is_save) check_save_temp(what, out.path);
         if (same_file(file, data_path))
             throw UsageError(what + ": is the data file the run reads (--data " + data_path + ")");
         if (!is_save && same_file(file, a.resume))

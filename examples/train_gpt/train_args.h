@@ -68,7 +68,8 @@ double min_lr(const Args& a);
 void check_args(const Args& a);
 
 // Checks, before the first step, that the run can write its outputs (--save, --json, --chart):
-// each is a file name (not a directory; --save an existing regular file or a new one)
+// each is a file name (not a directory; --save an existing regular file or a new one, and its
+// temporary file, normtape::safetensors_temp_path, absent or a regular file it may write)
 // in a directory that exists and that this process may write into (after symbolic links, which
 // the writes follow); none is an input of the run (`data_path`, the file --data read, "" for
 // random tokens; --resume, which only --save may name: it continues the checkpoint); no two name

@@ -3,13 +3,17 @@
 // (examples/train_gpt/train_gpt.cpp).
 #include "train_data.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <new>
+#include <stdexcept>
 #include <utility>
 
 using namespace normtape;
@@ -18,6 +22,51 @@ std::string data_file(const Args& a) {
     if (a.data == "random") return "";
     return a.data.empty() ? kDefaultData : a.data;
 }
+
+namespace {
+
+// The whole file open as `fd` (fstat gave `st`): a regular file's size bytes, read until each is
+// in; another kind of file (a pipe, /proc's) read to its end. Throws UsageError naming `what`, the
+// bytes read and expected and the system's error when a read fails, memory for the bytes runs out,
+// or a regular file ends before its size or goes on past it (it changed while it was read).
+std::string read_whole(int fd, const struct stat& st, const std::string& what) {
+    const bool sized = S_ISREG(st.st_mode) && st.st_size > 0;  // /proc's files say 0
+    const size_t expected = sized ? static_cast<size_t>(st.st_size) : 0;
+    constexpr size_t kChunk = size_t{1} << 20;
+    std::string text;
+    size_t got = 0;
+    auto failed = [&](const std::string& why) {
+        return UsageError(what + ": cannot read the data file: read " + std::to_string(got) + " of " +
+                          (sized ? "its " + std::to_string(expected) + " bytes" : "its bytes (a file of unknown size)") +
+                          ": " + why);
+    };
+    for (;;) {
+        if (got == text.size()) {
+            // Room for the rest: the whole size at once, else the next chunk (one more byte past a
+            // regular file's size, to see that it ends there).
+            size_t want = sized && got < expected ? expected : got + (sized ? 1 : std::max(kChunk, got));
+            try {
+                text.resize(want);
+            } catch (const std::bad_alloc&) {
+                throw failed(std::string(std::strerror(ENOMEM)) + " (the file does not fit in memory)");
+            } catch (const std::length_error&) {
+                throw failed(std::string(std::strerror(ENOMEM)) + " (the file does not fit in memory)");
+            }
+        }
+        ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw failed(std::strerror(errno));
+        if (n == 0) break;
+        got += static_cast<size_t>(n);
+        if (sized && got > expected)
+            throw failed("the file grew while it was read (is another program writing it?)");
+    }
+    if (sized && got < expected) throw failed("the file ended early (did it shrink while it was read?)");
+    text.resize(got);
+    return text;
+}
+
+}  // namespace
 
 std::string load_text(const Args& a, std::string* description) {
     std::string& desc = *description;
@@ -29,14 +78,16 @@ std::string load_text(const Args& a, std::string* description) {
     const std::string what = describe(a, "data", desc);
     // A checkpoint's data path may be relative to the directory of the run that saved it.
     const std::string hint = a.from_checkpoint.count("data") ? " (give --data FILE if the data is elsewhere now)" : "";
-    std::error_code ec;
-    if (std::filesystem::is_directory(desc, ec)) throw UsageError(what + ": is a directory, expected a text file");
-    std::ifstream f(desc, std::ios::binary);
-    if (!f) throw UsageError(what + ": cannot read the data file: " + std::strerror(errno) + hint);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    if (f.bad()) throw UsageError(what + ": cannot read the data file: " + std::strerror(errno));
-    std::string text = ss.str();
+    const int fd = ::open(desc.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw UsageError(what + ": cannot read the data file: " + std::strerror(errno) + hint);
+    struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st;
+    if (::fstat(fd, &st) != 0) throw UsageError(what + ": cannot read the data file: " + std::strerror(errno));
+    if (S_ISDIR(st.st_mode)) throw UsageError(what + ": is a directory, expected a text file");
+    std::string text = read_whole(fd, st, what);
     if (static_cast<int64_t>(text.size()) < a.seq + 2)
         throw UsageError(what + ": the data file has " + std::to_string(text.size()) + " bytes; " +
                          describe(a, "seq", std::to_string(a.seq)) + " needs at least " + std::to_string(a.seq + 2));

@@ -19,7 +19,9 @@ std::string data_file(const Args& a);
 
 // The text `a` asks for: data_file(a)'s bytes, or "" for --data random. Sets `description` to what
 // was read (the file's path), for the report. Throws UsageError naming the file and the reason
-// when it cannot be read (a directory, missing, unreadable) or is shorter than --seq + 2 bytes.
+// when it cannot be read (a directory, missing, unreadable; a read that fails, or that ends before
+// or after the file's size, or bytes that do not fit in memory: with the bytes read and expected
+// and the system's error) or is shorter than --seq + 2 bytes.
 std::string load_text(const Args& a, std::string* description);
 
 // Note [Held-out loss]

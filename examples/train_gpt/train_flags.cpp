@@ -26,8 +26,9 @@ void add_flags(CLI::App& app, Args& a) {
                    "on (default): the MLP's gelu(h) is made again in backward instead of saved (4*B*T*C elements "
                    "a layer); off: saved");
     app.add_option("--offload", a.offload,
-                   "on: the blocks' saved tensors go to pinned host memory during the forward and come back in "
-                   "backward (SaveOnCpu; on the cpu nothing moves); off: they stay on the device");
+                   "on: every tensor that the forward and the loss save for backward (the embeddings', the blocks', "
+                   "the final norm's, the logits; not the parameters) goes to pinned host memory during the forward "
+                   "and comes back in backward (SaveOnCpu; on the cpu nothing moves); off: they stay on the device");
     app.add_option("--checkpoint", a.checkpoint,
                    "blocks: each block saves only its input and runs its forward again in backward (activation "
                    "checkpointing); none: every block saves what its ops need");
@@ -68,7 +69,8 @@ void add_flags(CLI::App& app, Args& a) {
         ->type_name("FILE");
     app.add_option("--save", a.save,
                    "write a checkpoint (safetensors: model, optimizer, step, data position, config) to this file at the "
-                   "end (with --policy both: the output run's) (default: none)")
+                   "end (each run of --policy both or all saves over the last: with both the output run's, with all the "
+                   "normalized run's) (default: none)")
         ->check(kFileName)
         ->type_name("FILE");
     app.add_option("--save-every", a.save_every,

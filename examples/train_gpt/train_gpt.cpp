@@ -14,7 +14,7 @@
 //
 // Memory: after each run's first forward the saved-tensor report (core/saved_report.h) is taken
 // and its bytes put by part of the model (examples/train_gpt/saved_categories.h) for the JSON and the chart;
-// --memory-report prints it. --offload on keeps what the model saves in host memory (SaveOnCpu),
+// --memory-report prints it. --offload on keeps what the forward and the loss save in host memory (SaveOnCpu),
 // --checkpoint blocks keeps only the blocks' inputs (checkpoint()); neither changes a result bit.
 //
 // Nothing is lost (examples/train_gpt/train_args.h): every value, the data and each output file are checked
@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/checkpoint_checks.h"
 #include "normtape.h"
 #include "phase_timer.h"
 #include "report.h"
@@ -183,6 +184,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             throw UsageError(std::string("--resume: ") + e.what());
         }
         resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
+        // Every step of a run is one optimizer step (a skipped one is not counted, and stops the run).
+        if (optimizer.step_count() != resume->step)
+            throw UsageError("--resume " + resume->path + ": the checkpoint's training step (train_gpt.step " +
+                             std::to_string(resume->step) + ") differs from its optimizer's step count (\"step\": " +
+                             std::to_string(optimizer.step_count()) +
+                             " in its \"optimizer\" metadata): expected the two equal, as every run saves them "
+                             "(the file was modified?)");
         try {
             batcher.set_state(resume->metadata.at("train_gpt.batcher"));
         } catch (const Error& e) {
@@ -441,6 +449,9 @@ int main(int argc, char** argv) {
         if (a.device == "cuda" && !cuda_is_available())
             throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
                                              : "--device cuda: this build of normtape has no CUDA backend");
+        if (resume)  // before the model is built from the checkpoint's config
+            if (std::string why = model_larger_than_file(make_config(a, SavePolicy::Input), resume->tensors); !why.empty())
+                throw UsageError("--resume " + a.resume + ": " + why);
         if (resume && resume->step >= (a.stop_at > 0 ? a.stop_at : a.steps))
             throw UsageError("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(resume->step) +
                              ", nothing is left to train up to step " +
