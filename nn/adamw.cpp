@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 #include <utility>
 
 #include "core/autograd.h"
@@ -172,23 +173,37 @@ Tensor clip_grad_norm_cuda(const std::vector<Tensor>& grads, double max_norm, De
 
 }  // namespace
 
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std::move(groups)), options_(options) {
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : options_(options) {
     NT_CHECK(options.lr >= 0 && options.eps > 0 && options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
                  options.beta2 < 1,
              "AdamW: expected lr >= 0, eps > 0 and betas in [0, 1), got lr ", options.lr, ", eps ", options.eps,
              ", betas (", options.beta1, ", ", options.beta2, ")");
-    for (const ParamGroup& g : groups_) {
+    // Where each parameter was first seen: (group, index in the caller's list).
+    std::unordered_map<const TensorImpl*, std::pair<size_t, size_t>> first;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+        groups_.push_back({{}, groups[gi].weight_decay});
         state_.emplace_back();
-        for (const Tensor& p : g.params) {
+        for (size_t i = 0; i < groups[gi].params.size(); ++i) {
+            const Tensor& p = groups[gi].params[i];
             NT_CHECK(p.defined() && p.requires_grad() && p.is_leaf() && p.is_contiguous(),
                      "AdamW: expected contiguous leaf parameters that require grad, got ",
                      !p.defined()          ? "an undefined tensor"
                      : !p.requires_grad()  ? "one that does not require grad"
                      : !p.is_leaf()        ? "a non-leaf"
                                            : "a non-contiguous one");
+            auto [seen, inserted] = first.try_emplace(&p.impl(), gi, i);
+            if (!inserted) {
+                // As torch.optim: a parameter in two groups is refused; listed twice in one group,
+                // it is kept once (torch warns), so that a step updates it once.
+                NT_CHECK(seen->second.first == gi, "AdamW: expected each parameter in one group only, got parameter ", i,
+                         " of group ", gi, " that is also parameter ", seen->second.second, " of group ",
+                         seen->second.first, " (some parameters appear in more than one parameter group)");
+                continue;
+            }
             TensorOptions opts = TensorOptions().dtype(stat_dtype(p.dtype())).device(p.device());
             ParamState st{zeros(p.shape(), opts), zeros(p.shape(), opts), Tensor()};
             if (p.dtype() == DType::BF16) st.master = p.detach().to(DType::F32);
+            groups_.back().params.push_back(p);
             state_.back().push_back(st);
         }
     }

@@ -52,8 +52,10 @@ public:
     };
 
     // Throw Error for lr < 0, eps <= 0 or betas outside [0, 1), or a parameter that is undefined,
-    // not a leaf, not contiguous or does not require grad; OutOfMemoryError or DeviceError when
-    // the state cannot be allocated on a parameter's device.
+    // not a leaf, not contiguous or does not require grad, or one that appears in two groups (as
+    // torch.optim, naming both places); OutOfMemoryError or DeviceError when the state cannot be
+    // allocated on a parameter's device. A parameter listed twice in one group is kept once, at
+    // its first place (groups() shows the lists kept), so that a step updates it once.
     AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
     AdamW(const std::vector<Tensor>& params, AdamWOptions options);
 
