@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -171,13 +172,34 @@ Tensor clip_grad_norm_cuda(const std::vector<Tensor>& grads, double max_norm, De
 }
 #endif  // NORMTAPE_WITH_CUDA
 
+// The one rule for AdamW's hyperparameters, wherever they enter (the constructor, a group's
+// weight_decay, set_lr): finite, with torch.optim.AdamW's ranges (lr >= 0, betas in [0, 1),
+// weight_decay >= 0) except eps, which must be > 0: with eps 0 an element whose gradient has
+// always been 0 (an embedding row never drawn) becomes 0 / 0. `op` names the caller, `where` the
+// group ("" for the options). A NaN fails every comparison, so is refused too.
+void check_lr(const char* op, double lr) {
+    NT_CHECK(std::isfinite(lr) && lr >= 0, op, ": expected lr >= 0 and finite, got lr ", lr);
+}
+
+void check_weight_decay(const char* op, const std::string& where, double weight_decay) {
+    NT_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, op, ": expected ", where,
+             "weight_decay >= 0 and finite, got weight_decay ", weight_decay);
+}
+
+void check_options(const char* op, const AdamWOptions& o) {
+    check_lr(op, o.lr);
+    NT_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, op, ": expected betas in [0, 1), got betas (",
+             o.beta1, ", ", o.beta2, ")");
+    NT_CHECK(std::isfinite(o.eps) && o.eps > 0, op, ": expected eps > 0 and finite, got eps ", o.eps);
+    check_weight_decay(op, "", o.weight_decay);
+}
+
 }  // namespace
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : options_(options) {
-    NT_CHECK(options.lr >= 0 && options.eps > 0 && options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
-                 options.beta2 < 1,
-             "AdamW: expected lr >= 0, eps > 0 and betas in [0, 1), got lr ", options.lr, ", eps ", options.eps,
-             ", betas (", options.beta1, ", ", options.beta2, ")");
+    check_options("AdamW", options);
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+        check_weight_decay("AdamW", "group " + std::to_string(gi) + "'s ", groups[gi].weight_decay);
     // Where each parameter was first seen: (group, index in the caller's list).
     std::unordered_map<const TensorImpl*, std::pair<size_t, size_t>> first;
     for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -213,7 +235,7 @@ AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
     : AdamW(std::vector<ParamGroup>{{params, options.weight_decay}}, options) {}
 
 void AdamW::set_lr(double lr) {
-    NT_CHECK(lr >= 0 && std::isfinite(lr), "AdamW::set_lr: expected a finite lr >= 0, got ", lr);
+    check_lr("AdamW::set_lr", lr);
     options_.lr = lr;
 }
 
