@@ -18,6 +18,23 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
     return t;
 }
 
+bool Module::contains(const Module* target, std::unordered_set<const Module*>& seen) const {
+    if (this == target) return true;
+    if (!seen.insert(this).second) return false;  // a module shared by two parents: walked once
+    for (const auto& [name, child] : children_)
+        if (child->contains(target, seen)) return true;
+    return false;
+}
+
+void Module::check_child(const std::string& name, const Module* module) const {
+    NT_CHECK(module != nullptr, "register_module: expected a module for \"", name, "\", got a null pointer");
+    std::unordered_set<const Module*> seen;
+    NT_CHECK(!module->contains(this, seen), "register_module: expected a submodule \"", name,
+             "\" that is not this module and does not contain it, got ",
+             module == this ? "this module itself" : "one that holds this module",
+             " (a cycle: walking the modules would never end)");
+}
+
 void Module::collect(const std::string& prefix, NamedTensors& out, std::unordered_set<const TensorImpl*>& seen) const {
     for (const auto& [name, t] : params_)
         if (seen.insert(&t.impl()).second) out.emplace_back(prefix + name, t);

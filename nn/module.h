@@ -66,15 +66,22 @@ protected:
     // DTypeError for an i64 tensor). Returns it.
     Tensor register_parameter(const std::string& name, Tensor t);
     // Adds a submodule called `name` (its parameters are named "name.<its names>"). Returns it.
-    // Never throws.
+    // Throws Error naming register_module and `name`, adding nothing, when `module` is null or is
+    // this module or one that contains it (a cycle: every walk of the tree would never end, and
+    // the shared_ptrs would keep each other alive). A module shared by two parents is allowed.
     template <class M>
     std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+        check_child(name, module.get());
         static_cast<Module&>(*module).name_ = name;
         children_.emplace_back(name, module);
         return module;
     }
 
 private:
+    // register_module's checks, above.
+    void check_child(const std::string& name, const Module* module) const;
+    // True if this module is `target` or holds it at any depth.
+    bool contains(const Module* target, std::unordered_set<const Module*>& seen) const;
     void collect(const std::string& prefix, NamedTensors& out, std::unordered_set<const TensorImpl*>& seen) const;
     void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out,
                          std::unordered_set<const Module*>& seen);

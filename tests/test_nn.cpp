@@ -562,4 +562,30 @@ TEST_CASE("nn: AdamW refuses a tensor in two groups and updates a tensor listed 
     CHECK(w.to_vector<double>() == once.to_vector<double>());
 }
 
+TEST_CASE("nn: a module registered as its own descendant is refused, and the walks stay finite") {
+    auto root = std::make_shared<Open>();
+    auto child = root->register_module("child", std::make_shared<Open>());
+    auto grandchild = child->register_module("grandchild", std::make_shared<Open>());
+    REQUIRE_THROWS_AS(root->register_module("self", root), Error);  // else the walks below never end
+    CHECK_THROWS_KIND_WITH(root->register_module("self", root), Error, "register_module", "\"self\"",
+                           "cycle");
+    CHECK_THROWS_KIND_WITH(grandchild->register_module("up", root), Error, "register_module", "\"up\"", "cycle");
+    CHECK_THROWS_KIND_WITH(child->register_module("up", child), Error, "register_module", "cycle");
+    CHECK_THROWS_KIND_WITH(root->register_module("none", std::shared_ptr<Open>()), Error, "register_module",
+                           "\"none\"", "null");
+    // Nothing was added; the tree walks as before.
+    CHECK(root->named_modules().size() == 3);
+    CHECK(grandchild->children().empty());
+    int visits = 0;
+    root->apply([&](Module&) { ++visits; });
+    CHECK(visits == 3);
+    root->eval();
+    CHECK_FALSE(grandchild->is_training());
+    // A module shared by two parents is a DAG, not a cycle: allowed.
+    auto shared = std::make_shared<Open>();
+    root->register_module("s1", shared);
+    child->register_module("s2", shared);
+    CHECK(root->named_modules().size() == 4);
+}
+
 }  // TEST_SUITE
