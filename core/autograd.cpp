@@ -77,7 +77,10 @@ SavedTensor::SavedTensor(const Tensor& t) {
         return;
     }
     Tensor packed = t.detach();  // Note [Nested saved-tensor hooks]
-    for (const auto& pair : hooks) packed = pair->pack(packed).detach();
+    {
+        detail::HookCallScope hook_call;  // Note [Saved-tensor hooks run without hooks]
+        for (const auto& pair : hooks) packed = pair->pack(packed).detach();
+    }
     data_ = packed;
     hooks_ = std::move(hooks);
     origin_ = t.storage();
@@ -110,7 +113,10 @@ Tensor SavedTensor::unpack(const char* node_name) const {
         return data_;
     }
     Tensor t = data_;
-    for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) t = (*it)->unpack(t);
+    {
+        detail::HookCallScope hook_call;  // Note [Saved-tensor hooks run without hooks]
+        for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) t = (*it)->unpack(t);
+    }
     NT_CHECK(t.defined() && t.shape() == shape_ && t.dtype() == dtype_ && t.device() == device_, node_name,
              ": expected saved-tensor hooks to unpack a tensor of the saved one's shape, dtype and device ",
              shape_str(shape_), " ", dtype_name(dtype_), " ", device_name(device_), ", got ",

@@ -2,7 +2,10 @@
 // SavedTensor does with them: core/autograd.cpp.
 #include "core/saved_hooks.h"
 
+#include <iterator>
 #include <utility>
+
+#include "core/autograd.h"
 
 namespace normtape {
 
@@ -14,11 +17,31 @@ std::vector<detail::SaveScope>& detail::save_scopes() {
 SavedTensorHooks::SavedTensorHooks(PackHook pack, UnpackHook unpack) {
     NT_CHECK(pack && unpack, "SavedTensorHooks: expected a pack and an unpack function, got ",
              pack ? "an empty unpack" : "an empty pack");
+    pair_ = std::make_shared<const detail::HookPair>(detail::HookPair{std::move(pack), std::move(unpack)});
     detail::SaveScope scope;
-    scope.hooks = std::make_shared<const detail::HookPair>(detail::HookPair{std::move(pack), std::move(unpack)});
+    scope.hooks = pair_;
     detail::save_scopes().push_back(std::move(scope));
 }
 
-SavedTensorHooks::~SavedTensorHooks() { detail::save_scopes().pop_back(); }
+SavedTensorHooks::~SavedTensorHooks() {
+    // Its own entry, not the top: an outer guard may end first. Gone already if a checkpoint()
+    // that this guard was opened in has ended, which drops the scopes above its own.
+    std::vector<detail::SaveScope>& scopes = detail::save_scopes();
+    for (auto it = scopes.rbegin(); it != scopes.rend(); ++it)
+        if (it->hooks == pair_) {
+            scopes.erase(std::next(it).base());
+            return;
+        }
+}
+
+detail::HookCallScope::HookCallScope() : outer_(std::move(save_scopes())), grad_mode_(grad_mode_enabled()) {
+    save_scopes().clear();
+    set_grad_mode(false);
+}
+
+detail::HookCallScope::~HookCallScope() {
+    save_scopes() = std::move(outer_);
+    set_grad_mode(grad_mode_);
+}
 
 }  // namespace normtape

@@ -17,14 +17,25 @@
 //
 // The version check still holds: a tensor modified in place after it was saved fails unpack(),
 // whatever the hooks returned (core/autograd.h SavedTensor).
+//
+// Note [Saved-tensor hooks run without hooks]
+// A pack or unpack function runs with grad mode off (as PyTorch runs pack) and with this thread's
+// stack of save scopes set aside: no hook, and no checkpoint() frame, applies to what the
+// function's own ops save, so a pack whose ops save tensors does not run itself again (without
+// end). Guards and checkpoints that the function opens itself apply inside it as anywhere.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 
 namespace normtape {
+
+namespace detail {
+struct HookPair;  // below
+}  // namespace detail
 
 // pack: the saved tensor (detached, no grad_fn) -> what to keep (any tensor; it is detached).
 // unpack: what pack kept -> a tensor equal to the saved one (same shape, dtype and device).
@@ -32,14 +43,19 @@ using PackHook = std::function<Tensor(const Tensor&)>;
 using UnpackHook = std::function<Tensor(const Tensor&)>;
 
 // Applies pack to every tensor saved on this thread while it lives (Note [Nested saved-tensor
-// hooks]). Throws Error if pack or unpack is empty. Exceptions that pack throws leave the op that
-// saved (and the forward) by the same path any op error takes; those of unpack leave backward().
+// hooks]; Note [Saved-tensor hooks run without hooks]). Throws Error if pack or unpack is empty.
+// Exceptions that pack throws leave the op that saved (and the forward) by the same path any op
+// error takes; those of unpack leave backward(). The destructor removes this guard's own pair,
+// wherever it is on the stack (guards may end in any order), and never throws.
 class SavedTensorHooks {
 public:
     SavedTensorHooks(PackHook pack, UnpackHook unpack);
     ~SavedTensorHooks();
     SavedTensorHooks(const SavedTensorHooks&) = delete;
     SavedTensorHooks& operator=(const SavedTensorHooks&) = delete;
+
+private:
+    std::shared_ptr<const detail::HookPair> pair_;  // what this guard pushed
 };
 
 namespace detail {
@@ -59,6 +75,20 @@ struct SaveScope {
     CheckpointFrame* checkpoint_rerun = nullptr;
 };
 std::vector<SaveScope>& save_scopes();
+
+// Sets this thread's save scopes aside, and turns grad mode off, for its lifetime: what a hook
+// function runs in (Note [Saved-tensor hooks run without hooks]). Never throws.
+class HookCallScope {
+public:
+    HookCallScope();
+    ~HookCallScope();
+    HookCallScope(const HookCallScope&) = delete;
+    HookCallScope& operator=(const HookCallScope&) = delete;
+
+private:
+    std::vector<SaveScope> outer_;
+    bool grad_mode_;
+};
 
 }  // namespace detail
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "core/autograd.h"
@@ -170,25 +172,60 @@ Tensor clip_grad_norm_cuda(const std::vector<Tensor>& grads, double max_norm, De
 }
 #endif  // NORMTAPE_WITH_CUDA
 
+// The one rule for AdamW's hyperparameters, wherever they enter (the constructor, a group's
+// weight_decay, set_lr): finite, with torch.optim.AdamW's ranges (lr >= 0, betas in [0, 1),
+// weight_decay >= 0) except eps, which must be > 0: with eps 0 an element whose gradient has
+// always been 0 (an embedding row never drawn) becomes 0 / 0. `op` names the caller, `where` the
+// group ("" for the options). A NaN fails every comparison, so is refused too.
+void check_lr(const char* op, double lr) {
+    NT_CHECK(std::isfinite(lr) && lr >= 0, op, ": expected lr >= 0 and finite, got lr ", lr);
+}
+
+void check_weight_decay(const char* op, const std::string& where, double weight_decay) {
+    NT_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, op, ": expected ", where,
+             "weight_decay >= 0 and finite, got weight_decay ", weight_decay);
+}
+
+void check_options(const char* op, const AdamWOptions& o) {
+    check_lr(op, o.lr);
+    NT_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, op, ": expected betas in [0, 1), got betas (",
+             o.beta1, ", ", o.beta2, ")");
+    NT_CHECK(std::isfinite(o.eps) && o.eps > 0, op, ": expected eps > 0 and finite, got eps ", o.eps);
+    check_weight_decay(op, "", o.weight_decay);
+}
+
 }  // namespace
 
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : groups_(std::move(groups)), options_(options) {
-    NT_CHECK(options.lr >= 0 && options.eps > 0 && options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
-                 options.beta2 < 1,
-             "AdamW: expected lr >= 0, eps > 0 and betas in [0, 1), got lr ", options.lr, ", eps ", options.eps,
-             ", betas (", options.beta1, ", ", options.beta2, ")");
-    for (const ParamGroup& g : groups_) {
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : options_(options) {
+    check_options("AdamW", options);
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+        check_weight_decay("AdamW", "group " + std::to_string(gi) + "'s ", groups[gi].weight_decay);
+    // Where each parameter was first seen: (group, index in the caller's list).
+    std::unordered_map<const TensorImpl*, std::pair<size_t, size_t>> first;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+        groups_.push_back({{}, groups[gi].weight_decay});
         state_.emplace_back();
-        for (const Tensor& p : g.params) {
+        for (size_t i = 0; i < groups[gi].params.size(); ++i) {
+            const Tensor& p = groups[gi].params[i];
             NT_CHECK(p.defined() && p.requires_grad() && p.is_leaf() && p.is_contiguous(),
                      "AdamW: expected contiguous leaf parameters that require grad, got ",
                      !p.defined()          ? "an undefined tensor"
                      : !p.requires_grad()  ? "one that does not require grad"
                      : !p.is_leaf()        ? "a non-leaf"
                                            : "a non-contiguous one");
+            auto [seen, inserted] = first.try_emplace(&p.impl(), gi, i);
+            if (!inserted) {
+                // As torch.optim: a parameter in two groups is refused; listed twice in one group,
+                // it is kept once (torch warns), so that a step updates it once.
+                NT_CHECK(seen->second.first == gi, "AdamW: expected each parameter in one group only, got parameter ", i,
+                         " of group ", gi, " that is also parameter ", seen->second.second, " of group ",
+                         seen->second.first, " (some parameters appear in more than one parameter group)");
+                continue;
+            }
             TensorOptions opts = TensorOptions().dtype(stat_dtype(p.dtype())).device(p.device());
             ParamState st{zeros(p.shape(), opts), zeros(p.shape(), opts), Tensor()};
             if (p.dtype() == DType::BF16) st.master = p.detach().to(DType::F32);
+            groups_.back().params.push_back(p);
             state_.back().push_back(st);
         }
     }
@@ -198,7 +235,7 @@ AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
     : AdamW(std::vector<ParamGroup>{{params, options.weight_decay}}, options) {}
 
 void AdamW::set_lr(double lr) {
-    NT_CHECK(lr >= 0 && std::isfinite(lr), "AdamW::set_lr: expected a finite lr >= 0, got ", lr);
+    check_lr("AdamW::set_lr", lr);
     options_.lr = lr;
 }
 

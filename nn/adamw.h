@@ -12,6 +12,8 @@ namespace detail {
 struct AdamWPlan;  // nn/adamw.cpp: the cached device tables of the multi-tensor CUDA step
 }  // namespace detail
 
+// Every value must be finite: lr >= 0, beta1 and beta2 in [0, 1), eps > 0, weight_decay >= 0
+// (AdamW's constructor checks them, set_lr the lr).
 struct AdamWOptions {
     double lr = 1e-3;
     double beta1 = 0.9;
@@ -20,7 +22,8 @@ struct AdamWOptions {
     double weight_decay = 0.01;  // default for groups that do not set their own
 };
 
-// A set of parameters sharing a weight decay (e.g. no decay for biases and norm weights).
+// A set of parameters sharing a weight decay (e.g. no decay for biases and norm weights);
+// weight_decay finite and >= 0, as AdamWOptions'.
 struct ParamGroup {
     std::vector<Tensor> params;
     double weight_decay;
@@ -51,9 +54,13 @@ public:
         Tensor master;
     };
 
-    // Throw Error for lr < 0, eps <= 0 or betas outside [0, 1), or a parameter that is undefined,
-    // not a leaf, not contiguous or does not require grad; OutOfMemoryError or DeviceError when
-    // the state cannot be allocated on a parameter's device.
+    // Throw Error naming AdamW, the option, the range and the value for an option or a group's
+    // weight_decay that is not finite or out of range (torch.optim.AdamW's: lr >= 0, betas in
+    // [0, 1), weight_decay >= 0; and eps > 0, where torch allows 0), or a parameter that is undefined,
+    // not a leaf, not contiguous or does not require grad, or one that appears in two groups (as
+    // torch.optim, naming both places); OutOfMemoryError or DeviceError when the state cannot be
+    // allocated on a parameter's device. A parameter listed twice in one group is kept once, at
+    // its first place (groups() shows the lists kept), so that a step updates it once.
     AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
     AdamW(const std::vector<Tensor>& params, AdamWOptions options);
 
@@ -73,7 +80,7 @@ public:
     void step_if_finite(const Tensor& grad_norm);
     // Drops every parameter's gradient.
     void zero_grad();
-    // Throws Error for lr < 0 or not finite, as the constructor does.
+    // Throws Error for lr < 0 or not finite, by the constructor's rule; the lr is then unchanged.
     void set_lr(double lr);
     double lr() const { return options_.lr; }
     int64_t step_count() const { return t_; }

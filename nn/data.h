@@ -24,11 +24,14 @@ struct Batch {
 // uninterrupted one would have drawn.
 class Batcher {
 public:
-    // Keeps its own copy of `text`. Throws ShapeError naming Batcher unless B >= 1, T >= 1 and
-    // (a non-empty text) text.size() >= T + 1 or (an empty one) vocab_size >= 1.
+    // Keeps its own copy of `text`. Throws ShapeError naming Batcher unless B >= 1, T >= 1,
+    // T + 1, B * (T + 1) and a batch tensor's B * T * 8 bytes fit in int64, and (a non-empty text)
+    // text.size() >= T + 1 or (an empty one) vocab_size >= 1.
     Batcher(std::string text, int64_t B, int64_t T, int64_t vocab_size, uint64_t seed, Device device = Device::CPU);
 
-    // The next batch; advances the generator by B draws (B * T * 2 for random tokens).
+    // The next batch; advances the generator by B draws (B * T * 2 for random tokens). Throws
+    // OutOfMemoryError naming Batcher and the bytes when the batch cannot be allocated on the host
+    // or on `device`, DeviceError for a device this build or machine lacks.
     Batch next();
     // The generator's state, as std::mt19937_64 writes itself to a stream (text).
     std::string state() const;

@@ -1,6 +1,8 @@
 // nn/module.cpp: Module bookkeeping, Linear, Embedding.
 #include "nn/module.h"
 
+#include <algorithm>
+
 #include "core/autograd.h"
 #include "ops/dropout.h"
 #include "ops/embedding.h"
@@ -16,14 +18,33 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
     return t;
 }
 
-void Module::collect(const std::string& prefix, NamedTensors& out) const {
-    for (const auto& [name, t] : params_) out.emplace_back(prefix + name, t);
-    for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+bool Module::contains(const Module* target, std::unordered_set<const Module*>& seen) const {
+    if (this == target) return true;
+    if (!seen.insert(this).second) return false;  // a module shared by two parents: walked once
+    for (const auto& [name, child] : children_)
+        if (child->contains(target, seen)) return true;
+    return false;
+}
+
+void Module::check_child(const std::string& name, const Module* module) const {
+    NT_CHECK(module != nullptr, "register_module: expected a module for \"", name, "\", got a null pointer");
+    std::unordered_set<const Module*> seen;
+    NT_CHECK(!module->contains(this, seen), "register_module: expected a submodule \"", name,
+             "\" that is not this module and does not contain it, got ",
+             module == this ? "this module itself" : "one that holds this module",
+             " (a cycle: walking the modules would never end)");
+}
+
+void Module::collect(const std::string& prefix, NamedTensors& out, std::unordered_set<const TensorImpl*>& seen) const {
+    for (const auto& [name, t] : params_)
+        if (seen.insert(&t.impl()).second) out.emplace_back(prefix + name, t);
+    for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out, seen);
 }
 
 NamedTensors Module::named_parameters() const {
     NamedTensors out;
-    collect("", out);
+    std::unordered_set<const TensorImpl*> seen;  // a tied parameter keeps its first name, as torch's
+    collect("", out, seen);
     return out;
 }
 
@@ -41,23 +62,28 @@ int64_t Module::num_parameters() const {
 
 std::vector<std::shared_ptr<Module>> Module::children() const {
     std::vector<std::shared_ptr<Module>> out;
-    for (const auto& [name, child] : children_) out.push_back(child);
+    for (const auto& [name, child] : children_)
+        if (std::find(out.begin(), out.end(), child) == out.end()) out.push_back(child);
     return out;
 }
 
-void Module::collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out) {
+void Module::collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out,
+                             std::unordered_set<const Module*>& seen) {
+    if (!seen.insert(this).second) return;
     out.emplace_back(path, this);
-    for (const auto& [name, child] : children_) child->collect_modules(path.empty() ? name : path + "." + name, out);
+    for (const auto& [name, child] : children_)
+        child->collect_modules(path.empty() ? name : path + "." + name, out, seen);
 }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {
     std::vector<std::pair<std::string, Module*>> out;
-    collect_modules("", out);
+    std::unordered_set<const Module*> seen;  // a shared module keeps its first path, as torch's
+    collect_modules("", out, seen);
     return out;
 }
 
 void Module::apply(const std::function<void(Module&)>& fn) {
-    for (const auto& [name, child] : children_) child->apply(fn);
+    for (const std::shared_ptr<Module>& child : children()) child->apply(fn);
     fn(*this);
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -24,10 +25,13 @@ public:
     Module(const Module&) = delete;
     Module& operator=(const Module&) = delete;
 
-    // Every parameter of this module and its submodules, depth first, with dotted names.
+    // Every parameter of this module and its submodules, depth first, with dotted names. A
+    // parameter reachable twice (a module registered under two names, a tensor registered in two
+    // modules: weight tying) is listed once, under its first name, as torch's named_parameters()
+    // does; so an optimizer built from parameters() updates it once, and a checkpoint holds it once.
     NamedTensors named_parameters() const;
     std::vector<Tensor> parameters() const;
-    // Total number of parameter elements.
+    // Total number of parameter elements (a tied parameter counted once).
     int64_t num_parameters() const;
     // Drops every parameter's gradient (grad() becomes undefined, as PyTorch's set_to_none).
     void zero_grad();
@@ -46,12 +50,14 @@ public:
     // The name this module was registered under in its parent ("ln_1", "h.3"); "" for a module
     // never registered (a model's root). A module registered twice keeps the last name.
     const std::string& name() const { return name_; }
-    // The submodules registered directly in this one, in registration order.
+    // The submodules registered directly in this one, in registration order (one registered under
+    // two names once, as torch's children()).
     std::vector<std::shared_ptr<Module>> children() const;
     // This module ("") and every submodule, depth first in registration order, with dotted paths
-    // ("h.3.ln_1"), as torch.nn.Module.named_modules(). The pointers live as long as this module.
+    // ("h.3.ln_1"), as torch.nn.Module.named_modules(): a module reachable twice is listed once,
+    // under its first path. The pointers live as long as this module.
     std::vector<std::pair<std::string, Module*>> named_modules();
-    // Calls fn on every submodule, children before their parent, then on this module, as
+    // Calls fn on every submodule, children() before their parent, then on this module, as
     // torch.nn.Module.apply(fn). Rethrows what fn throws (the modules before it were visited).
     void apply(const std::function<void(Module&)>& fn);
 
@@ -60,17 +66,25 @@ protected:
     // DTypeError for an i64 tensor). Returns it.
     Tensor register_parameter(const std::string& name, Tensor t);
     // Adds a submodule called `name` (its parameters are named "name.<its names>"). Returns it.
-    // Never throws.
+    // Throws Error naming register_module and `name`, adding nothing, when `module` is null or is
+    // this module or one that contains it (a cycle: every walk of the tree would never end, and
+    // the shared_ptrs would keep each other alive). A module shared by two parents is allowed.
     template <class M>
     std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+        check_child(name, module.get());
         static_cast<Module&>(*module).name_ = name;
         children_.emplace_back(name, module);
         return module;
     }
 
 private:
-    void collect(const std::string& prefix, NamedTensors& out) const;
-    void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out);
+    // register_module's checks, above.
+    void check_child(const std::string& name, const Module* module) const;
+    // True if this module is `target` or holds it at any depth.
+    bool contains(const Module* target, std::unordered_set<const Module*>& seen) const;
+    void collect(const std::string& prefix, NamedTensors& out, std::unordered_set<const TensorImpl*>& seen) const;
+    void collect_modules(const std::string& path, std::vector<std::pair<std::string, Module*>>& out,
+                         std::unordered_set<const Module*>& seen);
 
     std::string name_;
     NamedTensors params_;

@@ -1,6 +1,7 @@
 // tests/test_data.cpp: Batcher (nn/data.h): windows of the text with their targets one token on,
 // the same batches from the same seed, a saved state resuming the same sequence of batches, random
 // tokens in range, the shortest text it accepts, and each bad argument's error.
+#include <limits>
 #include <random>
 #include <string>
 
@@ -76,6 +77,22 @@ TEST_CASE("data: a text of T + 1 tokens holds one window, a shorter one and empt
     CHECK_THROWS_KIND_WITH(Batcher("abcde", 0, 4, 256, 1), ShapeError, "Batcher", "B >= 1", "got B 0");
     CHECK_THROWS_KIND_WITH(Batcher("abcde", 1, 0, 256, 1), ShapeError, "Batcher", "T >= 1");
     CHECK_THROWS_KIND_WITH(Batcher("", 1, 4, 0, 1), ShapeError, "Batcher", "vocab_size >= 1");
+}
+
+TEST_CASE("data: sizes whose products overflow are refused, and a batch too large for memory throws OutOfMemoryError") {
+    const int64_t max = std::numeric_limits<int64_t>::max();
+    // B * T (and the batch's bytes, B * T * 8) past int64: refused where they enter.
+    CHECK_THROWS_KIND_WITH(Batcher("abcde", int64_t(1) << 62, 4, 256, 1), ShapeError, "Batcher", "B * T",
+                           "4611686018427387904", "overflow");
+    CHECK_THROWS_KIND_WITH(Batcher("", int64_t(1) << 31, int64_t(1) << 31, 256, 1), ShapeError, "Batcher", "B * T");
+    // T + 1 past int64: refused, not wrapped to a negative count that any text passes.
+    CHECK_THROWS_KIND_WITH(Batcher("abcde", 1, max, 256, 1), ShapeError, "Batcher", "T + 1", "overflow");
+    // 2^56 tokens a tensor (2^59 bytes) fit int64 but no host: the library's OutOfMemoryError,
+    // naming Batcher and the bytes, not std::bad_alloc; nothing is left allocated.
+    const int64_t before = cpu_allocated();
+    Batcher huge("", int64_t(1) << 28, int64_t(1) << 28, 256, 1);
+    CHECK_THROWS_KIND_WITH(huge.next(), OutOfMemoryError, "Batcher", "576460752303423488 bytes");
+    CHECK(cpu_allocated() == before);
 }
 
 TEST_CASE("data: batches are made on the device the batcher was given") {

@@ -357,6 +357,46 @@ TEST_CASE("errors: AdamW, clip_grad_norm_ and Module::to") {
     CHECK(two.step_count() == 0);
 }
 
+TEST_CASE("errors: AdamW refuses every option that is not finite or out of range, in the constructor, a group and set_lr") {
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    Tensor p = ones({3}).requires_grad_(true);
+    struct Bad {
+        double AdamWOptions::*option;
+        double value;
+        std::string words;
+    };
+    for (const Bad& bad : {Bad{&AdamWOptions::lr, inf, "lr >= 0 and finite, got lr inf"},
+                           Bad{&AdamWOptions::lr, nan, "lr >= 0 and finite, got lr nan"},
+                           Bad{&AdamWOptions::lr, -1.0, "lr >= 0 and finite, got lr -1"},
+                           Bad{&AdamWOptions::beta1, -0.1, "betas in [0, 1), got betas (-0.1, 0.999)"},
+                           Bad{&AdamWOptions::beta2, 1.0, "betas in [0, 1), got betas (0.9, 1)"},
+                           Bad{&AdamWOptions::beta2, nan, "betas in [0, 1), got betas (0.9, nan)"},
+                           Bad{&AdamWOptions::eps, 0.0, "eps > 0 and finite, got eps 0"},
+                           Bad{&AdamWOptions::eps, inf, "eps > 0 and finite, got eps inf"},
+                           Bad{&AdamWOptions::weight_decay, nan, "weight_decay >= 0 and finite, got weight_decay nan"},
+                           Bad{&AdamWOptions::weight_decay, -0.1, "weight_decay >= 0 and finite, got weight_decay -0.1"},
+                           Bad{&AdamWOptions::weight_decay, inf, "weight_decay >= 0 and finite, got weight_decay inf"}}) {
+        AdamWOptions o;
+        o.*bad.option = bad.value;
+        check_error<Error>([&] { AdamW({p}, o); }, {"AdamW: expected", bad.words});
+    }
+    // A group's own weight_decay, by the same rule, naming the group.
+    for (double wd : {nan, -1.0, inf})
+        check_error<Error>([&] { AdamW(std::vector<ParamGroup>{{{p}, 0.0}, {{}, wd}}, AdamWOptions()); },
+                           {"AdamW: expected", "group 1", "weight_decay >= 0 and finite, got weight_decay"});
+    // set_lr, by the same rule as the constructor; the lr is left as it was.
+    AdamW opt({p}, AdamWOptions());
+    for (double lr : {inf, nan, -0.5}) check_error<Error>([&] { opt.set_lr(lr); }, {"AdamW::set_lr: expected", "lr >= 0 and finite, got lr"});
+    CHECK(opt.lr() == AdamWOptions().lr);
+    // The edges PyTorch allows are allowed: lr 0, betas 0, weight_decay 0.
+    AdamWOptions edge;
+    edge.lr = 0.0;
+    edge.beta1 = 0.0;
+    edge.beta2 = 0.0;
+    edge.weight_decay = 0.0;
+    CHECK_NOTHROW(AdamW({p}, edge));
+}
+
 TEST_CASE("errors: autograd misuse") {
     Tensor w = f32({1, 2, 3}).requires_grad_(true);
     check_error<Error>([] { sum(f32({1, 2})).backward(); }, {"backward", "requires grad", "does not"});

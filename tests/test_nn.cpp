@@ -105,6 +105,19 @@ std::string temp_path(const std::string& name) {
     return (std::filesystem::temp_directory_path() / unique).string();
 }
 
+// A module whose registrations the tests make from outside: weight tying, cycles.
+class Open : public Module {
+public:
+    using Module::register_module;
+    using Module::register_parameter;
+};
+
+std::vector<std::string> names_of(const NamedTensors& named) {
+    std::vector<std::string> names;
+    for (const auto& [name, t] : named) names.push_back(name);
+    return names;
+}
+
 }  // namespace
 
 TEST_SUITE("nn") {
@@ -488,6 +501,91 @@ TEST_CASE("nn: bad checkpoint files are rejected with the file and the reason") 
     CHECK_THROWS_KIND_WITH(load_checkpoint(path, model), Error, "parameter wte.weight expected [256, 8] f32");
     CHECK(model.wte->weight.to_vector<float>() == before);
     std::remove(path.c_str());
+}
+
+TEST_CASE("nn: a parameter reachable twice (weight tying) is listed once, under its first name, and saved and loaded once") {
+    // One Linear registered under two names, and one tensor registered as the parameter of two modules.
+    manual_seed(3);
+    Open tied;
+    auto a = tied.register_module("a", std::make_shared<Linear>(2, 3));
+    tied.register_module("b", a);
+    auto head = tied.register_module("head", std::make_shared<Open>());
+    head->register_parameter("weight", a->weight);
+    CHECK(names_of(tied.named_parameters()) == std::vector<std::string>{"a.weight", "a.bias"});
+    CHECK(tied.parameters().size() == 2);
+    CHECK(tied.num_parameters() == 3 * 2 + 3);
+    std::vector<std::string> modules;
+    for (const auto& [path, m] : tied.named_modules()) modules.push_back(path);
+    CHECK(modules == std::vector<std::string>{"", "a", "head"});  // as torch's named_modules: a module once
+    CHECK(tied.children().size() == 2);
+    // A model without sharing keeps every name.
+    CHECK(names_of(Linear(2, 3).named_parameters()) == std::vector<std::string>{"weight", "bias"});
+
+    // The optimizer built from parameters() updates the tied weight once per step, as an untied copy.
+    Linear ref(2, 3);
+    ref.weight.detach().copy_(a->weight.detach());
+    AdamW opt(tied.parameters(), AdamWOptions()), opt_ref(ref.parameters(), AdamWOptions());
+    Tensor g = from_vector<float>({1, -2, 3, -4, 5, -6}, {3, 2});
+    set_grad(a->weight, g);
+    set_grad(ref.weight, g);
+    opt.step();
+    opt_ref.step();
+    CHECK(a->weight.to_vector<float>() == ref.weight.to_vector<float>());
+
+    // A checkpoint holds the tied tensor once, under its first name, and loads back into it.
+    std::string path = temp_path("tied.safetensors");
+    save_checkpoint(path, tied, {}, &opt);
+    CHECK(names_of(load_safetensors(path)).size() == 2 + 2 * 2);  // the parameters, and m and v of each
+    std::vector<float> saved = a->weight.to_vector<float>();
+    {
+        NoGradGuard no_grad;
+        a->weight.fill_(0.0);
+    }
+    load_checkpoint(path, tied, &opt);
+    CHECK(a->weight.to_vector<float>() == saved);
+    std::remove(path.c_str());
+}
+
+TEST_CASE("nn: AdamW refuses a tensor in two groups and updates a tensor listed twice in one group once") {
+    Tensor w = from_vector<double>({1.0, -2.0}).requires_grad_(true), b = from_vector<double>({0.5}).requires_grad_(true);
+    CHECK_THROWS_KIND_WITH(AdamW(std::vector<ParamGroup>{{{b, w}, 0.1}, {{w}, 0.0}}, AdamWOptions()), Error, "AdamW",
+                           "parameter 0 of group 1", "parameter 1 of group 0", "more than one parameter group");
+    // Listed twice in one group: kept once (its first place), so one step moves it as one update does.
+    Tensor once = from_vector<double>({1.0, -2.0}).requires_grad_(true);
+    AdamW twice({w, b, w}, AdamWOptions()), single({once}, AdamWOptions());
+    CHECK(twice.groups()[0].params.size() == 2);
+    CHECK(&twice.groups()[0].params[0].impl() == &w.impl());
+    set_grad(w, from_vector<double>({0.25, -1.0}));
+    set_grad(once, from_vector<double>({0.25, -1.0}));
+    twice.step();
+    single.step();
+    CHECK(w.to_vector<double>() == once.to_vector<double>());
+}
+
+TEST_CASE("nn: a module registered as its own descendant is refused, and the walks stay finite") {
+    auto root = std::make_shared<Open>();
+    auto child = root->register_module("child", std::make_shared<Open>());
+    auto grandchild = child->register_module("grandchild", std::make_shared<Open>());
+    REQUIRE_THROWS_AS(root->register_module("self", root), Error);  // else the walks below never end
+    CHECK_THROWS_KIND_WITH(root->register_module("self", root), Error, "register_module", "\"self\"",
+                           "cycle");
+    CHECK_THROWS_KIND_WITH(grandchild->register_module("up", root), Error, "register_module", "\"up\"", "cycle");
+    CHECK_THROWS_KIND_WITH(child->register_module("up", child), Error, "register_module", "cycle");
+    CHECK_THROWS_KIND_WITH(root->register_module("none", std::shared_ptr<Open>()), Error, "register_module",
+                           "\"none\"", "null");
+    // Nothing was added; the tree walks as before.
+    CHECK(root->named_modules().size() == 3);
+    CHECK(grandchild->children().empty());
+    int visits = 0;
+    root->apply([&](Module&) { ++visits; });
+    CHECK(visits == 3);
+    root->eval();
+    CHECK_FALSE(grandchild->is_training());
+    // A module shared by two parents is a DAG, not a cycle: allowed.
+    auto shared = std::make_shared<Open>();
+    root->register_module("s1", shared);
+    child->register_module("s2", shared);
+    CHECK(root->named_modules().size() == 4);
 }
 
 }  // TEST_SUITE

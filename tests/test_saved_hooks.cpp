@@ -139,6 +139,74 @@ TEST_CASE("saved_hooks: errors: empty functions, and an unpack of the wrong shap
     }
 }
 
+TEST_CASE("saved_hooks: guards destroyed out of order each remove their own pair") {
+    std::vector<std::string> log;
+    auto named = [&](const std::string& name) {
+        return std::make_unique<SavedTensorHooks>(
+            [&log, name](const Tensor& t) {
+                log.push_back(name + " pack");
+                return t;
+            },
+            [](const Tensor& t) { return t; });
+    };
+    Tensor x = input({3}, DType::F64);
+    x.requires_grad_(true);
+    Tensor h = scale(x, 2.0);
+    auto outer = named("outer");
+    auto inner = named("inner");
+    outer.reset();  // the outer guard ends first: only the inner pair is left
+    Tensor y = sum(gelu(h));
+    CHECK(log == std::vector<std::string>{"inner pack"});
+    inner.reset();
+    log.clear();
+    Tensor z = sum(gelu(scale(x, 2.0)));
+    CHECK(log.empty());
+    CHECK(detail::save_scopes().empty());
+    y.backward();
+    z.backward();
+}
+
+TEST_CASE("saved_hooks: a hook's own ops run without the hooks and record nothing, so a pack that saves does not run itself again") {
+    Tensor w = input({3}, DType::F64);
+    w.requires_grad_(true);
+    int64_t packs = 0, unpacks = 0;
+    bool recorded = false, repacked = false;
+    // What a hook does: an op that would record and save (scale's output, by gelu), and a tensor
+    // saved directly, as a user's node would.
+    auto side_work = [&](const Tensor& t) {
+        Tensor side = gelu(scale(w, 1.0));
+        recorded = recorded || side.requires_grad();
+        SavedTensor own(t);
+        repacked = repacked || own.packed();
+    };
+    Tensor x = input({3}, DType::F64);
+    x.requires_grad_(true);
+    Tensor y;
+    {
+        SavedTensorHooks hooks(
+            [&](const Tensor& t) {
+                ++packs;
+                side_work(t);
+                return t.clone();
+            },
+            [&](const Tensor& t) {
+                ++unpacks;
+                side_work(t);
+                return t.clone();
+            });
+        y = sum(gelu(scale(x, 3.0)));  // gelu saves one tensor
+    }
+    CHECK(packs == 1);
+    y.backward();
+    CHECK(unpacks == 1);
+    CHECK_FALSE(recorded);  // grad mode is off inside a hook, as PyTorch runs pack
+    CHECK_FALSE(repacked);
+    Tensor x2 = x.detach().clone();
+    x2.requires_grad_(true);
+    sum(gelu(scale(x2, 3.0))).backward();
+    CHECK(as_f64(x.grad()) == as_f64(x2.grad()));
+}
+
 TEST_CASE("checkpoint: gradients bit-identical to a run without it, each norm and policy, f64 and f32, with dropout") {
     for (DType dtype : kFloatTypes)
         for (NormKind norm : {NormKind::Layer, NormKind::RMS})
