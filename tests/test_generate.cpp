@@ -451,7 +451,7 @@ TEST_SUITE("generate_cli") {
              }) {
             CAPTURE(c.key);
             set_config(ck, forged, c.key, c.value);
-            RunResult r = run_generate(dir, forged + p, "ulimit -v 4000000");  // in case the model is built
+            RunResult r = run_generate(dir, forged + p, address_space_limit(4));  // in case the model is built
             CAPTURE(r.err);
             CHECK(r.code == 2);
             CHECK(lines(r.err) == 1);

@@ -338,6 +338,20 @@ inline std::vector<std::string> listing(const std::filesystem::path& dir) {
     return names;
 }
 
+// The shell command that caps the address space of a program run after it at `gib` GiB
+// (ulimit -v), so that a run that would allocate too much fails instead of taking the machine's
+// memory; a CUDA build's train_gpt maps about 1 GiB of libraries before main. Empty under
+// AddressSanitizer, whose shadow memory no such cap leaves room for (its allocator returns null
+// instead: allocator_may_return_null in scripts/test.sh).
+inline std::string address_space_limit(int64_t gib) {
+#if defined(__SANITIZE_ADDRESS__)
+    (void)gib;
+    return "";
+#else
+    return "ulimit -v " + std::to_string(gib << 20);
+#endif
+}
+
 // What a run of train_gpt gave: its exit code (-1 when it did not exit), stdout and stderr.
 struct RunResult {
     int code;

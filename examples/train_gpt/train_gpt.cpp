@@ -426,6 +426,15 @@ int run(const Args& a, ResumeState* resume) {
     return 0;
 }
 
+// A run that ran out of host or GPU memory (`what`: the allocator's message): one line naming the
+// sizes that set the memory, and exit status 1.
+int out_of_memory(const Args& a, const char* what) {
+    std::fprintf(stderr, "train_gpt: error: %s, for B=%lld T=%lld C=%lld L=%lld V=%lld: try a smaller --batch, --seq or model\n",
+                 what, static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.embd),
+                 static_cast<long long>(a.layers), static_cast<long long>(a.vocab));
+    return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -466,13 +475,10 @@ int main(int argc, char** argv) {
     } catch (const UsageError& e) {
         std::fprintf(stderr, "train_gpt: %s\n", e.what());
         return 2;
+    } catch (const OutOfMemoryError& e) {
+        return out_of_memory(a, e.what());
     } catch (const std::bad_alloc&) {
-        std::fprintf(stderr,
-                     "train_gpt: error: out of host memory (std::bad_alloc) for B=%lld T=%lld C=%lld L=%lld V=%lld: "
-                     "try a smaller --batch, --seq or model\n",
-                     static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.embd),
-                     static_cast<long long>(a.layers), static_cast<long long>(a.vocab));
-        return 1;
+        return out_of_memory(a, "out of host memory (std::bad_alloc)");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
         return 1;
