@@ -1,6 +1,6 @@
-// ops/cross_entropy.cpp: log-sum-exp forward, softmax-minus-onehot backward: checks, dispatch,
-// CPU kernels (chunks of rows on parallel threads, core/parallel.h), node. The CUDA kernels are in
-// ops/cross_entropy.cu.
+// ops/cross_entropy.cpp: log-sum-exp forward, softmax-minus-onehot backward, with the optional
+// tanh logit softcap fused into both: checks, dispatch, CPU kernels (chunks of rows on parallel
+// threads, core/parallel.h), node. The CUDA kernels are in ops/cross_entropy.cu.
 #include "ops/cross_entropy.h"
 
 #include <algorithm>
@@ -33,9 +33,14 @@ int64_t rows_grain(int64_t V) { return std::max<int64_t>(1, detail::kGrain / 4 /
 // logits a caller can still see are never written.
 // Under retain_graph (Node::saved_tensors_retained()) the node may run again on its logits, so
 // it never writes over them.
+// With a softcap the same holds: the gradient of an element needs only that element's logit
+// (z = softcap * tanh(logit / softcap) and 1 - tanh^2 are recomputed from it) and the row's lse,
+// so each logit is still read once, just before its gradient is written over it.
 struct CrossEntropyBackward : Node {
-    SavedTensor logits, lse, targets;
-    CrossEntropyBackward(const Tensor& l, const Tensor& s, const Tensor& t) : logits(l), lse(s), targets(t) {}
+    SavedTensor logits, lse, targets;  // the raw logits [M, V]; lse of z [M] acc_t; targets [M] i64
+    double softcap;                    // 0: no cap
+    CrossEntropyBackward(const Tensor& l, const Tensor& s, const Tensor& t, double c)
+        : logits(l), lse(s), targets(t), softcap(c) {}
     const char* name() const override { return "CrossEntropyBackward"; }
     std::vector<SavedSlot> saved_tensors() override { return {{"logits", &logits}, {"lse", &lse}, {"targets", &targets}}; }
 
@@ -57,21 +62,30 @@ struct CrossEntropyBackward : Node {
             if (l.device().is_cuda()) {
                 NT_CUDA(detail::cross_entropy_backward_cuda<T>(
                     detail::device_ptr<T>(dlogits), detail::device_ptr<T>(l), detail::device_ptr<acc_t<T>>(s),
-                    detail::device_ptr<int64_t>(t), detail::device_ptr<T>(grad_output), M, V, l.device().index));
+                    detail::device_ptr<int64_t>(t), detail::device_ptr<T>(grad_output), M, V, softcap,
+                    l.device().index));
                 return;
             }
             // pd may be pl: each element is read before it is written.
             using A = acc_t<T>;
             A g = A(grad_output.item<T>()) / static_cast<A>(M);
+            const bool capped = softcap > 0;
+            const A c = static_cast<A>(softcap);
             const T* pl = l.data_ptr<T>();
             const A* ps = s.data_ptr<A>();
             const int64_t* pt = t.data_ptr<int64_t>();
             T* pd = dlogits.data_ptr<T>();
             detail::parallel_for(0, M, rows_grain(V), [&](int64_t i0, int64_t i1) {
                 for (int64_t i = i0; i < i1; ++i)
-                    for (int64_t v = 0; v < V; ++v)
-                        pd[i * V + v] =
-                            static_cast<T>((std::exp(A(pl[i * V + v]) - ps[i]) - (v == pt[i] ? A(1) : A(0))) * g);
+                    for (int64_t v = 0; v < V; ++v) {
+                        A z = A(pl[i * V + v]), dz = A(1);  // z and dz/dlogit: the logit and 1 without a cap
+                        if (capped) {
+                            const A th = std::tanh(z / c);
+                            z = c * th;
+                            dz = A(1) - th * th;
+                        }
+                        pd[i * V + v] = static_cast<T>((std::exp(z - ps[i]) - (v == pt[i] ? A(1) : A(0))) * g * dz);
+                    }
             });
         });
         return {dlogits, Tensor()};
@@ -80,8 +94,10 @@ struct CrossEntropyBackward : Node {
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double softcap) {
     const char* op = "cross_entropy";
+    NT_CHECK(std::isfinite(softcap) && softcap >= 0, op, ": expected softcap >= 0 and finite (0: no cap), got ",
+             softcap);
     detail::check_floating_input(op, "logits", logits_in);
     detail::check_index_input(op, "targets", targets_in);
     NT_CHECK_AS(ShapeError, logits_in.dim() >= 1, op, ": expected logits of shape [..., V], got a scalar (shape [])");
@@ -101,28 +117,31 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in) {
         if (logits.device().is_cuda()) {
             NT_CUDA(detail::cross_entropy_forward_cuda<T>(detail::device_ptr<T>(loss), detail::device_ptr<A>(lse),
                                                           detail::device_ptr<T>(logits),
-                                                          detail::device_ptr<int64_t>(targets), M, V,
+                                                          detail::device_ptr<int64_t>(targets), M, V, softcap,
                                                           logits.device().index));
             return;
         }
         const int64_t* pt = targets.data_ptr<int64_t>();
         const T* pl = logits.data_ptr<T>();
         A* ps = lse.data_ptr<A>();
+        // The logit the loss sees, in double: the logit itself, or capped.
+        auto z = [softcap](T x) { return softcap > 0 ? softcap * std::tanh(double(x) / softcap) : double(x); };
         double total = 0.0;  // the rows' losses, summed by chunks of rows added in chunk order
         detail::parallel_reduce(0, M, rows_grain(V), 1, &total, [&](int64_t i0, int64_t i1, double* acc) {
             for (int64_t i = i0; i < i1; ++i) {
                 const T* row = pl + i * V;
-                double maxv = row[0];
-                for (int64_t v = 1; v < V; ++v) maxv = std::max(maxv, double(row[v]));
+                double maxv = z(row[0]);
+                for (int64_t v = 1; v < V; ++v) maxv = std::max(maxv, z(row[v]));
                 double sum = 0.0;
-                for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - maxv);
+                for (int64_t v = 0; v < V; ++v) sum += std::exp(z(row[v]) - maxv);
                 ps[i] = static_cast<A>(maxv + std::log(sum));
-                *acc += maxv + std::log(sum) - double(row[pt[i]]);
+                *acc += maxv + std::log(sum) - z(row[pt[i]]);
             }
         });
         *loss.data_ptr<T>() = static_cast<T>(total / static_cast<double>(M));
     });
-    if (should_record(logits)) record(std::make_shared<CrossEntropyBackward>(logits, lse, targets), loss, logits, targets);
+    if (should_record(logits))
+        record(std::make_shared<CrossEntropyBackward>(logits, lse, targets, softcap), loss, logits, targets);
     detail::check_forward_anomaly(op, "loss", loss, {{"logits", logits}});
     return loss;
 }

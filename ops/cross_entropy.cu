@@ -10,6 +10,10 @@
 //   ops/cross_entropy.cpp): every element is read, then written, by one thread.
 // - Rows need not start on a 16-byte boundary (V odd, a view at an offset): the elements before
 //   a row's first boundary and after its last whole vector are taken one at a time.
+// - The logit softcap (softcap > 0, ops/cross_entropy.h): every logit x becomes
+//   z = softcap * tanh(x / softcap) as it is read, and the backward multiplies by 1 - tanh^2; the
+//   vector kernels take it as a template argument (CAP), so that without a cap they are the
+//   kernels without one, arithmetic and speed; the plain kernels branch on softcap > 0.
 // f64, and a backward whose dlogits and logits differ in their offset from a 16-byte boundary, run
 // the plain kernels (a block per row in the forward, one thread per element in the backward).
 #include <algorithm>
@@ -66,6 +70,28 @@ __device__ inline float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+}
+
+// The logit the loss sees: x, or under CAP, c * tanh(x / c) with x / c taken as x * inv_c
+// (inv_c = 1 / c in f32) and tanhf (2 ulp). c * tanh(-inf) = -c: a logit of -inf adds exp(-c - m).
+template <bool CAP>
+__device__ inline float soft_cap(float x, float c, float inv_c) {
+    if constexpr (CAP)
+        return c * tanhf(x * inv_c);
+    else
+        return x;
+}
+
+// The gradient of one element, (exp(z - l) - [is_target]) * g, times dz/dx = 1 - tanh(x / c)^2
+// under CAP (z and tanh as soft_cap's).
+template <bool CAP>
+__device__ inline float element_grad(float x, float l, bool is_target, float g, float c, float inv_c) {
+    if constexpr (CAP) {
+        const float th = tanhf(x * inv_c);
+        return (fast_exp2((c * th - l) * kLog2e) - (is_target ? 1.0f : 0.0f)) * g * (1.0f - th * th);
+    } else {
+        return (fast_exp2((x - l) * kLog2e) - (is_target ? 1.0f : 0.0f)) * g;
+    }
 }
 
 // Adds the pair (m2, s2) into the running pair (m, s): m the maximum, s the sum of exp(x - m).
@@ -127,24 +153,27 @@ __device__ inline void group_combine(float& m, float& s, float* shared) {
     }
 }
 
-// Per row i: lse[i] = m + log(sum over v of exp(logits[i, v] - m)), m = max over v of logits[i, v];
-// term[i] = lse[i] - logits[i, targets[i]]. logits: [M, V]; targets: [M]; lse, term: [M] f32.
-// A warp (WARP) or the block owns a row; the groups walk the rows gridDim.x * groups apart.
-template <class T, bool WARP>
+// Per row i: lse[i] = m + log(sum over v of exp(z[i, v] - m)), m = max over v of z[i, v];
+// term[i] = lse[i] - z[i, targets[i]], z = soft_cap<CAP>(logits). logits: [M, V]; targets: [M];
+// lse, term: [M] f32; softcap: the cap (read under CAP only). A warp (WARP) or the block owns a
+// row; the groups walk the rows gridDim.x * groups apart.
+template <class T, bool WARP, bool CAP>
 __global__ void __launch_bounds__(kBlock) cross_entropy_forward_kernel(float* __restrict__ lse,
                                                                        float* __restrict__ term,
                                                                        const T* __restrict__ logits,
                                                                        const int64_t* __restrict__ targets,
-                                                                       int64_t M, int64_t V) {
+                                                                       int64_t M, int64_t V, float softcap) {
     constexpr int E = Pack<T>::E, GROUP = WARP ? 32 : kBlock, GROUPS = kBlock / GROUP;
     __shared__ float shared[2 * kBlock / 32];
     const int lane = threadIdx.x % GROUP;
+    const float inv_c = CAP ? 1.0f / softcap : 0.0f;
     for (int64_t i = int64_t(blockIdx.x) * GROUPS + threadIdx.x / GROUP; i < M; i += int64_t(gridDim.x) * GROUPS) {
         const T* row = logits + i * V;
-        const float x_target = lane == 0 ? float(row[targets[i]]) : 0.0f;
+        const float x_target = lane == 0 ? soft_cap<CAP>(float(row[targets[i]]), softcap, inv_c) : 0.0f;
         const RowSplit r = split_row(row, V);
         float m = -FLT_MAX, s = 0.0f;
-        for (int k = lane; k < r.head + r.tail; k += GROUP) combine(m, s, float(row[scalar_column(r, V, k)]), 1.0f);
+        for (int k = lane; k < r.head + r.tail; k += GROUP)
+            combine(m, s, soft_cap<CAP>(float(row[scalar_column(r, V, k)]), softcap, inv_c), 1.0f);
         const T* body = row + r.head;
         for (int64_t c0 = lane; c0 < r.vecs; c0 += int64_t(kUnroll) * GROUP) {
             uint4 raw[kUnroll];
@@ -152,7 +181,11 @@ __global__ void __launch_bounds__(kBlock) cross_entropy_forward_kernel(float* __
             for (int u = 0; u < kUnroll; ++u)
                 raw[u] = c0 + u * GROUP < r.vecs ? *reinterpret_cast<const uint4*>(body + (c0 + u * GROUP) * E)
                                                  : minus_inf_vector<T>();
-            const float top = vectors_max<T>(raw, m);  // one rescale for the kUnroll vectors
+            // One rescale for the kUnroll vectors. Under CAP, the raw vectors' maximum, capped:
+            // tanh increases, so that is z's maximum (to tanhf's rounding, which an exponent of
+            // the shifted sum tolerates), at one tanh per kUnroll vectors.
+            const float top = CAP ? fmaxf(m, soft_cap<CAP>(vectors_max<T>(raw, -FLT_MAX), softcap, inv_c))
+                                  : vectors_max<T>(raw, m);
             s *= fast_exp2((m - top) * kLog2e);
             m = top;
 #pragma unroll
@@ -161,7 +194,7 @@ __global__ void __launch_bounds__(kBlock) cross_entropy_forward_kernel(float* __
                 float v[E];
                 unpack(raw[u], v);
 #pragma unroll
-                for (int e = 0; e < E; ++e) s += fast_exp2((v[e] - m) * kLog2e);
+                for (int e = 0; e < E; ++e) s += fast_exp2((soft_cap<CAP>(v[e], softcap, inv_c) - m) * kLog2e);
             }
         }
         group_combine<WARP>(m, s, shared);
@@ -173,18 +206,20 @@ __global__ void __launch_bounds__(kBlock) cross_entropy_forward_kernel(float* __
     }
 }
 
-// dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * g, g = *grad / M, read on the
-// device (no host synchronization for the loss's gradient). logits, dlogits: [M, V]
-// (the same array, or two arrays at the same offset from a 16-byte boundary); lse, targets: [M].
+// dlogits[i, v] = element_grad<CAP>(logits[i, v], lse[i], v == targets[i], g), g = *grad / M, read
+// on the device (no host synchronization for the loss's gradient): (exp(z - lse) - onehot) * g,
+// times 1 - tanh^2 under CAP. logits, dlogits: [M, V] (the same array, or two arrays at the same
+// offset from a 16-byte boundary); lse, targets: [M]; softcap: the cap (read under CAP only).
 // Groups as in the forward. Not __restrict__: dlogits may be logits.
-template <class T, bool WARP>
+template <class T, bool WARP, bool CAP>
 __global__ void __launch_bounds__(kBlock) cross_entropy_backward_kernel(T* dlogits, const T* logits,
                                                                         const float* __restrict__ lse,
                                                                         const int64_t* __restrict__ targets,
                                                                         const T* __restrict__ grad, int64_t M,
-                                                                        int64_t V) {
+                                                                        int64_t V, float softcap) {
     constexpr int E = Pack<T>::E, GROUP = WARP ? 32 : kBlock, GROUPS = kBlock / GROUP;
     const float g = float(*grad) / float(M);
+    const float inv_c = CAP ? 1.0f / softcap : 0.0f;
     const int lane = threadIdx.x % GROUP;
     for (int64_t i = int64_t(blockIdx.x) * GROUPS + threadIdx.x / GROUP; i < M; i += int64_t(gridDim.x) * GROUPS) {
         const T* row = logits + i * V;
@@ -194,7 +229,7 @@ __global__ void __launch_bounds__(kBlock) cross_entropy_backward_kernel(T* dlogi
         const RowSplit r = split_row(row, V);
         for (int k = lane; k < r.head + r.tail; k += GROUP) {
             const int64_t v = scalar_column(r, V, k);
-            drow[v] = static_cast<T>((fast_exp2((float(row[v]) - l) * kLog2e) - (v == t ? 1.0f : 0.0f)) * g);
+            drow[v] = static_cast<T>(element_grad<CAP>(float(row[v]), l, v == t, g, softcap, inv_c));
         }
         const T* body = row + r.head;
         T* dbody = drow + r.head;
@@ -212,8 +247,7 @@ __global__ void __launch_bounds__(kBlock) cross_entropy_backward_kernel(T* dlogi
                 float v[E];
                 unpack(raw[u], v);
 #pragma unroll
-                for (int e = 0; e < E; ++e)
-                    v[e] = (fast_exp2((v[e] - l) * kLog2e) - (e == target_e ? 1.0f : 0.0f)) * g;
+                for (int e = 0; e < E; ++e) v[e] = element_grad<CAP>(v[e], l, e == target_e, g, softcap, inv_c);
                 store_pack(dbody + c * E, v);
             }
         }
@@ -222,40 +256,53 @@ __global__ void __launch_bounds__(kBlock) cross_entropy_backward_kernel(T* dlogi
 
 // ---- the plain kernels (f64; a backward of misaligned pairs) ---------------------------------
 
-// As cross_entropy_forward_kernel, in acc_t<T>, a block per row, one element at a time.
+// The logit the loss sees, in acc_t: x where c == 0, c * tanh(x / c) where c > 0 (as the cpu).
+template <class A>
+__device__ inline A plain_soft_cap(A x, A c) {
+    return c > 0 ? c * tanh(x / c) : x;
+}
+
+// As cross_entropy_forward_kernel, in acc_t<T>, a block per row, one element at a time; c: the
+// softcap (0: none).
 template <class T>
 __global__ void cross_entropy_forward_plain_kernel(acc_t<T>* __restrict__ lse, acc_t<T>* __restrict__ term,
                                                    const T* __restrict__ logits, const int64_t* __restrict__ targets,
-                                                   int64_t M, int64_t V) {
+                                                   int64_t M, int64_t V, acc_t<T> c) {
     using A = acc_t<T>;
     __shared__ A shared[32];
     for (int64_t i = blockIdx.x; i < M; i += gridDim.x) {
         const T* row = logits + i * V;
-        A m = A(row[0]);
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = max(m, A(row[v]));
+        A m = plain_soft_cap(A(row[0]), c);
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = max(m, plain_soft_cap(A(row[v]), c));
         m = block_max(m, shared);
         A s = 0;
-        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += exp(A(row[v]) - m);
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += exp(plain_soft_cap(A(row[v]), c) - m);
         s = block_sum(s, shared);
         if (threadIdx.x == 0) {
             A l = m + log(s);
             lse[i] = l;
-            term[i] = l - A(row[targets[i]]);
+            term[i] = l - plain_soft_cap(A(row[targets[i]]), c);
         }
     }
 }
 
-// As cross_entropy_backward_kernel, in acc_t<T>, one element a thread (grid-stride). dlogits may
-// be logits.
+// As cross_entropy_backward_kernel, in acc_t<T>, one element a thread (grid-stride); c: the
+// softcap (0: none). dlogits may be logits.
 template <class T>
 __global__ void cross_entropy_backward_plain_kernel(T* dlogits, const T* logits, const acc_t<T>* __restrict__ lse,
                                                     const int64_t* __restrict__ targets,
-                                                    const T* __restrict__ grad, int64_t M, int64_t V) {
+                                                    const T* __restrict__ grad, int64_t M, int64_t V, acc_t<T> c) {
     using A = acc_t<T>;
     const A g = A(*grad) / A(M);
     for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < M * V; k += int64_t(gridDim.x) * blockDim.x) {
         int64_t i = k / V, v = k % V;
-        dlogits[k] = static_cast<T>((exp(A(logits[k]) - lse[i]) - (v == targets[i] ? A(1) : A(0))) * g);
+        if (c > 0) {
+            const A th = tanh(A(logits[k]) / c);
+            dlogits[k] =
+                static_cast<T>((exp(c * th - lse[i]) - (v == targets[i] ? A(1) : A(0))) * g * (A(1) - th * th));
+        } else {
+            dlogits[k] = static_cast<T>((exp(A(logits[k]) - lse[i]) - (v == targets[i] ? A(1) : A(0))) * g);
+        }
     }
 }
 
@@ -265,24 +312,48 @@ unsigned row_grid(int64_t M, bool warp_rows) {
     return static_cast<unsigned>(std::min((M + rows_per_block - 1) / rows_per_block, kMaxRowBlocks));
 }
 
+// Queues the vector kernels of a row group (WARP) with or without the cap (softcap > 0), on stream.
+template <class T, bool WARP>
+void forward_rows(float* lse, float* term, const T* logits, const int64_t* targets, int64_t M, int64_t V,
+                  double softcap, cudaStream_t stream) {
+    const float c = static_cast<float>(softcap);
+    if (softcap > 0)
+        cross_entropy_forward_kernel<T, WARP, true><<<row_grid(M, WARP), kBlock, 0, stream>>>(lse, term, logits,
+                                                                                              targets, M, V, c);
+    else
+        cross_entropy_forward_kernel<T, WARP, false><<<row_grid(M, WARP), kBlock, 0, stream>>>(lse, term, logits,
+                                                                                               targets, M, V, c);
+}
+template <class T, bool WARP>
+void backward_rows(T* dlogits, const T* logits, const float* lse, const int64_t* targets, const T* grad, int64_t M,
+                   int64_t V, double softcap, cudaStream_t stream) {
+    const float c = static_cast<float>(softcap);
+    if (softcap > 0)
+        cross_entropy_backward_kernel<T, WARP, true><<<row_grid(M, WARP), kBlock, 0, stream>>>(dlogits, logits, lse,
+                                                                                               targets, grad, M, V, c);
+    else
+        cross_entropy_backward_kernel<T, WARP, false><<<row_grid(M, WARP), kBlock, 0, stream>>>(dlogits, logits, lse,
+                                                                                                targets, grad, M, V, c);
+}
+
 }  // namespace
 
 // The per-row terms live in a temporary [M] acc_t<T> tensor, freed on return: the caching
 // allocator may hand it out again at once, as later work is queued on the same stream.
 template <class T>
 void cross_entropy_forward_cuda(T* loss, acc_t<T>* lse, const T* logits, const int64_t* targets, int64_t M, int64_t V,
-                                int device) {
+                                double softcap, int device) {
     cudaStream_t stream = cuda::stream(device);
     Tensor term = empty({M}, TensorOptions().dtype(stat_dtype(dtype_of<T>())).device(Device::cuda(device)));
     acc_t<T>* pt = device_ptr<acc_t<T>>(term);
     if constexpr (std::is_same_v<T, double>) {
         unsigned blocks = static_cast<unsigned>(std::min(M, kMaxRowBlocks));
-        cross_entropy_forward_plain_kernel<T><<<blocks, cuda::kThreads, 0, stream>>>(lse, pt, logits, targets, M, V);
+        cross_entropy_forward_plain_kernel<T><<<blocks, cuda::kThreads, 0, stream>>>(lse, pt, logits, targets, M, V,
+                                                                                     softcap);
     } else if (V / Pack<T>::E <= kWarpRowVecs) {
-        cross_entropy_forward_kernel<T, true><<<row_grid(M, true), kBlock, 0, stream>>>(lse, pt, logits, targets, M, V);
+        forward_rows<T, true>(lse, pt, logits, targets, M, V, softcap, stream);
     } else {
-        cross_entropy_forward_kernel<T, false><<<row_grid(M, false), kBlock, 0, stream>>>(lse, pt, logits, targets, M,
-                                                                                          V);
+        forward_rows<T, false>(lse, pt, logits, targets, M, V, softcap, stream);
     }
     CUDA_LAUNCH_CHECK();
     single_block_sum_cuda<acc_t<T>, T>(loss, pt, M, 1.0 / static_cast<double>(M), device);
@@ -291,29 +362,28 @@ void cross_entropy_forward_cuda(T* loss, acc_t<T>* lse, const T* logits, const i
 // dlogits may equal logits (the node writes the gradient over its saved logits).
 template <class T>
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* lse, const int64_t* targets,
-                                 const T* grad, int64_t M, int64_t V, int device) {
+                                 const T* grad, int64_t M, int64_t V, double softcap, int device) {
     cudaStream_t stream = cuda::stream(device);
     if constexpr (!std::is_same_v<T, double>) {
         if ((reinterpret_cast<uintptr_t>(dlogits) - reinterpret_cast<uintptr_t>(logits)) % 16 == 0) {
             if (V / Pack<T>::E <= kWarpRowVecs)
-                cross_entropy_backward_kernel<T, true><<<row_grid(M, true), kBlock, 0, stream>>>(dlogits, logits, lse,
-                                                                                                 targets, grad, M, V);
+                backward_rows<T, true>(dlogits, logits, lse, targets, grad, M, V, softcap, stream);
             else
-                cross_entropy_backward_kernel<T, false><<<row_grid(M, false), kBlock, 0, stream>>>(dlogits, logits, lse,
-                                                                                                   targets, grad, M, V);
+                backward_rows<T, false>(dlogits, logits, lse, targets, grad, M, V, softcap, stream);
             CUDA_LAUNCH_CHECK();
             return;
         }
     }
     cross_entropy_backward_plain_kernel<T><<<cuda::blocks_for(M * V), cuda::kThreads, 0, stream>>>(
-        dlogits, logits, lse, targets, grad, M, V);
+        dlogits, logits, lse, targets, grad, M, V, static_cast<acc_t<T>>(softcap));
     CUDA_LAUNCH_CHECK();
 }
 
-#define NT_INSTANTIATE(T)                                                                                     \
-    template void cross_entropy_forward_cuda<T>(T*, acc_t<T>*, const T*, const int64_t*, int64_t, int64_t, int); \
-    template void cross_entropy_backward_cuda<T>(T*, const T*, const acc_t<T>*, const int64_t*, const T*,      \
-                                                 int64_t, int64_t, int);
+#define NT_INSTANTIATE(T)                                                                                 \
+    template void cross_entropy_forward_cuda<T>(T*, acc_t<T>*, const T*, const int64_t*, int64_t, int64_t, double, \
+                                                int);                                                             \
+    template void cross_entropy_backward_cuda<T>(T*, const T*, const acc_t<T>*, const int64_t*, const T*,  \
+                                                 int64_t, int64_t, double, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

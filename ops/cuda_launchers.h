@@ -53,13 +53,15 @@ template <class T>  // dweight[v, :] = sum over i with ids[i] == v of dout[i, :]
 void embedding_backward_cuda(T* dweight, const int64_t* ids, const T* dout, int64_t n_ids, int64_t V, int64_t C,
                              int device);
 
-// ops/cross_entropy.cu
-template <class T>  // lse[i] = logsumexp(logits[i, :]); loss[0] = mean over i of lse[i] - logits[i, targets[i]]
+// ops/cross_entropy.cu. z = logits where softcap == 0 (no tanh computed), or, for softcap > 0,
+// z = softcap * tanh(logits / softcap) (the logit softcap, ops/cross_entropy.h), in acc_t<T>.
+template <class T>  // lse[i] = logsumexp(z[i, :]); loss[0] = mean over i of lse[i] - z[i, targets[i]]
 void cross_entropy_forward_cuda(T* loss, acc_t<T>* lse, const T* logits, const int64_t* targets, int64_t M, int64_t V,
-                                int device);
-template <class T>  // dlogits[i, v] = (exp(logits[i, v] - lse[i]) - [v == targets[i]]) * grad[0] / M
+                                double softcap, int device);
+template <class T>  // dlogits[i, v] = (exp(z[i, v] - lse[i]) - [v == targets[i]]) * grad[0] / M * dz/dlogits[i, v]
+                    // (1 without a cap, 1 - tanh(logits[i, v] / softcap)^2 with one); dlogits may be logits
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* lse, const int64_t* targets,
-                                 const T* grad, int64_t M, int64_t V, int device);
+                                 const T* grad, int64_t M, int64_t V, double softcap, int device);
 
 // ops/attention.cu (qkv [B, T, 3C], out [B, T, C], lse [B, NH, T]; see ops/attention.h). The
 // backward reads out only through D = rowsum(dout * out), which it allocates. `drop`: dropout on

@@ -4,7 +4,9 @@
 // header, each naming the op, and no bytes leaked by the failed calls. Then the backward that
 // writes the gradient over logits nothing else holds (Note [Cross-entropy writes its gradient over
 // its logits], ops/cross_entropy.cpp): the allocator's peak, the gradients, a caller's logits left
-// intact, retain_graph; and the CUDA kernels against the cpu over row lengths and offsets.
+// intact, retain_graph; the logit softcap (forward by hand, gradcheck, softcap 0 bit for bit the
+// op without it, the same saved bytes, bad values); and the CUDA kernels against the cpu over row
+// lengths, offsets and softcaps.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -45,6 +47,14 @@ std::vector<double> naive_cross_entropy_grad(const std::vector<double>& logits, 
             d[i * V + v] = (std::exp(logits[i * V + v] - m) / z - (v == targets[i] ? 1.0 : 0.0)) / double(M);
     }
     return d;
+}
+
+// The same with the logits capped first, each one on its own: z = softcap * tanh(logit / softcap).
+double naive_softcap_cross_entropy(const std::vector<double>& logits, const std::vector<int64_t>& targets, int64_t V,
+                                   double softcap) {
+    std::vector<double> z(logits.size());
+    for (size_t k = 0; k < logits.size(); ++k) z[k] = softcap * std::tanh(logits[k] / softcap);
+    return naive_cross_entropy(z, targets, V);
 }
 
 // Targets i * 7 + 3 mod V for M rows, on `device`.
@@ -262,40 +272,166 @@ TEST_SUITE("cross_entropy") {
             }
     }
 
+    TEST_CASE("cross_entropy: softcap forward matches tanh then logsumexp by hand") {
+        manual_seed(109);
+        const int64_t V = 7;
+        std::vector<int64_t> vt{6, 0, 2, 2, 1, 5};
+        Tensor targets = ids(vt, {2, 3});
+        for (DType dt : kFloatTypes)
+            for (double softcap : {15.0, 2.0, 0.5}) {
+                INFO("dtype ", std::string(dtype_name(dt)), ", softcap ", softcap);
+                // Logits of about +-20: a cap of 2 or 0.5 bends nearly all of them, 15 the large ones.
+                Tensor logits = input({2, 3, V}, dt, 20.0);
+                Tensor loss = cross_entropy(logits, targets, softcap);
+                CHECK(loss.dim() == 0);
+                CHECK(loss.dtype() == dt);
+                double by_hand = naive_softcap_cross_entropy(as_f64(logits), vt, V, softcap);
+                CHECK_CLOSE(loss, expected({by_hand}, {1}).view({}), tolerance(dt));
+                // The cap changes the loss (it is not the uncapped op under another name).
+                CHECK(std::abs(by_hand - naive_cross_entropy(as_f64(logits), vt, V)) > 1e-3);
+            }
+        // Logits of +-inf are capped to +-softcap: a finite loss.
+        std::vector<double> vl{INFINITY, 0.0, -INFINITY};
+        Tensor inf_row = from_vector<double>(vl, {1, 3});
+        for (int64_t t : {0, 1, 2}) {
+            CAPTURE(t);
+            std::vector<double> z{15.0, 0.0, -15.0};
+            CHECK(cross_entropy(inf_row, ids({t}, {1}), 15.0).item<double>() ==
+                  doctest::Approx(naive_cross_entropy(z, {t}, 3)).epsilon(1e-12));
+        }
+    }
+
+    TEST_CASE("cross_entropy: gradcheck with a softcap, kept and written-over logits") {
+        Tensor targets = ids({1, 1, 3, 1, 0, 3}, {2, 3});
+        for (double softcap : {15.0, 1.5}) {
+            CAPTURE(softcap);
+            manual_seed(110);
+            // Logits of about +-6: tanh(logits / 1.5) far from linear, near its saturation.
+            auto kept = [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], targets, softcap); };
+            std::vector<Tensor> in{leaf({2, 3, 4}, 6.0)};
+            CHECK_GRADCHECK(kept, in);
+            // scale's output is held by nothing but the node: the backward writes over it.
+            auto over = [&](const std::vector<Tensor>& x) { return cross_entropy(scale(x[0], 1.5), targets, softcap); };
+            CHECK_GRADCHECK(over, in);
+        }
+    }
+
+    TEST_CASE("cross_entropy: with a softcap, the gradient written over dropped logits is the one kept logits get") {
+        const int64_t M = 24, V = 50;
+        Tensor targets = spread_targets(M, V);
+        for (DType dt : kAllFloatTypes) {
+            INFO("dtype ", std::string(dtype_name(dt)));
+            manual_seed(111);
+            std::vector<Tensor> in{leaf({M, V}, 10.0, dt)};
+            auto capped = [&](bool keep) {
+                in[0].zero_grad();
+                Tensor kept, loss;
+                {
+                    Tensor logits = scale(in[0], 1.0);
+                    loss = cross_entropy(logits, targets, 15.0);
+                    if (keep) kept = logits;
+                }
+                std::vector<double> before = keep ? as_f64(kept) : std::vector<double>();
+                loss.backward();
+                if (keep) CHECK(as_f64(kept) == before);
+                return as_f64(in[0].grad());
+            };
+            CHECK(capped(true) == capped(false));
+        }
+    }
+
+    TEST_CASE("cross_entropy: softcap 0 is the op without a cap, bit for bit, forward and backward") {
+        const int64_t M = 12, V = 33;
+        Tensor targets = spread_targets(M, V);
+        for (DType dt : kAllFloatTypes) {
+            INFO("dtype ", std::string(dtype_name(dt)));
+            manual_seed(112);
+            Tensor x = leaf({M, V}, 3.0, dt);
+            std::vector<double> losses[2], grads[2];
+            for (int k = 0; k < 2; ++k) {
+                x.zero_grad();
+                Tensor logits = scale(x, 1.0);
+                Tensor loss = k == 0 ? cross_entropy(logits, targets) : cross_entropy(logits, targets, 0.0);
+                loss.backward();
+                losses[k] = as_f64(loss);
+                grads[k] = as_f64(x.grad());
+            }
+            CHECK(losses[0] == losses[1]);
+            CHECK(grads[0] == grads[1]);
+        }
+    }
+
+    TEST_CASE("cross_entropy: a softcap saves the same bytes as no cap: the logits and lse") {
+        const int64_t M = 10, V = 17;
+        Tensor targets = spread_targets(M, V);
+        for (DType dt : kAllFloatTypes) {
+            INFO("dtype ", std::string(dtype_name(dt)));
+            Tensor x = leaf({M, V}, 2.0, dt);
+            int64_t held[2];
+            const double softcaps[2] = {0.0, 15.0};
+            for (int k = 0; k < 2; ++k) {
+                const int64_t before = saved_bytes();
+                Tensor loss = cross_entropy(scale(x, 1.0), targets, softcaps[k]);
+                held[k] = saved_bytes() - before;
+                loss.backward();
+                CHECK(saved_bytes() == before);
+            }
+            CHECK(held[1] == held[0]);
+            // The logits [M, V], lse [M] of the statistics' dtype and the targets [M] i64.
+            const int64_t stat = dt == DType::F64 ? 8 : 4;
+            CHECK(held[1] == M * V * static_cast<int64_t>(element_size(dt)) + M * stat + M * 8);
+        }
+    }
+
+    TEST_CASE("cross_entropy: a negative, NaN or infinite softcap is refused, naming the value") {
+        Tensor logits = zeros({2, 5}), t = ids({0, 4}, {2});
+        int64_t before = cpu_allocated();
+        const char* op = "cross_entropy";
+        CHECK_THROWS_KIND_WITH(cross_entropy(logits, t, -1.0), normtape::Error, op, "softcap >= 0", "got -1");
+        CHECK_THROWS_KIND_WITH(cross_entropy(logits, t, -0.25), normtape::Error, op, "softcap", "-0.25");
+        CHECK_THROWS_KIND_WITH(cross_entropy(logits, t, std::nan("")), normtape::Error, op, "softcap", "nan");
+        CHECK_THROWS_KIND_WITH(cross_entropy(logits, t, INFINITY), normtape::Error, op, "finite", "got inf");
+        CHECK_THROWS_KIND_WITH(cross_entropy(logits, t, -INFINITY), normtape::Error, op, "finite", "got -inf");
+        CHECK(cpu_allocated() == before);
+    }
+
     TEST_CASE("cross_entropy: cuda kernels match the cpu over row lengths, offsets, dtypes, in place or not") {
         REQUIRE_CUDA_OR_SKIP();
         manual_seed(107);
         // V: below a vector, odd, a warp's rows (up to 256 vectors), just past them (2056 bf16
         // and f32: a block per row), odd and long, the GPT vocabulary. Offsets 0 and 1 element:
         // rows off 16-byte boundaries, in place (same offset) or not (dlogits at offset 0).
+        // Softcap 0 (the kernels without a cap) and 2 (logits of about +-3: tanh far from linear).
         const int64_t sizes[][2] = {{7, 5}, {33, 37}, {16, 256}, {9, 1000}, {5, 2048}, {5, 2056}, {3, 4099}, {2, 32768}};
         for (DType dt : kAllFloatTypes)
             for (const auto& mv : sizes)
                 for (int64_t offset : {0, 1})
-                    for (bool keep : {false, true}) {
-                        const int64_t M = mv[0], V = mv[1];
-                        CAPTURE(M);
-                        CAPTURE(V);
-                        CAPTURE(offset);
-                        CAPTURE(keep);
-                        INFO("dtype ", std::string(dtype_name(dt)));
-                        Tensor values = input({M * V + 1}, DType::F64, 3.0).to(dt);
-                        Tensor losses[2], grads[2];
-                        for (int d = 0; d < 2; ++d) {
-                            Device device = d == 0 ? Device::CPU : Device::CUDA;
-                            Tensor x = values.to(device), kept;
-                            x.requires_grad_(true);
-                            {
-                                // A storage of its own (scale's output), seen from `offset` on.
-                                Tensor logits = scale(x, 1.0).narrow(0, offset, M * V).view({M, V});
-                                losses[d] = cross_entropy(logits, spread_targets(M, V, device));
-                                if (keep) kept = logits;
+                    for (bool keep : {false, true})
+                        for (double softcap : {0.0, 2.0}) {
+                            const int64_t M = mv[0], V = mv[1];
+                            CAPTURE(M);
+                            CAPTURE(V);
+                            CAPTURE(offset);
+                            CAPTURE(keep);
+                            CAPTURE(softcap);
+                            INFO("dtype ", std::string(dtype_name(dt)));
+                            Tensor values = input({M * V + 1}, DType::F64, 3.0).to(dt);
+                            Tensor losses[2], grads[2];
+                            for (int d = 0; d < 2; ++d) {
+                                Device device = d == 0 ? Device::CPU : Device::CUDA;
+                                Tensor x = values.to(device), kept;
+                                x.requires_grad_(true);
+                                {
+                                    // A storage of its own (scale's output), seen from `offset` on.
+                                    Tensor logits = scale(x, 1.0).narrow(0, offset, M * V).view({M, V});
+                                    losses[d] = cross_entropy(logits, spread_targets(M, V, device), softcap);
+                                    if (keep) kept = logits;
+                                }
+                                losses[d].backward();
+                                grads[d] = x.grad();
                             }
-                            losses[d].backward();
-                            grads[d] = x.grad();
+                            CHECK_NORMWISE(losses[1], losses[0], normwise_tolerance(dt));
+                            CHECK_NORMWISE(grads[1], grads[0], normwise_tolerance(dt));
                         }
-                        CHECK_NORMWISE(losses[1], losses[0], normwise_tolerance(dt));
-                        CHECK_NORMWISE(grads[1], grads[0], normwise_tolerance(dt));
-                    }
     }
 }

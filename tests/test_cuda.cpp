@@ -228,6 +228,9 @@ TEST_CASE("cuda: attention, embedding and cross-entropy match the cpu") {
         check_cuda_matches_cpu(d, {indices({3, 7}, 5), normal({50, 24})}, [](auto& in) { return embedding(in[0], in[1]); });
         check_cuda_matches_cpu(d, {normal({6, 5, 37}, 3.0), indices({6, 5}, 37)},
                                [](auto& in) { return cross_entropy(in[0], in[1]); });
+        // The logit softcap of 15 (nanochat's) on logits of about +-30: most of them bent by tanh.
+        check_cuda_matches_cpu(d, {normal({6, 5, 37}, 30.0), indices({6, 5}, 37)},
+                               [](auto& in) { return cross_entropy(in[0], in[1], 15.0); });
     }
 }
 

@@ -118,18 +118,18 @@ void bench_cross_entropy(Bench& b, int64_t M, int64_t V) {
     Tensor one = ones({}, o);  // the loss's gradient
     b.add("cross_entropy fwd", shape, bytes, double(bytes), [&] {
         detail::cross_entropy_forward_cuda<T>(device_ptr<T>(loss), device_ptr<float>(lse), device_ptr<T>(logits), pt,
-                                              M, V, 0);
+                                              M, V, 0.0, 0);
     });
     b.add("cross_entropy bwd", shape, bytes, 2.0 * bytes, [&] {
         detail::cross_entropy_backward_cuda<T>(device_ptr<T>(dlogits), device_ptr<T>(logits), device_ptr<float>(lse),
-                                               pt, device_ptr<T>(one), M, V, 0);
+                                               pt, device_ptr<T>(one), M, V, 0.0, 0);
     });
     {
         // In place: the values become gradients run after run; the work per element is the same.
         Tensor work = logits.clone();
         b.add("cross_entropy bwd in place", shape, bytes, 2.0 * bytes, [&] {
             detail::cross_entropy_backward_cuda<T>(device_ptr<T>(work), device_ptr<T>(work), device_ptr<float>(lse),
-                                                   pt, device_ptr<T>(one), M, V, 0);
+                                                   pt, device_ptr<T>(one), M, V, 0.0, 0);
         });
     }
     b.add("cross_entropy op fwd (host check)", shape, bytes, double(bytes), [&] {
