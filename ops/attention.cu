@@ -2,8 +2,9 @@
 // 128 runs the tensor-core kernels of ops/attention_flash.cu; every other case runs the kernels
 // here: the same algorithm (online softmax, the row log-sum-exp saved, the probabilities
 // recomputed in backward, nothing of size T x T stored) with one warp per row and scalar
-// arithmetic in acc_t<T>, f64 for f64. The inference op causal_self_attention_rows runs the
-// one-warp-per-row forward kernel from a first row on, for every dtype.
+// arithmetic in acc_t<T>, f64 for f64. The inference ops (causal_self_attention_rows,
+// causal_attention_rows) run the one-warp-per-row forward kernel from a first row on, for every
+// dtype. Where q, k and v are is ops/attention_layout.h: packed or separate, grouped or not.
 #include <algorithm>
 #include <cmath>
 
@@ -51,64 +52,67 @@ __device__ inline int chunk(int64_t first, int64_t end) { return end - first < 3
 
 __device__ inline int64_t warp_row() { return static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; }
 
-// One warp per query row t = first_row + (its row among the Tq = T - first_row computed): keys in
-// chunks of 32, one per lane; out [B, Tq, C] = O / l, lse [B, NH, Tq] = m + log(l) unless null.
-// With dropout (first_row 0 only) l sums every probability and O only the kept ones.
+// One warp per query row t = first_row + (its row among the Tq computed): keys in chunks of 32, one
+// per lane; out = O / l, lse = m + log(l) unless null (ops/attention_layout.h). With dropout
+// (first_row 0 only) l sums every probability and O only the kept ones.
 template <class T>
-__global__ void attention_forward_kernel(T* __restrict__ out, acc_t<T>* __restrict__ lse, const T* __restrict__ qkv,
-                                         int64_t Tn, int64_t C, int64_t NH, int hs, acc_t<T> scale, int64_t first_row,
-                                         DropoutMask drop, acc_t<T> keep_scale, int64_t rows) {
+__global__ void attention_forward_kernel(T* __restrict__ out, acc_t<T>* __restrict__ lse, const T* __restrict__ q,
+                                         const T* __restrict__ k, const T* __restrict__ v, AttentionLayout L,
+                                         acc_t<T> scale, DropoutMask drop, acc_t<T> keep_scale, int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
-    const int64_t Tq = Tn - first_row;
-    const Row r(id, Tq, NH);
-    const int64_t t = first_row + r.t;
+    const Row r(id, L.Tq(), L.NH);
+    const int64_t t = L.first_row + r.t, g = r.h / L.group();
+    const int hs = static_cast<int>(L.hs);
     const int lane = threadIdx.x % 32;
-    A* q = warp_scratch<A>(2, hs);
-    A *o = q + hs, *p = o + hs;
-    const T* base = qkv + r.b * Tn * 3 * C + r.h * hs;  // q of position s: base + s * 3C; k: + C; v: + 2C
-    for (int d = lane; d < hs; d += 32) q[d] = A(base[t * 3 * C + d]), o[d] = 0;
+    A* qs = warp_scratch<A>(2, hs);
+    A *o = qs + hs, *p = o + hs;
+    const T* qt = q + L.q_at(r.b, t, r.h);
+    const T* kb = k + L.kv_at(r.b, 0, g);  // key s: kb + s * kv_row; value s likewise
+    const T* vb = v + L.kv_at(r.b, 0, g);
+    for (int d = lane; d < hs; d += 32) qs[d] = A(qt[d]), o[d] = 0;
     __syncwarp();
     A m = -INFINITY, l = 0;
     for (int64_t s0 = 0; s0 <= t; s0 += 32) {
         const int64_t s = s0 + lane;
         A score = -INFINITY;
         if (s <= t) {
-            const T* k = base + s * 3 * C + C;
+            const T* ks = kb + s * L.kv_row;
             A dot = 0;
-            for (int d = 0; d < hs; ++d) dot += q[d] * A(k[d]);
+            for (int d = 0; d < hs; ++d) dot += qs[d] * A(ks[d]);
             score = dot * scale;
         }
         const A m_new = max(m, warp_max(score)), corr = exp(m - m_new);
         const A pv = s <= t ? exp(score - m_new) : A(0);
         l = l * corr + warp_sum(pv);
         m = m_new;
-        p[lane] = pv * attention_drop_factor(drop, keep_scale, id / Tq, Tn, t, s);
+        p[lane] = pv * attention_drop_factor(drop, keep_scale, id / L.Tq(), L.T, t, s);
         __syncwarp();
         const int n = chunk(s0, t + 1);
         for (int d = lane; d < hs; d += 32) {
             A acc = o[d] * corr;
-            for (int i = 0; i < n; ++i) acc += p[i] * A(base[(s0 + i) * 3 * C + 2 * C + d]);
+            for (int i = 0; i < n; ++i) acc += p[i] * A(vb[(s0 + i) * L.kv_row + d]);
             o[d] = acc;
         }
         __syncwarp();
     }
-    for (int d = lane; d < hs; d += 32) out[(r.b * Tq + r.t) * C + r.h * hs + d] = static_cast<T>(o[d] / l);
+    T* out_row = out + L.out_at(r.b, t, r.h);
+    for (int d = lane; d < hs; d += 32) out_row[d] = static_cast<T>(o[d] / l);
     if (lse && lane == 0) lse[id] = m + log(l);
 }
 
 // D[row] = dout_t . out_t over the row's head: the softmax backward's sum_s p dp.
 template <class T>
 __global__ void attention_rowdot_kernel(acc_t<T>* __restrict__ D, const T* __restrict__ dout, const T* __restrict__ out,
-                                        int64_t Tn, int64_t C, int64_t NH, int hs, int64_t rows) {
+                                        AttentionLayout L, int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
-    const Row r(id, Tn, NH);
-    const int64_t at = (r.b * Tn + r.t) * C + r.h * hs;
+    const Row r(id, L.T, L.NH);
+    const int64_t at = L.out_at(r.b, r.t, r.h);
     A sum = 0;
-    for (int d = threadIdx.x % 32; d < hs; d += 32) sum += A(dout[at + d]) * A(out[at + d]);
+    for (int d = threadIdx.x % 32; d < L.hs; d += 32) sum += A(dout[at + d]) * A(out[at + d]);
     sum = warp_sum(sum);
     if (threadIdx.x % 32 == 0) D[id] = sum;
 }
@@ -123,82 +127,93 @@ __device__ void recompute(A& p, A& ds, const T* q, const T* k, const T* v, const
     ds = p * (z * dp - row_D);
 }
 
-// One warp per key row s: dk[s] = scale * sum_{t >= s} dS q_t, dv[s] = sum_{t >= s} p z dout_t.
+// One warp per key row s of key/value head g: dk[s] = scale * sum over the group's query heads h
+// and t >= s of dS q_t, dv[s] = sum of p z dout_t, the heads in order.
 template <class T>
-__global__ void attention_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout, const T* __restrict__ qkv,
-                                      const acc_t<T>* __restrict__ lse, const acc_t<T>* __restrict__ D, int64_t Tn,
-                                      int64_t C, int64_t NH, int hs, acc_t<T> scale, DropoutMask drop,
-                                      acc_t<T> keep_scale, int64_t rows) {
+__global__ void attention_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout,
+                                      const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                      const acc_t<T>* __restrict__ lse, const acc_t<T>* __restrict__ D,
+                                      AttentionLayout L, acc_t<T> scale, DropoutMask drop, acc_t<T> keep_scale,
+                                      int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
-    const Row r(id, Tn, NH);
+    const Row r(id, L.T, L.NKV);  // r.h: the key/value head
+    const int64_t Tn = L.T, s = r.t;
+    const int hs = static_cast<int>(L.hs);
     const int lane = threadIdx.x % 32;
-    A* dk = warp_scratch<A>(2, hs);
-    A *dv = dk + hs, *pd = dv + hs;  // pd: p of 32 queries, then their dS
-    const T* base = qkv + r.b * Tn * 3 * C + r.h * hs;
-    const T* go_base = dout + r.b * Tn * C + r.h * hs;
-    const int64_t lse_base = id - r.t;  // the row id of t = 0
-    for (int d = lane; d < hs; d += 32) dk[d] = 0, dv[d] = 0;
-    for (int64_t t0 = r.t; t0 < Tn; t0 += 32) {
-        const int64_t t = t0 + lane;
-        A p = 0, ds = 0, z = 0;
-        if (t < Tn) {
-            z = attention_drop_factor(drop, keep_scale, id / Tn, Tn, t, r.t);
-            recompute<T, A>(p, ds, base + t * 3 * C, base + r.t * 3 * C + C, base + r.t * 3 * C + 2 * C,
-                            go_base + t * C, hs, scale, lse[lse_base + t], D[lse_base + t], z);
-        }
-        pd[lane] = p * z, pd[32 + lane] = ds;
-        __syncwarp();
-        const int n = chunk(t0, Tn);
-        for (int d = lane; d < hs; d += 32) {
-            A sum_v = 0, sum_k = 0;
-            for (int i = 0; i < n; ++i) {
-                sum_v += pd[i] * A(go_base[(t0 + i) * C + d]);
-                sum_k += pd[32 + i] * A(base[(t0 + i) * 3 * C + d]);
+    A* gk = warp_scratch<A>(2, hs);
+    A *gv = gk + hs, *pd = gv + hs;  // pd: p z of 32 queries, then their dS
+    const T* ks = k + L.kv_at(r.b, s, r.h);
+    const T* vs = v + L.kv_at(r.b, s, r.h);
+    for (int d = lane; d < hs; d += 32) gk[d] = 0, gv[d] = 0;
+    for (int64_t h = r.h * L.group(); h < (r.h + 1) * L.group(); ++h) {
+        const T* qb = q + L.q_at(r.b, 0, h);  // query t: qb + t * q_row
+        const T* go_b = dout + L.out_at(r.b, 0, h);
+        const int64_t row0 = L.row(r.b, h, 0), ld = L.NH * hs;
+        for (int64_t t0 = s; t0 < Tn; t0 += 32) {
+            const int64_t t = t0 + lane;
+            A p = 0, ds = 0, z = 0;
+            if (t < Tn) {
+                z = attention_drop_factor(drop, keep_scale, r.b * L.NH + h, Tn, t, s);
+                recompute<T, A>(p, ds, qb + t * L.q_row, ks, vs, go_b + t * ld, hs, scale, lse[row0 + t], D[row0 + t], z);
             }
-            dv[d] += sum_v, dk[d] += sum_k * scale;
+            pd[lane] = p * z, pd[32 + lane] = ds;
+            __syncwarp();
+            const int n = chunk(t0, Tn);
+            for (int d = lane; d < hs; d += 32) {
+                A sum_v = 0, sum_k = 0;
+                for (int i = 0; i < n; ++i) {
+                    sum_v += pd[i] * A(go_b[(t0 + i) * ld + d]);
+                    sum_k += pd[32 + i] * A(qb[(t0 + i) * L.q_row + d]);
+                }
+                gv[d] += sum_v, gk[d] += sum_k * scale;
+            }
+            __syncwarp();
         }
-        __syncwarp();
     }
-    T* dst = dqkv + (r.b * Tn + r.t) * 3 * C + r.h * hs;
-    for (int d = lane; d < hs; d += 32) dst[C + d] = static_cast<T>(dk[d]), dst[2 * C + d] = static_cast<T>(dv[d]);
+    T *dks = dk + L.kv_at(r.b, s, r.h), *dvs = dv + L.kv_at(r.b, s, r.h);
+    for (int d = lane; d < hs; d += 32) dks[d] = static_cast<T>(gk[d]), dvs[d] = static_cast<T>(gv[d]);
 }
 
 // One warp per query row t: dq[t] = scale * sum_{s <= t} dS k_s.
 template <class T>
-__global__ void attention_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout, const T* __restrict__ qkv,
-                                    const acc_t<T>* __restrict__ lse, const acc_t<T>* __restrict__ D, int64_t Tn,
-                                    int64_t C, int64_t NH, int hs, acc_t<T> scale, DropoutMask drop,
-                                    acc_t<T> keep_scale, int64_t rows) {
+__global__ void attention_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const T* __restrict__ q,
+                                    const T* __restrict__ k, const T* __restrict__ v, const acc_t<T>* __restrict__ lse,
+                                    const acc_t<T>* __restrict__ D, AttentionLayout L, acc_t<T> scale,
+                                    DropoutMask drop, acc_t<T> keep_scale, int64_t rows) {
     using A = acc_t<T>;
     const int64_t id = warp_row();
     if (id >= rows) return;
-    const Row r(id, Tn, NH);
+    const Row r(id, L.T, L.NH);
+    const int64_t g = r.h / L.group();
+    const int hs = static_cast<int>(L.hs);
     const int lane = threadIdx.x % 32;
-    A* dq = warp_scratch<A>(1, hs);
-    A* dsv = dq + hs;
-    const T* base = qkv + r.b * Tn * 3 * C + r.h * hs;
-    const T* go = dout + (r.b * Tn + r.t) * C + r.h * hs;
-    for (int d = lane; d < hs; d += 32) dq[d] = 0;
+    A* gq = warp_scratch<A>(1, hs);
+    A* dsv = gq + hs;
+    const T* qt = q + L.q_at(r.b, r.t, r.h);
+    const T* kb = k + L.kv_at(r.b, 0, g);
+    const T* vb = v + L.kv_at(r.b, 0, g);
+    const T* go = dout + L.out_at(r.b, r.t, r.h);
+    for (int d = lane; d < hs; d += 32) gq[d] = 0;
     for (int64_t s0 = 0; s0 <= r.t; s0 += 32) {
         const int64_t s = s0 + lane;
         A p = 0, ds = 0;
         if (s <= r.t)
-            recompute<T, A>(p, ds, base + r.t * 3 * C, base + s * 3 * C + C, base + s * 3 * C + 2 * C, go, hs, scale,
-                            lse[id], D[id], attention_drop_factor(drop, keep_scale, id / Tn, Tn, r.t, s));
+            recompute<T, A>(p, ds, qt, kb + s * L.kv_row, vb + s * L.kv_row, go, hs, scale, lse[id], D[id],
+                            attention_drop_factor(drop, keep_scale, id / L.T, L.T, r.t, s));
         dsv[lane] = ds;
         __syncwarp();
         const int n = chunk(s0, r.t + 1);
         for (int d = lane; d < hs; d += 32) {
             A sum = 0;
-            for (int i = 0; i < n; ++i) sum += dsv[i] * A(base[(s0 + i) * 3 * C + C + d]);
-            dq[d] += sum * scale;
+            for (int i = 0; i < n; ++i) sum += dsv[i] * A(kb[(s0 + i) * L.kv_row + d]);
+            gq[d] += sum * scale;
         }
         __syncwarp();
     }
-    T* dst = dqkv + (r.b * Tn + r.t) * 3 * C + r.h * hs;
-    for (int d = lane; d < hs; d += 32) dst[d] = static_cast<T>(dq[d]);
+    T* dst = dq + L.q_at(r.b, r.t, r.h);
+    for (int d = lane; d < hs; d += 32) dst[d] = static_cast<T>(gq[d]);
 }
 
 // Launches `kernel` with one warp per row and `vectors` rows of hs acc_t<T> (+ 64) of shared
@@ -220,54 +235,42 @@ void launch_rows(Kernel kernel, int vectors, int hs, int64_t rows, int device, A
 }  // namespace
 
 template <class T>
-void attention_forward_cuda(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+void attention_forward_cuda(T* out, acc_t<T>* lse, const T* q, const T* k, const T* v, const AttentionLayout& L,
                             const DropoutMask& drop, int device) {
     using A = acc_t<T>;
-    const int hs = static_cast<int>(C / NH);
     if constexpr (std::is_same_v<T, bf16>) {
-        if (flash_attention_applies(hs, false, device, {out, qkv}))
-            return flash_attention_forward(out, lse, qkv, B, Tn, C, NH, drop, device);
+        if (L.first_row == 0 && lse && flash_attention_applies(L, false, device, {out, q, k, v}))
+            return flash_attention_forward(out, lse, q, k, v, L, drop, device);
     }
-    const A scale = A(1) / std::sqrt(A(hs));
-    launch_rows<T>(attention_forward_kernel<T>, 2, hs, B * NH * Tn, device, out, lse, qkv, Tn, C, NH, hs, scale,
-                   int64_t(0), drop, A(1) / (A(1) - A(drop.p)));
+    const A scale = A(1) / std::sqrt(A(L.hs));
+    launch_rows<T>(attention_forward_kernel<T>, 2, static_cast<int>(L.hs), L.B * L.NH * L.Tq(), device, out, lse, q, k,
+                   v, L, scale, drop, A(1) / (A(1) - A(drop.p)));
 }
 
 template <class T>
-void attention_forward_rows_cuda(T* out, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH, int64_t first_row,
-                                 int device) {
+void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                             const acc_t<T>* lse, const AttentionLayout& L, const DropoutMask& drop, int device) {
     using A = acc_t<T>;
-    const int hs = static_cast<int>(C / NH);
-    const A scale = A(1) / std::sqrt(A(hs));
-    launch_rows<T>(attention_forward_kernel<T>, 2, hs, B * NH * (Tn - first_row), device, out,
-                   static_cast<A*>(nullptr), qkv, Tn, C, NH, hs, scale, first_row, DropoutMask(), A(1));
-}
-
-template <class T>
-void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const acc_t<T>* lse, int64_t B,
-                             int64_t Tn, int64_t C, int64_t NH, const DropoutMask& drop, int device) {
-    using A = acc_t<T>;
-    const int hs = static_cast<int>(C / NH);
-    const int64_t rows = B * NH * Tn;
-    Tensor D = empty({B, NH, Tn}, TensorOptions().dtype(dtype_of<A>()).device(Device::cuda(device)));
-    launch_rows<T>(attention_rowdot_kernel<T>, 0, hs, rows, device, device_ptr<A>(D), dout, out, Tn, C, NH, hs);
+    const int hs = static_cast<int>(L.hs);
+    const int64_t rows = L.B * L.NH * L.T;
+    Tensor D = empty({L.B, L.NH, L.T}, TensorOptions().dtype(dtype_of<A>()).device(Device::cuda(device)));
+    launch_rows<T>(attention_rowdot_kernel<T>, 0, hs, rows, device, device_ptr<A>(D), dout, out, L);
     if constexpr (std::is_same_v<T, bf16>) {
-        if (flash_attention_applies(hs, true, device, {dqkv, dout, qkv}))
-            return flash_attention_backward(dqkv, dout, qkv, lse, device_ptr<A>(D), B, Tn, C, NH, drop, device);
+        if (flash_attention_applies(L, true, device, {dq, dk, dv, dout, q, k, v}))
+            return flash_attention_backward(dq, dk, dv, dout, q, k, v, lse, device_ptr<A>(D), L, drop, device);
     }
     const A scale = A(1) / std::sqrt(A(hs)), keep_scale = A(1) / (A(1) - A(drop.p));
-    launch_rows<T>(attention_dkdv_kernel<T>, 2, hs, rows, device, dqkv, dout, qkv, lse, device_ptr<A>(D), Tn, C, NH, hs,
-                   scale, drop, keep_scale);
-    launch_rows<T>(attention_dq_kernel<T>, 1, hs, rows, device, dqkv, dout, qkv, lse, device_ptr<A>(D), Tn, C, NH, hs,
-                   scale, drop, keep_scale);
+    launch_rows<T>(attention_dkdv_kernel<T>, 2, hs, L.B * L.NKV * L.T, device, dk, dv, dout, q, k, v, lse,
+                   device_ptr<A>(D), L, scale, drop, keep_scale);
+    launch_rows<T>(attention_dq_kernel<T>, 1, hs, rows, device, dq, dout, q, k, v, lse, device_ptr<A>(D), L, scale, drop,
+                   keep_scale);
 }
 
 #define NT_INSTANTIATE(T)                                                                                             \
-    template void attention_forward_cuda<T>(T*, acc_t<T>*, const T*, int64_t, int64_t, int64_t, int64_t,             \
+    template void attention_forward_cuda<T>(T*, acc_t<T>*, const T*, const T*, const T*, const AttentionLayout&,      \
                                             const DropoutMask&, int);                                                \
-    template void attention_forward_rows_cuda<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, int);     \
-    template void attention_backward_cuda<T>(T*, const T*, const T*, const T*, const acc_t<T>*, int64_t, int64_t,     \
-                                             int64_t, int64_t, const DropoutMask&, int);
+    template void attention_backward_cuda<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,            \
+                                             const acc_t<T>*, const AttentionLayout&, const DropoutMask&, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

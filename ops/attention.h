@@ -1,4 +1,5 @@
-// ops/attention.h: causal multi-head self-attention over packed q, k, v.
+// ops/attention.h: causal self-attention: multi-head over GPT-2's packed q, k, v, and grouped-query over
+// separate q, k, v.
 #pragma once
 
 #include "core/philox.h"
@@ -44,6 +45,38 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double dropout_p
 // qkv requires grad (it has no backward: call it under NoGradGuard); AnomalyError on a non-finite
 // output under anomaly detection.
 Tensor causal_self_attention_rows(const Tensor& qkv, int64_t n_head, int64_t first_row);
+
+// causal_attention(q, k, v, dropout_p): causal attention of separate q, k and v with grouped-query
+// heads (Ainslie et al. 2023, arXiv:2305.13245, as Llama 2/3 and nanochat use them): query head h
+// attends with key/value head h / (n_head / n_kv_head),
+//   p[b,h,t,s] = softmax over s <= t of (q[b,t,h] . k[b,s,g]) / sqrt(hs), g = h / (n_head / n_kv_head),
+//   out[b,t,h] = sum_s p[b,h,t,s] z[b,h,t,s] v[b,s,g]
+// (matches torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p,
+// enable_gqa=True) on [B, H, T, hs] transposes). k and v are never repeated in memory.
+// q: [B, T, n_head, hs]; k, v: [B, T, n_kv_head, hs], n_kv_head dividing n_head; f32, f64 or bf16,
+// one dtype and device (cpu or CUDA); any strides (copied contiguous where they are not). Dropout
+// as causal_self_attention's, numbered by the query head. Returns out: [B, T, n_head, hs] of q's
+// dtype and device. The same kernels as causal_self_attention (tensor cores for bf16 at hs 64 or
+// 128 on CUDA). Saves q, k, v, out and lse [B, n_head, T] (f32; f64 for f64): B*T*hs*(2 n_head +
+// 2 n_kv_head) elements + B*n_head*T statistics; each shared with whatever else saves it (the
+// norm before it under SavePolicy::Output, the Linear after it). The backward recomputes the
+// probabilities; dq, dk, dv are returned fresh (=), dk and dv summed over each group's query heads
+// in a fixed order.
+// Throws, naming causal_attention: Error on an undefined input or dropout_p outside [0, 1);
+// DTypeError on a non-floating q or k, v of another dtype; DeviceError on k, v on another device;
+// ShapeError on inputs not 4-D, k and v of different shapes, B, T or hs that differ, n_kv_head not
+// dividing n_head, or on CUDA B * n_head * T above INT32_MAX or hs above 8192; AnomalyError on a
+// non-finite output under anomaly detection.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p = 0.0);
+
+// causal_attention_rows(q, k, v): for inference with a key/value cache, the attention of the last
+// Tq positions of a sequence of T: q [B, Tq, n_head, hs] holds the queries of positions T - Tq ..
+// T - 1, k and v [B, T, n_kv_head, hs] every position's keys and values (Tq <= T). Row i attends
+// to keys 0 .. T - Tq + i. Returns out: [B, Tq, n_head, hs]; on the cpu equal bit for bit to the
+// rows of causal_attention, on CUDA (one-warp-per-row kernel for every dtype) to rounding.
+// Records nothing and saves nothing. Throws, naming causal_attention_rows, as causal_attention
+// does, and Error when grad mode is on and an input requires grad (call it under NoGradGuard).
+Tensor causal_attention_rows(const Tensor& q, const Tensor& k, const Tensor& v);
 
 namespace detail {
 // Attention's dropout factor z of query t and key s in (batch, head) bh = b * n_head + h: keep /

@@ -21,6 +21,9 @@
 // Dropout on the probabilities (a template argument, so that the kernels without it are
 // unchanged): the forward multiplies P by z = keep / (1 - p) after adding it into l; the backward
 // draws z again (core/philox.h), dV += (P z)^T dO and dS = P (z dP - D).
+// Grouped-query attention (ops/attention_layout.h): a block of the forward or dQ reads the K and V
+// of its query head's group; a block of dK, dV walks the query tiles of every query head of its
+// group in turn, so each sum still has one owner.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -72,25 +75,27 @@ __device__ inline float quad_sum(float v) {
 // blocks go first and the shortest fill the tail.
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
-                                                                 const bf16* __restrict__ qkv, int Tn, int C, int NH,
-                                                                 int BNH, int tiles, float scale_log2,
-                                                                 DropoutMask drop, float keep_scale) {
+                                                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                                 const bf16* __restrict__ v, AttentionLayout L, int tiles,
+                                                                 float scale_log2, DropoutMask drop, float keep_scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sq = reinterpret_cast<bf16*>(shared_raw);
     bf16* sk = sq + kTile * S;
     bf16* sv = sk + kTile * S;
+    const int Tn = static_cast<int>(L.T), BNH = static_cast<int>(L.B * L.NH), NH = static_cast<int>(L.NH);
     const int bh = blockIdx.x % BNH, tile = tiles - 1 - blockIdx.x / BNH, b = bh / NH, h = bh % NH;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
-    const int64_t ld = 3LL * C;
-    const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
+    const bf16* q_base = q + L.q_at(b, 0, h);
+    const bf16* k_base = k + L.kv_at(b, 0, h / L.group());
+    const bf16* v_base = v + L.kv_at(b, 0, h / L.group());
     const int q0 = tile * kTile;
 
-    load_tile<HS>(sq, base, ld, q0, Tn);
+    load_tile<HS>(sq, q_base, L.q_row, q0, Tn);
     copy_async_commit();
-    load_tile<HS>(sk, base + C, ld, 0, Tn);
+    load_tile<HS>(sk, k_base, L.kv_row, 0, Tn);
     copy_async_commit();
-    load_tile<HS>(sv, base + 2 * C, ld, 0, Tn);
+    load_tile<HS>(sv, v_base, L.kv_row, 0, Tn);
     copy_async_commit();
     copy_async_wait_n<2>();
     __syncthreads();
@@ -115,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
                 mma(s[2 * n + 1], qf[kk], bk[2], bk[3]);
             }
         __syncthreads();  // every warp is done with K_j
-        if (j < tile) load_tile<HS>(sk, base + C, ld, (j + 1) * kTile, Tn);
+        if (j < tile) load_tile<HS>(sk, k_base, L.kv_row, (j + 1) * kTile, Tn);
         copy_async_commit();
 
         float mx[2] = {m[0], m[1]};
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
             }
         }
         __syncthreads();  // every warp is done with V_j
-        if (j < tile) load_tile<HS>(sv, base + 2 * C, ld, (j + 1) * kTile, Tn);
+        if (j < tile) load_tile<HS>(sv, v_base, L.kv_row, (j + 1) * kTile, Tn);
         copy_async_commit();
     }
 
@@ -181,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
         l[r] = quad_sum(l[r]);
         if (row[r] >= Tn) continue;
         const float inv = 1.f / l[r];
-        bf16* dst = out + (static_cast<int64_t>(b) * Tn + row[r]) * C + h * HS + 2 * t4;
+        bf16* dst = out + L.out_at(b, row[r], h) + 2 * t4;
 #pragma unroll
         for (int d = 0; d < HS / 8; ++d)
             *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
@@ -189,32 +194,38 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(bf16* __restric
     }
 }
 
-// Grid: B * NH * tiles blocks, x = (bh, then key tile from the first, the longest, up).
+// Grid: B * NKV * tiles blocks, x = (b and key/value head, then key tile from the first, the
+// longest, up). A block walks the query tiles of each query head of its group in turn, the heads
+// in order, so that dK and dV sum over the group with no atomics.
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM spill 8 bytes at 64
-    flash_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                      const float* __restrict__ lse, const float* __restrict__ D, int Tn, int C, int NH, int BNH,
-                      int tiles, float scale, DropoutMask drop, float keep_scale) {
+    flash_dkdv_kernel(bf16* __restrict__ dk_out, bf16* __restrict__ dv_out, const bf16* __restrict__ dout,
+                      const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                      const float* __restrict__ lse, const float* __restrict__ D, AttentionLayout L, int tiles,
+                      float scale, DropoutMask drop, float keep_scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sk = reinterpret_cast<bf16*>(shared_raw);
     bf16* sv = sk + kTile * S;
-    bf16* sq_buf = sv + kTile * S;  // two buffers each of Q, dO, lse and D: tile i in i % 2
+    bf16* sq_buf = sv + kTile * S;  // two buffers each of Q, dO, lse and D: step i in i % 2
     bf16* sdo_buf = sq_buf + 2 * kTile * S;
     float* slse_buf = reinterpret_cast<float*>(sdo_buf + 2 * kTile * S);
     float* sD_buf = slse_buf + 2 * kTile;
-    const int bh = blockIdx.x % BNH, tile = blockIdx.x / BNH, b = bh / NH, h = bh % NH;
+    const int Tn = static_cast<int>(L.T), NKV = static_cast<int>(L.NKV), G = static_cast<int>(L.group());
+    const int BG = static_cast<int>(L.B) * NKV, out_ld = static_cast<int>(L.NH * HS);
+    const int bg = blockIdx.x % BG, tile = blockIdx.x / BG, b = bg / NKV, kv_head = bg % NKV;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
-    const int64_t ld = 3LL * C;
-    const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
-    const bf16* dout_base = dout + static_cast<int64_t>(b) * Tn * C + h * HS;
     const int k0 = tile * kTile;
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-    // Queues query tile i's Q, dO, lse and D into buffer i % 2; rows past T: zeros, lse = +inf (P = 0).
+    // Step i: query head h = kv_head * G + i / n, query tile tile + i % n, of G * n steps.
+    const int n = tiles - tile, steps = G * n;
+    auto head = [&](int i) { return kv_head * G + i / n; };
+    auto first_query = [&](int i) { return (tile + i % n) * kTile; };
+    // Queues step i's Q, dO, lse and D into buffer i % 2; rows past T: zeros, lse = +inf (P = 0).
     auto load_query_tile = [&](int i) {
-        const int q0 = i * kTile, buf = i % 2;
-        load_tile<HS>(sq_buf + buf * kTile * S, base, ld, q0, Tn);
-        load_tile<HS>(sdo_buf + buf * kTile * S, dout_base, C, q0, Tn);
+        const int h = head(i), q0 = first_query(i), buf = i % 2, bh = b * static_cast<int>(L.NH) + h;
+        load_tile<HS>(sq_buf + buf * kTile * S, q + L.q_at(b, 0, h), L.q_row, q0, Tn);
+        load_tile<HS>(sdo_buf + buf * kTile * S, dout + L.out_at(b, 0, h), out_ld, q0, Tn);
         if (threadIdx.x < kTile) {
             const int t = q0 + threadIdx.x;
             const int64_t at = static_cast<int64_t>(bh) * Tn + t;
@@ -225,19 +236,19 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM
         copy_async_commit();
     };
 
-    load_tile<HS>(sk, base + C, ld, k0, Tn);
-    load_tile<HS>(sv, base + 2 * C, ld, k0, Tn);
-    load_query_tile(tile);
+    load_tile<HS>(sk, k + L.kv_at(b, 0, kv_head), L.kv_row, k0, Tn);
+    load_tile<HS>(sv, v + L.kv_at(b, 0, kv_head), L.kv_row, k0, Tn);
+    load_query_tile(0);
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-    for (int i = tile; i < tiles; ++i) {
-        const int q0 = i * kTile;
+    for (int i = 0; i < steps; ++i) {
+        const int q0 = first_query(i), bh = b * static_cast<int>(L.NH) + head(i);
         const bf16* sq = sq_buf + i % 2 * kTile * S;
         const bf16* sdo = sdo_buf + i % 2 * kTile * S;
         const float* slse = slse_buf + i % 2 * kTile;
         const float* sD = sD_buf + i % 2 * kTile;
-        copy_async_wait_n<0>();  // tile i has landed
-        __syncthreads();         // ... for every thread; and tile i - 1's buffers are no longer read
-        if (i + 1 < tiles) load_query_tile(i + 1);
+        copy_async_wait_n<0>();  // step i's tiles have landed
+        __syncthreads();         // ... for every thread; and step i - 1's buffers are no longer read
+        if (i + 1 < steps) load_query_tile(i + 1);
 
         // S^T = K_w Q^T (16 keys x 64 queries), then P^T.
         float p[kTile / 8][4] = {};
@@ -330,11 +341,12 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (key[r] >= Tn) continue;
-        bf16* dst = dqkv + (static_cast<int64_t>(b) * Tn + key[r]) * ld + h * HS + 2 * t4;
+        bf16* dst_k = dk_out + L.kv_at(b, key[r], kv_head) + 2 * t4;
+        bf16* dst_v = dv_out + L.kv_at(b, key[r], kv_head) + 2 * t4;
 #pragma unroll
         for (int d = 0; d < HS / 8; ++d) {
-            *reinterpret_cast<uint32_t*>(dst + C + d * 8) = pack_bf16(dk[d][2 * r] * scale, dk[d][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dst + 2 * C + d * 8) = pack_bf16(dv[d][2 * r], dv[d][2 * r + 1]);
+            *reinterpret_cast<uint32_t*>(dst_k + d * 8) = pack_bf16(dk[d][2 * r] * scale, dk[d][2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t*>(dst_v + d * 8) = pack_bf16(dv[d][2 * r], dv[d][2 * r + 1]);
         }
     }
 }
@@ -345,19 +357,21 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1)  // 3 blocks an SM
 // accumulators to the A operand in registers). K and V tiles are double-buffered. Grid as the forward.
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 2)
-    flash_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                    const float* __restrict__ lse, const float* __restrict__ D, int Tn, int C, int NH, int BNH,
-                    int tiles, float scale, DropoutMask drop, float keep_scale) {
+    flash_dq_kernel(bf16* __restrict__ dq_out, const bf16* __restrict__ dout, const bf16* __restrict__ q,
+                    const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse,
+                    const float* __restrict__ D, AttentionLayout L, int tiles, float scale, DropoutMask drop,
+                    float keep_scale) {
     extern __shared__ __align__(16) unsigned char shared_raw[];
     constexpr int S = kStride<HS>;
     bf16* sq = reinterpret_cast<bf16*>(shared_raw);
     bf16* sdo = sq + kTile * S;
     bf16* sk_buf = sdo + kTile * S;  // K_j in buffer j % 2, V_j likewise
     bf16* sv_buf = sk_buf + 2 * kTile * S;
+    const int Tn = static_cast<int>(L.T), BNH = static_cast<int>(L.B * L.NH), NH = static_cast<int>(L.NH);
     const int bh = blockIdx.x % BNH, tile = tiles - 1 - blockIdx.x / BNH, b = bh / NH, h = bh % NH;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
-    const int64_t ld = 3LL * C;
-    const bf16* base = qkv + static_cast<int64_t>(b) * Tn * ld + h * HS;
+    const bf16* k_base = k + L.kv_at(b, 0, h / L.group());
+    const bf16* v_base = v + L.kv_at(b, 0, h / L.group());
     const int q0 = tile * kTile;
     const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
     float row_lse[2], row_D[2];  // rows past T: P = 0
@@ -368,12 +382,12 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 2)
         row_D[r] = row[r] < Tn ? D[at] : 0.f;
     }
     auto load_key_tile = [&](int j) {
-        load_tile<HS>(sk_buf + j % 2 * kTile * S, base + C, ld, j * kTile, Tn);
-        load_tile<HS>(sv_buf + j % 2 * kTile * S, base + 2 * C, ld, j * kTile, Tn);
+        load_tile<HS>(sk_buf + j % 2 * kTile * S, k_base, L.kv_row, j * kTile, Tn);
+        load_tile<HS>(sv_buf + j % 2 * kTile * S, v_base, L.kv_row, j * kTile, Tn);
         copy_async_commit();
     };
-    load_tile<HS>(sq, base, ld, q0, Tn);
-    load_tile<HS>(sdo, dout + static_cast<int64_t>(b) * Tn * C + h * HS, C, q0, Tn);
+    load_tile<HS>(sq, q + L.q_at(b, 0, h), L.q_row, q0, Tn);
+    load_tile<HS>(sdo, dout + L.out_at(b, 0, h), NH * HS, q0, Tn);
     load_key_tile(0);
 
     float dq[HS / 8][4] = {};
@@ -427,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 2)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (row[r] >= Tn) continue;
-        bf16* dst = dqkv + (static_cast<int64_t>(b) * Tn + row[r]) * ld + h * HS + 2 * t4;
+        bf16* dst = dq_out + L.q_at(b, row[r], h) + 2 * t4;
 #pragma unroll
         for (int d = 0; d < HS / 8; ++d)
             *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
@@ -443,8 +457,11 @@ constexpr size_t backward_shared() {
 
 }  // namespace
 
-bool flash_attention_applies(int64_t hs, bool backward, int device, std::initializer_list<const void*> pointers) {
+bool flash_attention_applies(const AttentionLayout& layout, bool backward, int device,
+                             std::initializer_list<const void*> pointers) {
+    const int64_t hs = layout.hs;
     if (hs != 64 && hs != 128) return false;
+    if (layout.q_row % 8 != 0 || layout.kv_row % 8 != 0) return false;  // 16-byte rows
     for (const void* p : pointers)
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
     const size_t shared = backward ? (hs == 64 ? backward_shared<64>() : backward_shared<128>())
@@ -459,18 +476,17 @@ bool flash_attention_applies(int64_t hs, bool backward, int device, std::initial
     return attributes.ptxVersion >= 80 && shared <= static_cast<size_t>(shared_optin);
 }
 
-void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                             const DropoutMask& drop, int device) {
-    const int64_t hs = C / NH, tiles = (Tn + kTile - 1) / kTile, BNH = B * NH;
-    const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(hs)));
+void flash_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                             const AttentionLayout& L, const DropoutMask& drop, int device) {
+    const int64_t tiles = (L.T + kTile - 1) / kTile;
+    const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(L.hs)));
     auto run = [&](auto kernel, size_t shared) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-        kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
-            out, lse, qkv, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH), static_cast<int>(BNH),
-            static_cast<int>(tiles), scale_log2, drop, static_cast<float>(1.0 / (1.0 - drop.p)));
+        kernel<<<static_cast<unsigned>(L.B * L.NH * tiles), kThreads, shared, cuda::stream(device)>>>(
+            out, lse, q, k, v, L, static_cast<int>(tiles), scale_log2, drop, static_cast<float>(1.0 / (1.0 - drop.p)));
         CUDA_LAUNCH_CHECK();
     };
-    if (hs == 64) {
+    if (L.hs == 64) {
         if (drop.active()) run(flash_forward_kernel<64, true>, forward_shared<64>());
         else run(flash_forward_kernel<64, false>, forward_shared<64>());
     } else {
@@ -479,22 +495,23 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int64_t B, 
     }
 }
 
-void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                              int64_t B, int64_t Tn, int64_t C, int64_t NH, const DropoutMask& drop, int device) {
-    const int64_t hs = C / NH, tiles = (Tn + kTile - 1) / kTile, BNH = B * NH;
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-    auto run = [&](auto kernel, size_t shared) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-        kernel<<<static_cast<unsigned>(BNH * tiles), kThreads, shared, cuda::stream(device)>>>(
-            dqkv, dout, qkv, lse, D, static_cast<int>(Tn), static_cast<int>(C), static_cast<int>(NH),
-            static_cast<int>(BNH), static_cast<int>(tiles), scale, drop, static_cast<float>(1.0 / (1.0 - drop.p)));
+void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                              const bf16* v, const float* lse, const float* D, const AttentionLayout& L,
+                              const DropoutMask& drop, int device) {
+    const int64_t tiles = (L.T + kTile - 1) / kTile;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(L.hs)));
+    const float keep_scale = static_cast<float>(1.0 / (1.0 - drop.p));
+    auto both = [&](auto dkdv, auto dq_kernel, size_t shared) {
+        for (const void* kernel : {reinterpret_cast<const void*>(dkdv), reinterpret_cast<const void*>(dq_kernel)})
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        dkdv<<<static_cast<unsigned>(L.B * L.NKV * tiles), kThreads, shared, cuda::stream(device)>>>(
+            dk, dv, dout, q, k, v, lse, D, L, static_cast<int>(tiles), scale, drop, keep_scale);
+        CUDA_LAUNCH_CHECK();
+        dq_kernel<<<static_cast<unsigned>(L.B * L.NH * tiles), kThreads, shared, cuda::stream(device)>>>(
+            dq, dout, q, k, v, lse, D, L, static_cast<int>(tiles), scale, drop, keep_scale);
         CUDA_LAUNCH_CHECK();
     };
-    auto both = [&](auto dkdv, auto dq, size_t shared) {
-        run(dkdv, shared);
-        run(dq, shared);
-    };
-    if (hs == 64) {
+    if (L.hs == 64) {
         if (drop.active()) both(flash_dkdv_kernel<64, true>, flash_dq_kernel<64, true>, backward_shared<64>());
         else both(flash_dkdv_kernel<64, false>, flash_dq_kernel<64, false>, backward_shared<64>());
     } else {

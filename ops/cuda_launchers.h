@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/philox.h"
+#include "ops/attention_layout.h"
 #include "ops/norm/norm_policy.h"
 
 namespace normtape::detail {
@@ -63,18 +64,17 @@ template <class T>  // dlogits[i, v] = (exp(z[i, v] - lse[i]) - [v == targets[i]
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* lse, const int64_t* targets,
                                  const T* grad, int64_t M, int64_t V, double softcap, int device);
 
-// ops/attention.cu (qkv [B, T, 3C], out [B, T, C], lse [B, NH, T]; see ops/attention.h). The
-// backward reads out only through D = rowsum(dout * out), which it allocates. `drop`: dropout on
-// the probabilities, element (b * NH + h) * T * T + t * T + s of its mask (inactive: none).
+// ops/attention.cu: q, k, v, out and lse (or D) where `layout` puts them (ops/attention_layout.h;
+// see ops/attention.h). The forward computes the rows first_row .. T-1 (lse may be null; dropout
+// only with first_row 0); the backward (first_row 0) writes dq, dk, dv in q's, k's and v's layout
+// and reads out only through D = rowsum(dout * out), which it allocates. `drop`: dropout on the
+// probabilities, element (b * NH + h) * T * T + t * T + s of its mask (inactive: none).
 template <class T>
-void attention_forward_cuda(T* out, acc_t<T>* lse, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH,
+void attention_forward_cuda(T* out, acc_t<T>* lse, const T* q, const T* k, const T* v, const AttentionLayout& layout,
                             const DropoutMask& drop, int device);
-template <class T>  // out [B, T - first_row, C]: the rows first_row .. T-1 (causal_self_attention_rows)
-void attention_forward_rows_cuda(T* out, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH, int64_t first_row,
-                                 int device);
 template <class T>
-void attention_backward_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const acc_t<T>* lse, int64_t B,
-                             int64_t T_, int64_t C, int64_t NH, const DropoutMask& drop, int device);
+void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                             const acc_t<T>* lse, const AttentionLayout& layout, const DropoutMask& drop, int device);
 
 // ops/matmul.cu: out = op(a) @ op(b) over row-major matrices, cuBLAS with f32 accumulation
 // (f64 for double; f32 products without TF32). a: [a_rows, a_cols], b: [b_rows, b_cols].

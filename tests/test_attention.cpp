@@ -181,3 +181,159 @@ TEST_SUITE("causal_self_attention") {
         CHECK(cpu_allocated() == before);
     }
 }
+
+namespace {
+
+// GPT-2's packed qkv [B, T, 3 * NH * hs] from separate q [B, T, NH, hs] and k, v [B, T, NKV, hs],
+// each key/value head repeated for the NH / NKV query heads of its group: grouped-query attention
+// written as the multi-head attention it equals.
+std::vector<double> packed_repeated(const Tensor& q, const Tensor& k, const Tensor& v) {
+    const int64_t B = q.size(0), T = q.size(1), NH = q.size(2), NKV = k.size(2), hs = q.size(3), C = NH * hs;
+    std::vector<double> vq = as_f64(q), vk = as_f64(k), vv = as_f64(v), qkv(B * T * 3 * C);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t h = 0; h < NH; ++h)
+                for (int64_t d = 0; d < hs; ++d) {
+                    const int64_t row = (b * T + t) * 3 * C, g = h / (NH / NKV);
+                    qkv[row + h * hs + d] = vq[((b * T + t) * NH + h) * hs + d];
+                    qkv[row + C + h * hs + d] = vk[((b * T + t) * NKV + g) * hs + d];
+                    qkv[row + 2 * C + h * hs + d] = vv[((b * T + t) * NKV + g) * hs + d];
+                }
+    return qkv;
+}
+
+}  // namespace
+
+TEST_SUITE("causal_attention") {
+    TEST_CASE("causal_attention: forward matches the naive attention with key/value heads repeated") {
+        manual_seed(91);
+        const int64_t B = 2, T = 6, hs = 4;
+        for (DType dt : kFloatTypes)
+            for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {4, 1}, {6, 2}}) {
+                INFO("dtype ", std::string(dtype_name(dt)), ", n_head ", NH, ", n_kv_head ", NKV);
+                Tensor q = input({B, T, NH, hs}, dt), k = input({B, T, NKV, hs}, dt), v = input({B, T, NKV, hs}, dt);
+                Tensor out = causal_attention(q, k, v);
+                REQUIRE(out.shape() == q.shape());
+                CHECK_CLOSE(out, expected(naive_attention(packed_repeated(q, k, v), B, T, NH * hs, NH), {B, T, NH, hs}),
+                            tolerance(dt));
+            }
+    }
+
+    TEST_CASE("causal_attention: with n_kv_head == n_head it is causal_self_attention, bit for bit, gradients too") {
+        manual_seed(92);
+        const int64_t B = 2, T = 9, NH = 3, hs = 4, C = NH * hs;
+        for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
+            INFO("dtype ", std::string(dtype_name(dt)));
+            Tensor qkv = leaf({B, T, 3 * C}, 1.0, dt);
+            Tensor g = input({B, T, C}, dt);
+            Tensor packed = causal_self_attention(qkv, NH);
+            sum(mul(packed, g)).backward();
+            Tensor q = qkv.detach().narrow(2, 0, C).view({B, T, NH, hs}).contiguous();
+            Tensor k = qkv.detach().narrow(2, C, C).view({B, T, NH, hs}).contiguous();
+            Tensor v = qkv.detach().narrow(2, 2 * C, C).view({B, T, NH, hs}).contiguous();
+            for (Tensor* x : {&q, &k, &v}) x->requires_grad_(true);
+            Tensor out = causal_attention(q, k, v);
+            sum(mul(out.view({B, T, C}), g)).backward();
+            CHECK(out.view({B, T, C}).to_vector<double>() == packed.to_vector<double>());
+            Tensor dqkv = qkv.grad();
+            CHECK(q.grad().view({B, T, C}).to_vector<double>() == dqkv.narrow(2, 0, C).contiguous().to_vector<double>());
+            CHECK(k.grad().view({B, T, C}).to_vector<double>() == dqkv.narrow(2, C, C).contiguous().to_vector<double>());
+            CHECK(v.grad().view({B, T, C}).to_vector<double>() ==
+                  dqkv.narrow(2, 2 * C, C).contiguous().to_vector<double>());
+        }
+    }
+
+    TEST_CASE("causal_attention: gradcheck of q, k and v, grouped and not") {
+        manual_seed(93);
+        for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {3, 1}}) {
+            INFO("n_head ", NH, ", n_kv_head ", NKV);
+            auto f = [](const std::vector<Tensor>& in) { return causal_attention(in[0], in[1], in[2]); };
+            std::vector<Tensor> in{leaf({2, 5, NH, 4}), leaf({2, 5, NKV, 4}), leaf({2, 5, NKV, 4})};
+            CHECK_GRADCHECK(f, in);
+        }
+    }
+
+    TEST_CASE("causal_attention: dk and dv are the repeated heads' gradients summed over each group") {
+        manual_seed(94);
+        const int64_t B = 1, T = 70, NH = 4, NKV = 2, hs = 8, C = NH * hs;
+        Tensor q = leaf({B, T, NH, hs}), k = leaf({B, T, NKV, hs}), v = leaf({B, T, NKV, hs});
+        Tensor g = input({B, T, NH, hs}, DType::F64);
+        sum(mul(causal_attention(q, k, v), g)).backward();
+        Tensor qkv = from_vector<double>(packed_repeated(q, k, v), {B, T, 3 * C});
+        qkv.requires_grad_(true);
+        sum(mul(causal_self_attention(qkv, NH), g.view({B, T, C}))).backward();
+        std::vector<double> dqkv = qkv.grad().to_vector<double>(), dq(B * T * C), dk(B * T * NKV * hs, 0.0), dv = dk;
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t h = 0; h < NH; ++h)
+                for (int64_t d = 0; d < hs; ++d) {
+                    const int64_t row = t * 3 * C, kv = (t * NKV + h / (NH / NKV)) * hs + d;
+                    dq[(t * NH + h) * hs + d] = dqkv[row + h * hs + d];
+                    dk[kv] += dqkv[row + C + h * hs + d];
+                    dv[kv] += dqkv[row + 2 * C + h * hs + d];
+                }
+        const Tolerance tol = tolerance(DType::F64);
+        CHECK_CLOSE(q.grad(), expected(dq, q.shape()), tol);
+        CHECK_CLOSE(k.grad(), expected(dk, k.shape()), tol);
+        CHECK_CLOSE(v.grad(), expected(dv, v.shape()), tol);
+    }
+
+    TEST_CASE("causal_attention: saves q, k, v, out and the row log-sum-exp") {
+        manual_seed(95);
+        for (DType dt : kFloatTypes) {
+            INFO("dtype ", std::string(dtype_name(dt)));
+            const int64_t B = 2, T = 33, NH = 4, NKV = 2, hs = 8;
+            Tensor q0 = leaf({B, T, NH, hs}, 1.0, dt), k0 = leaf({B, T, NKV, hs}, 1.0, dt),
+                   v0 = leaf({B, T, NKV, hs}, 1.0, dt);
+            // Non-leaf inputs (scaled copies), so that saved_bytes() counts them.
+            Tensor q = scale(q0, 1.0), k = scale(k0, 1.0), v = scale(v0, 1.0);
+            int64_t before = saved_bytes();
+            Tensor out = causal_attention(q, k, v);
+            const int64_t es = static_cast<int64_t>(element_size(dt)), stat = static_cast<int64_t>(element_size(stat_dtype(dt)));
+            CHECK(saved_bytes() - before == B * T * hs * (2 * NH + 2 * NKV) * es + B * NH * T * stat);
+            sum(mul(out, input(out.shape(), dt))).backward();
+            CHECK(saved_bytes() == before);
+            CHECK(k0.grad().defined());
+        }
+    }
+
+    TEST_CASE("causal_attention_rows: the last rows of causal_attention, bit for bit") {
+        manual_seed(96);
+        const int64_t B = 2, T = 11, NH = 4, NKV = 2, hs = 4;
+        for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
+            INFO("dtype ", std::string(dtype_name(dt)));
+            Tensor q = input({B, T, NH, hs}, dt), k = input({B, T, NKV, hs}, dt), v = input({B, T, NKV, hs}, dt);
+            Tensor full = causal_attention(q, k, v);
+            for (int64_t first : {0, 5, 10}) {
+                INFO("first row ", first);
+                Tensor rows = causal_attention_rows(q.narrow(1, first, T - first), k, v);
+                CHECK(rows.to_vector<double>() == full.narrow(1, first, T - first).contiguous().to_vector<double>());
+            }
+        }
+    }
+
+    TEST_CASE("causal_attention: bad input") {
+        Tensor q = zeros({2, 5, 4, 8}), kv = zeros({2, 5, 2, 8}), i = zeros({2, 5, 4, 8}, opts(DType::I64));
+        Tensor kv3 = zeros({2, 5, 3, 8}), kv_hs = zeros({2, 5, 2, 4}), kv_b = zeros({1, 5, 2, 8}), kv_t = zeros({2, 6, 2, 8});
+        Tensor three_d = zeros({2, 5, 32}), f32 = zeros({2, 5, 2, 8}, opts(DType::F32)), empty = zeros({2, 0, 4, 8});
+        int64_t before = cpu_allocated();
+        const char* op = "causal_attention";
+        CHECK_THROWS_KIND_WITH(causal_attention(Tensor(), kv, kv), normtape::Error, op);
+        CHECK_THROWS_KIND_WITH(causal_attention(q, Tensor(), kv), normtape::Error, op);
+        CHECK_THROWS_KIND_WITH(causal_attention(i, kv, kv), normtape::DTypeError, op);
+        CHECK_THROWS_KIND_WITH(causal_attention(q, f32, kv), normtape::DTypeError, op);
+        CHECK_THROWS_KIND_WITH(causal_attention(empty, kv, kv), normtape::ShapeError, op);
+        CHECK_THROWS_KIND_WITH(causal_attention(three_d, kv, kv), normtape::ShapeError, op, "[2, 5, 32]");
+        CHECK_THROWS_KIND_WITH(causal_attention(q, kv3, kv3), normtape::ShapeError, op, "divide");
+        CHECK_THROWS_KIND_WITH(causal_attention(q, kv, kv3), normtape::ShapeError, op, "[2, 5, 3, 8]");
+        CHECK_THROWS_KIND_WITH(causal_attention(q, kv_hs, kv_hs), normtape::ShapeError, op, "[2, 5, 2, 4]");
+        CHECK_THROWS_KIND_WITH(causal_attention(q, kv_b, kv_b), normtape::ShapeError, op);
+        CHECK_THROWS_KIND_WITH(causal_attention(q, kv_t, kv_t), normtape::ShapeError, op, "one length");
+        CHECK_THROWS_KIND_WITH(causal_attention(q, kv, kv, 1.0), normtape::Error, op, "dropout");
+        const char* rows = "causal_attention_rows";
+        CHECK_THROWS_KIND_WITH(causal_attention_rows(zeros({2, 7, 4, 8}), kv, kv), normtape::ShapeError, rows);
+        Tensor needs_grad = zeros({2, 1, 4, 8});
+        needs_grad.requires_grad_(true);
+        CHECK_THROWS_KIND_WITH(causal_attention_rows(needs_grad, kv, kv), normtape::Error, rows, "NoGradGuard");
+        CHECK(cpu_allocated() == before);
+    }
+}
