@@ -6,6 +6,9 @@
   other flags, each over its preset's value: --data FILE --device cpu|cuda --dtype f32|bf16 --steps --batch
   --seq --layers --heads --embd --dropout --lr --min-lr --warmup --beta2 --weight-decay --eval-every
   --eval-batches --val-fraction --seed --threads
+  the model's, as train_gpt's: --arch gpt2|nanochat|llama (default gpt2), --kv-heads N (grouped-query
+  attention; 0, the default: --heads), --tie on|off (on: lm_head's weight is wte's; default off), and
+  --eps (every norm's epsilon, default 1e-5, GPTConfig::norm_eps)
 
 The PyTorch side of the comparison with examples/train_gpt/train_gpt.cpp: the same model, data and schedule, with
 the settings of karpathy/nanoGPT's config/train_shakespeare_char.py, timed on the same machine.
@@ -14,17 +17,52 @@ the settings of karpathy/nanoGPT's config/train_shakespeare_char.py, timed on th
   both: lr 1e-3 to min lr 1e-4, warm-up 100, AdamW betas (0.9, 0.99) eps 1e-8 weight decay 0.1, clip 1.0,
   an evaluation every 250 steps of 20 held-out batches.
 
-Model: nn/gpt.h's, as scripts/bench_torch_gpt.py (B batch, T block, C width, NH heads, hs = C / NH,
-L layers, V = 256 bytes), with dropout (p = --dropout, in training only) where nanoGPT's model.py has it:
+Model: nn/gpt.h's, GPT(gpt_config(--arch)) with train_gpt's --kv-heads and --tie, as scripts/bench_torch_gpt.py
+(B batch, T block, C width, NH heads, NKV key/value heads, hs = C / NH, L layers, H the MLP's hidden width,
+V = 256 bytes), with dropout (p = --dropout, in training only) where nanoGPT's model.py has it.
+--arch gpt2 (the default; GPT-2):
     x = drop(wte[idx] + wpe[0..T-1])                                          [B, T, C]
     each block: x = x + drop(attn.c_proj(attention(ln_1(x))))                 pre-LN
-                x = x + drop(mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x)))))
-      attention: q, k, v = split(c_attn(x)) in NH heads; drop(softmax(q k^T / sqrt(hs), causal)) v;
-                 F.scaled_dot_product_attention(dropout_p=p) where torch has it (>= 2.0), else written out
+                x = x + drop(mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x)))))        c_fc Linear(C, 4C)
+      attention: q, k, v = split(c_attn(x)) in NH heads; drop(softmax(q k^T / sqrt(hs), causal)) v
     loss = cross_entropy(lm_head(ln_f(x)), targets), the mean over B*T
-LayerNorm eps 1e-5 with bias, Linear layers with bias, lm_head without bias and not tied to wte.
-Initialization as GPT(): N(0, 0.02), both c_proj weights N(0, 0.02 / sqrt(2L)), biases 0.
+  LayerNorm (weight and bias), Linear layers with bias. With NKV < NH (--kv-heads) c_attn gives way to
+  c_q, c_k, c_v (with biases) and the grouped-query attention below, as nn/gpt.cpp's.
+--arch nanochat (karpathy/nanochat's GPT):
+    x = emb_norm(drop(wte[idx]))                                              no wpe
+    each block: x = x + drop(attn.c_proj(attention(ln_1(x))))
+                x = x + drop(mlp.c_proj(relu(mlp.c_fc(ln_2(x)))^2))           c_fc Linear(C, 4C)
+      attention: q = c_q(x) [B, T, NH, hs]; k = c_k(x), v = c_v(x) [B, T, NKV, hs];
+                 q, k = rms(rope(q)), rms(rope(k)) (QK-norm over hs, after the rotation);
+                 grouped-query: drop(softmax(q k^T / sqrt(hs), causal)) v, query head h with
+                 key/value head h // (NH / NKV)
+    loss = cross_entropy(15 * tanh(lm_head(ln_f(x)) / 15), targets)          logit softcap 15, in f32
+  Every norm (emb_norm, ln_1, ln_2, ln_f, QK-norm) a weightless RMSNorm; no biases; attn.c_proj and
+  mlp.c_proj initialized to zero.
+--arch llama (Hugging Face's LlamaForCausalLM):
+    x = drop(wte[idx])                                                        no wpe
+    each block: x = x + drop(attn.c_proj(attention(ln_1(x))))
+                x = x + drop(mlp.c_proj(silu(gate) * up)), [gate | up] = mlp.c_fc(ln_2(x))
+      attention: nanochat's without QK-norm: q, k = rope(q), rope(k); grouped-query
+      mlp: c_fc Linear(C, 2H), gate its first H columns, up the last H; c_proj Linear(H, C);
+           H = 8C/3 rounded up to a multiple of 64, ((8 * C) // 3 + 63) // 64 * 64
+    loss = cross_entropy(lm_head(ln_f(x)), targets)
+  RMSNorm with weight at ln_1, ln_2 and ln_f; no biases.
+The pieces:
+  rms(x) = x / sqrt(mean(x^2) + eps) over the last dim (times the weight where it has one), written out
+    (torch 1.13 has no F.rms_norm), in f32 and returned in x's dtype, as transformers' LlamaRMSNorm.
+  rope(x), x [B, T, heads, hs]: the rotary embedding in Hugging Face's rotate_half convention (ops/rotary.h):
+    inv_freq = 1 / 10000^(arange(0, hs, 2) / hs), angle[t] = t * inv_freq, cos and sin of
+    cat(angle, angle) [T, hs] (f32, then x's dtype); rope(x) = x * cos + cat(-x2, x1) * sin, x1 and x2
+    the halves of each head.
+  attention: F.scaled_dot_product_attention(dropout_p=p, is_causal=True) where torch has it (>= 2.0), else
+    written out; with NKV < NH, k and v repeated to NH heads first (repeat_interleave: head h reads copy
+    h of kv head h // (NH / NKV)), where normtape's causal_attention reads them in place.
+  lm_head: no bias; its own weight, or with --tie on wte's (one parameter, counted and decayed once).
+Initialization as GPT(): N(0, 0.02) for the embeddings and Linear weights, the residual projections (both
+c_proj weights) N(0, 0.02 / sqrt(2L)) (nanochat: zeros), biases 0, norm weights 1.
 f32 parameters; --dtype bf16 runs the forward and the loss under torch.autocast(bfloat16), as nanoGPT.
+--arch gpt2 with the default --kv-heads, --tie and --eps trains as this script did before it had them.
 
 Data: the bytes of --data; the last floor(n * --val-fraction) held out, as train_gpt. A batch: B starts s
 drawn uniformly from [0, len(part) - T), inputs part[s:s+T], targets part[s+1:s+T+1], as nn/data.cpp's
@@ -44,14 +82,16 @@ the training steps since the previous evaluation (with dropout); the train time,
 summed over the training steps (batches, forward, backward, clip, AdamW; the first steps' one-time
 costs included, the evaluations not), read after torch.cuda.synchronize() on the GPU. Summary: the best
 validation loss and its step, the train time, tokens/s = steps * B * T / train time. --json FILE writes
-the config, the machine, every evaluation, every step's loss and the summary. On the CPU, Debian's torch
-calls libblas.so.3 for its matrix products: netlib's reference BLAS unless OpenBLAS provides it.
+the config, the arch and its model's settings, the machine, every evaluation, every step's loss and the
+summary. On the CPU, Debian's torch calls libblas.so.3 for its matrix products: netlib's reference BLAS
+unless OpenBLAS provides it.
 
 Differences from nanoGPT's train.py on these configs: V = 256 bytes against its 65 characters (the text
-is ASCII: the same token sequence, 191 rows of wte and lm_head never used); biases and an untied lm_head
-against its bias=False and tied weights; our random windows; its warm-up lr * (s + 1) / (warmup + 1)
-and its max_iters + 1 steps; its evaluations draw fresh batches of both splits (200 on its GPU config)
-before the step; it compiles the model and allows TF32 (here eager, and f32 stays f32).
+is ASCII: the same token sequence, 191 rows of wte and lm_head never used); gpt2's biases and untied
+lm_head (--tie off) against its bias=False and tied weights; our random windows; its warm-up
+lr * (s + 1) / (warmup + 1) and its max_iters + 1 steps; its evaluations draw fresh batches of both splits
+(200 on its GPU config) before the step; it compiles the model and allows TF32 (here eager, and f32 stays
+f32).
 """
 import argparse
 import json
@@ -77,15 +117,95 @@ VOCAB = 256
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
 
-class Attention(nn.Module):
-    def __init__(self, C, NH, dropout):
+# nn/gpt.cpp's gpt_config(arch): GPTConfig's architecture fields (rope_theta 10000 for all).
+ARCHS = {
+    "gpt2": {"rotary": False, "qk_norm": False, "norm": "layer", "norm_affine": True, "mlp": "gelu", "bias": True,
+             "softcap": 0.0, "emb_norm": False, "zero_proj": False},
+    "nanochat": {"rotary": True, "qk_norm": True, "norm": "rms", "norm_affine": False, "mlp": "relu2",
+                 "bias": False, "softcap": 15.0, "emb_norm": True, "zero_proj": True},
+    "llama": {"rotary": True, "qk_norm": False, "norm": "rms", "norm_affine": True, "mlp": "swiglu", "bias": False,
+              "softcap": 0.0, "emb_norm": False, "zero_proj": False},
+}
+ROPE_THETA = 10000.0
+
+
+def model_config(a):
+    """The model's settings: ARCHS[--arch] and the sizes (GPTConfig; H as GPTConfig::hidden())."""
+    m = argparse.Namespace(**ARCHS[a.arch], L=a.layers, NH=a.heads, NKV=a.kv_heads or a.heads, C=a.embd, T=a.seq,
+                           dropout=a.dropout, eps=a.eps, tie=a.tie == "on")
+    m.H = ((8 * m.C) // 3 + 63) // 64 * 64 if m.mlp == "swiglu" else 4 * m.C
+    return m
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) over the last dim, times weight (ones) when affine; in f32 (f64 for f64), returned
+    in x's dtype (as transformers' LlamaRMSNorm, the weight's product after). Written out: torch 1.13 has no
+    F.rms_norm."""
+
+    def __init__(self, width, eps, affine):
         super().__init__()
-        self.NH, self.dropout = NH, dropout
-        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.eps = eps
+        self.register_parameter("weight", nn.Parameter(torch.ones(width)) if affine else None)
+
+    def forward(self, x):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return y if self.weight is None else y * self.weight
+
+
+def make_norm(m, width):
+    if m.norm == "layer":
+        return nn.LayerNorm(width, eps=m.eps, elementwise_affine=m.norm_affine)
+    return RMSNorm(width, m.eps, m.norm_affine)
+
+
+def rope_tables(T, hs, theta):
+    """cos, sin [T, 1, hs] f32 of the rotary embedding: of cat(angle, angle), angle[t, d] = t * inv_freq[d]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))  # [hs / 2]
+    angle = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]            # [T, hs / 2]
+    angle = torch.cat((angle, angle), dim=-1)[:, None, :]
+    return angle.cos(), angle.sin()
+
+
+def rope(x, cos, sin):
+    """x [B, T, heads, hs] rotated: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) of its halves."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        C, self.NH, self.NKV, self.dropout = m.C, m.NH, m.NKV, m.dropout
+        hs = C // m.NH
+        self.rotary, self.separate = m.rotary, m.rotary or m.qk_norm or m.NKV != m.NH  # GPTConfig::separate_qkv
+        if self.separate:
+            self.c_q, self.c_k, self.c_v = (nn.Linear(C, n * hs, bias=m.bias) for n in (m.NH, m.NKV, m.NKV))
+            self.q_norm, self.k_norm = ((RMSNorm(hs, m.eps, m.norm_affine), RMSNorm(hs, m.eps, m.norm_affine))
+                                        if m.qk_norm else (None, None))
+        else:
+            self.c_attn = nn.Linear(C, 3 * C, bias=m.bias)
+        self.c_proj = nn.Linear(C, C, bias=m.bias)
+        if self.rotary:  # the same tables at every forward: made once (not parameters, not saved)
+            cos, sin = rope_tables(m.T, hs, ROPE_THETA)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        if self.separate:
+            q = self.c_q(x).view(B, T, self.NH, C // self.NH)
+            k, v = (c(x).view(B, T, self.NKV, C // self.NH) for c in (self.c_k, self.c_v))
+            if self.rotary:
+                cos, sin = self.cos[:T].to(q.dtype), self.sin[:T].to(q.dtype)
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
+            if self.q_norm is not None:  # QK-norm, after the rotation (nanochat)
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, T, hs]
+            if self.NKV != self.NH:  # grouped-query: query head h reads key/value head h // (NH / NKV)
+                k, v = (t.repeat_interleave(self.NH // self.NKV, dim=1) for t in (k, v))
+        else:
+            q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         p = self.dropout if self.training else 0.0
         if HAS_SDPA:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
@@ -98,20 +218,29 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, C, dropout):
+    def __init__(self, m):
         super().__init__()
-        self.dropout = dropout
-        self.c_fc, self.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+        self.kind, self.dropout = m.mlp, m.dropout
+        self.c_fc = nn.Linear(m.C, 2 * m.H if m.mlp == "swiglu" else m.H, bias=m.bias)
+        self.c_proj = nn.Linear(m.H, m.C, bias=m.bias)
 
     def forward(self, x):
-        return F.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")), self.dropout, self.training)
+        h = self.c_fc(x)
+        if self.kind == "gelu":
+            h = F.gelu(h, approximate="tanh")
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
+        else:  # swiglu: h = [gate | up]
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return F.dropout(self.c_proj(h), self.dropout, self.training)
 
 
 class Block(nn.Module):
-    def __init__(self, C, NH, dropout):
+    def __init__(self, m):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(C), Attention(C, NH, dropout)
-        self.ln_2, self.mlp = nn.LayerNorm(C), MLP(C, dropout)
+        self.ln_1, self.attn = make_norm(m, m.C), Attention(m)
+        self.ln_2, self.mlp = make_norm(m, m.C), MLP(m)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -119,24 +248,36 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, L, NH, C, T, dropout):
+    def __init__(self, m):
         super().__init__()
-        self.dropout = dropout
-        self.wte, self.wpe = nn.Embedding(VOCAB, C), nn.Embedding(T, C)
-        self.h = nn.ModuleList(Block(C, NH, dropout) for _ in range(L))
-        self.ln_f, self.lm_head = nn.LayerNorm(C), nn.Linear(C, VOCAB, bias=False)
+        self.dropout, self.softcap = m.dropout, m.softcap
+        self.wte, self.wpe = nn.Embedding(VOCAB, m.C), None if m.rotary else nn.Embedding(m.T, m.C)
+        self.emb_norm = make_norm(m, m.C) if m.emb_norm else None
+        self.h = nn.ModuleList(Block(m) for _ in range(m.L))
+        self.ln_f, self.lm_head = make_norm(m, m.C), nn.Linear(m.C, VOCAB, bias=False)
+        if m.tie:
+            self.lm_head.weight = self.wte.weight  # one parameter: named_parameters() names it wte.weight
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
+            elif p.dim() >= 2 and name.endswith("c_proj.weight") and m.zero_proj:  # nanochat's residual projections
+                nn.init.zeros_(p)
             elif p.dim() >= 2:
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if name.endswith("c_proj.weight") else 0.02)
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * m.L) if name.endswith("c_proj.weight") else 0.02)
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = F.dropout(self.wte(idx) + self.wpe.weight[:T], self.dropout, self.training)
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe.weight[:T]
+        x = F.dropout(x, self.dropout, self.training)
+        if self.emb_norm is not None:
+            x = self.emb_norm(x)
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
+        if self.softcap:  # the logit softcap, in f32
+            logits = self.softcap * torch.tanh(logits.float() / self.softcap)
         return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
 
 
@@ -187,6 +328,13 @@ def parse_args():
     parser.add_argument("--dtype", choices=("f32", "bf16"))
     parser.add_argument("--data", help="text file (default: the repository's data/tinyshakespeare.txt)")
     parser.add_argument("--json", help="write the config, every evaluation and step loss, and the summary here")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="gpt2",
+                        help="the model: nn/gpt.h's gpt_config(ARCH), as train_gpt's --arch (default gpt2)")
+    parser.add_argument("--kv-heads", type=int, default=0,
+                        help="key/value heads (grouped-query attention), dividing --heads (0, the default: --heads)")
+    parser.add_argument("--tie", choices=("on", "off"), default="off",
+                        help="on: lm_head's weight is wte's (one parameter); off (default): its own")
+    parser.add_argument("--eps", type=float, default=1e-5, help="every norm's epsilon (default 1e-5)")
     for flag, kind in (("steps", int), ("batch", int), ("seq", int), ("layers", int), ("heads", int),
                        ("embd", int), ("dropout", float), ("lr", float), ("min-lr", float), ("warmup", int),
                        ("beta2", float), ("weight-decay", float), ("eval-every", int), ("eval-batches", int),
@@ -201,6 +349,13 @@ def parse_args():
             parser.error(f"expected --{key.replace('_', '-')} >= 1, got {getattr(a, key)}")
     if a.embd % a.heads:
         parser.error(f"expected --embd divisible by --heads, got {a.embd} and {a.heads}")
+    if a.kv_heads < 0 or a.heads % (a.kv_heads or a.heads):
+        parser.error(f"expected --kv-heads dividing --heads (or 0: --heads), got {a.kv_heads} and {a.heads}")
+    if ARCHS[a.arch]["rotary"] and (a.embd // a.heads) % 2:
+        parser.error(f"--arch {a.arch} rotates pairs of each head's values: expected an even head size "
+                     f"--embd / --heads, got {a.embd // a.heads}")
+    if not 0 < a.eps < math.inf:
+        parser.error(f"expected --eps > 0 and finite, got {a.eps}")
     if not 0 < a.val_fraction < 1 or not 0 <= a.dropout < 1 or a.warmup < 0 or not 0 <= a.min_lr <= a.lr:
         parser.error("expected 0 < --val-fraction < 1, 0 <= --dropout < 1, --warmup >= 0 and 0 <= --min-lr <= --lr")
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -218,7 +373,8 @@ def main():
     if min(len(train), len(val)) < a.seq + 1:
         parser.error(f"{a.data}: {len(train)} training and {len(val)} held-out bytes; --seq {a.seq} needs "
                      f"at least {a.seq + 1} in each")
-    model = GPT(a.layers, a.heads, a.embd, a.seq, a.dropout).to(a.device)
+    m = model_config(a)
+    model = GPT(m).to(a.device)
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -226,9 +382,10 @@ def main():
                             **({"fused": True} if a.device == "cuda" else {}))
     machine = torch.cuda.get_device_name() if a.device == "cuda" else f"cpu, {a.threads} threads"
     n_params = sum(p.numel() for p in params)
-    print(f"torch {a.preset}: torch {torch.__version__} on {machine}; L={a.layers} NH={a.heads} C={a.embd} "
-          f"V={VOCAB}, {n_params:,} parameters; B={a.batch} T={a.seq}, {a.steps} steps, lr {a.lr:g} to "
-          f"{a.min_lr:g}, warm-up {a.warmup}, dropout {a.dropout:g}, {a.dtype}, eager")
+    print(f"torch {a.preset}: torch {torch.__version__} on {machine}; {a.arch}, L={m.L} NH={m.NH} NKV={m.NKV} "
+          f"C={m.C} H={m.H} V={VOCAB}, lm_head {'tied' if m.tie else 'untied'}, {n_params:,} parameters; "
+          f"B={a.batch} T={a.seq}, {a.steps} steps, lr {a.lr:g} to {a.min_lr:g}, warm-up {a.warmup}, "
+          f"dropout {a.dropout:g}, {a.dtype}, eager")
     print(f"data: {a.data}, {len(train):,} training and {len(val):,} held-out bytes")
     if a.steps <= a.warmup:
         print(f"note: --steps {a.steps} <= --warmup {a.warmup}: the run ends in the warm-up, at "
@@ -271,8 +428,9 @@ def main():
     if a.json:
         config = {k: v for k, v in vars(a).items() if k != "json"}
         with open(a.json, "w") as f:
-            json.dump({"torch": torch.__version__, "machine": machine, "config": config, "parameters": n_params,
-                       "vocab": VOCAB, "evaluations": evals, "losses": losses, **summary}, f, indent=1)
+            json.dump({"torch": torch.__version__, "machine": machine, "config": config, "arch": a.arch,
+                       "model": vars(m), "parameters": n_params, "vocab": VOCAB, "evaluations": evals,
+                       "losses": losses, **summary}, f, indent=1)
 
 
 if __name__ == "__main__":
