@@ -38,6 +38,12 @@ void gelu_backward_cuda(T* dx, const T* dy, const T* x, int64_t n, int device);
 template <class T>  // out[r, j] += bias[j], out [rows, N]
 void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
+// ops/rotary.cu (see ops/rotary.h)
+template <class T>  // out[b, t, h, :] = x[b, t, h, :] with each pair (d, d + hs/2) rotated by the angle of
+                    // position position_offset + t (inverse: by minus it); out, x [B, T, H, hs]
+void rotary_embedding_cuda(T* out, const T* x, int64_t B, int64_t T_, int64_t H, int64_t hs, int64_t position_offset,
+                           double theta, bool inverse, int device);
+
 // ops/dropout.cu
 template <class T>  // out[i] = keep(philox_word(state, i)) ? x[i] / (1 - p) : 0 (core/philox.h)
 void dropout_cuda(T* out, const T* x, int64_t n, double p, PhiloxState state, int device);

@@ -12,4 +12,5 @@
 #include "ops/matmul.h"
 #include "ops/norm/norm_policy.h"
 #include "ops/reduce.h"
+#include "ops/rotary.h"
 #include "ops/norm/rms_norm.h"
