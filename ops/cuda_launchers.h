@@ -39,6 +39,22 @@ void gelu_backward_cuda(T* dx, const T* dy, const T* x, int64_t n, int device);
 template <class T>  // out[r, j] += bias[j], out [rows, N]
 void add_bias_rows_cuda(T* out, const T* bias, int64_t rows, int64_t N, int device);
 
+// ops/activation.cu (see ops/activation.h)
+template <class T>  // out[i] = relu(h[i])^2
+void relu_squared_forward_cuda(T* out, const T* h, int64_t n, int device);
+template <class T>  // dh[i] = dout[i] * 2 relu(h[i])
+void relu_squared_backward_cuda(T* dh, const T* dout, const T* h, int64_t n, int device);
+template <class T>  // out[r, j] = silu(h[r, j]) * h[r, H + j]; h [rows, 2H] = [gate | up], out [rows, H]
+void swiglu_forward_cuda(T* out, const T* h, int64_t rows, int64_t H, int device);
+template <class T>  // dh[r, j] = dout[r, j] * up * silu'(gate), dh[r, H + j] = dout[r, j] * silu(gate); dh [rows, 2H]
+void swiglu_backward_cuda(T* dh, const T* dout, const T* h, int64_t rows, int64_t H, int device);
+
+// ops/rotary.cu (see ops/rotary.h)
+template <class T>  // out[b, t, h, :] = x[b, t, h, :] with each pair (d, d + hs/2) rotated by the angle of
+                    // position position_offset + t (inverse: by minus it); out, x [B, T, H, hs]
+void rotary_embedding_cuda(T* out, const T* x, int64_t B, int64_t T_, int64_t H, int64_t hs, int64_t position_offset,
+                           double theta, bool inverse, int device);
+
 // ops/dropout.cu
 template <class T>  // out[i] = keep(philox_word(state, i)) ? x[i] / (1 - p) : 0 (core/philox.h)
 void dropout_cuda(T* out, const T* x, int64_t n, double p, PhiloxState state, int device);

@@ -3,6 +3,7 @@
 // share ops/norm/norm.cpp and ops/norm_*.cu, and ops/norm/norm_policy.h holds their save policy.
 #pragma once
 
+#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
@@ -12,4 +13,5 @@
 #include "ops/matmul.h"
 #include "ops/norm/norm_policy.h"
 #include "ops/reduce.h"
+#include "ops/rotary.h"
 #include "ops/norm/rms_norm.h"
