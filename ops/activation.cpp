@@ -177,8 +177,9 @@ Tensor relu_squared(const Tensor& h_in, bool recompute_output) {
 Tensor swiglu(const Tensor& h_in, bool recompute_output) {
     detail::check_floating_input("swiglu", "h", h_in);
     NT_CHECK_AS(ShapeError, h_in.dim() >= 1, "swiglu: expected h of shape [..., 2H], got a scalar (shape [])");
-    NT_CHECK_AS(ShapeError, h_in.size(-1) % 2 == 0, "swiglu: expected h of shape [..., 2H] ([gate | up]), an even last ",
-                "dimension, got ", shape_str(h_in.shape()));
+    NT_CHECK_AS(ShapeError, h_in.size(-1) % 2 == 0,
+                "swiglu: expected h of shape [..., 2H] ([gate | up]), an even last dimension, got ",
+                shape_str(h_in.shape()));
     Tensor h = h_in.contiguous();
     Tensor out = detail::swiglu_forward(h);
     if (should_record(h)) {

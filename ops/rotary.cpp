@@ -112,10 +112,12 @@ Tensor rotary_embedding(const Tensor& x_in, int64_t position_offset, double thet
     detail::check_floating_input("rotary_embedding", "x", x_in);
     NT_CHECK_AS(ShapeError, x_in.dim() == 4, "rotary_embedding: expected x of shape [B, T, H, hs], got ",
                 shape_str(x_in.shape()));
-    NT_CHECK_AS(ShapeError, x_in.size(3) % 2 == 0, "rotary_embedding: expected an even head size hs (the last dim of x ",
-                shape_str(x_in.shape()), "), got ", x_in.size(3));
+    NT_CHECK_AS(ShapeError, x_in.size(3) % 2 == 0,
+                "rotary_embedding: expected an even head size hs (the last dim of x ", shape_str(x_in.shape()),
+                "), got ", x_in.size(3));
     NT_CHECK(position_offset >= 0 && position_offset <= std::numeric_limits<int64_t>::max() - x_in.size(1),
-             "rotary_embedding: expected position_offset >= 0 (with position_offset + T in int64), got ", position_offset);
+             "rotary_embedding: expected position_offset >= 0 (with position_offset + T in int64), got ",
+             position_offset);
     NT_CHECK(std::isfinite(theta) && theta > 0, "rotary_embedding: expected a finite theta > 0, got ", theta);
     Tensor x = x_in.contiguous();
     Tensor out = rotary_apply(x, position_offset, theta, /*inverse=*/false);

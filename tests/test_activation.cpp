@@ -228,7 +228,8 @@ TEST_CASE("relu_squared: CUDA matches the cpu (f64, f32, bf16), whole vectors an
     for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
         check_cuda_matches_cpu(kReluSquared, input({64, 96}, dt, 2.0), same);
         check_cuda_matches_cpu(kReluSquared, input({1003}, dt, 2.0), same);
-        check_cuda_matches_cpu(kReluSquared, input({17, 12}, dt, 2.0), [](const Tensor& t) { return t.transpose(0, 1); });
+        check_cuda_matches_cpu(kReluSquared, input({17, 12}, dt, 2.0),
+                               [](const Tensor& t) { return t.transpose(0, 1); });
     }
     check_recompute_output(kReluSquared, "relu_squared", Device::CUDA, 16, 16);
 }

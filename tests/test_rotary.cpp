@@ -53,7 +53,8 @@ std::vector<float> rotary_as_transformers(const std::vector<float>& x, const Sha
     for (int64_t t = 0; t < T; ++t)
         for (int64_t d = 0; d < half; ++d) {
             const float exponent = float(2 * d) / float(hs);
-            const float power = static_cast<float>(std::pow(static_cast<long double>(float(theta)), (long double)exponent));
+            const long double base = float(theta);
+            const float power = static_cast<float>(std::pow(base, static_cast<long double>(exponent)));
             const float inv_freq = 1.0f / power;
             const float freq = float(offset + t) * inv_freq;
             const float c = std::cos(freq), sn = std::sin(freq);
@@ -240,7 +241,8 @@ TEST_CASE("rotary_embedding: bad input") {
     const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
     int64_t before = cpu_allocated();
 
-    check_throws<Error>([&] { (void)rotary_embedding(Tensor()); }, {"rotary_embedding", "undefined"}, KindMatch::Exactly);
+    check_throws<Error>([&] { (void)rotary_embedding(Tensor()); }, {"rotary_embedding", "undefined"},
+                        KindMatch::Exactly);
     check_throws<Error>([&] { (void)rotary_embedding(x, -1); }, {"rotary_embedding", "position_offset", "-1"},
                         KindMatch::Exactly);
     check_throws<Error>([&] { (void)rotary_embedding(x, std::numeric_limits<int64_t>::max()); },
@@ -250,7 +252,8 @@ TEST_CASE("rotary_embedding: bad input") {
         check_throws<Error>([&] { (void)rotary_embedding(x, 0, theta); }, {"rotary_embedding", "theta"},
                             KindMatch::Exactly);
     }
-    check_throws<ShapeError>([&] { (void)rotary_embedding(three_d); }, {"rotary_embedding", "[B, T, H, hs]", "[2, 3, 4]"});
+    check_throws<ShapeError>([&] { (void)rotary_embedding(three_d); },
+                             {"rotary_embedding", "[B, T, H, hs]", "[2, 3, 4]"});
     check_throws<ShapeError>([&] { (void)rotary_embedding(five_d); }, {"rotary_embedding", "[1, 2, 3, 4, 2]"});
     check_throws<ShapeError>([&] { (void)rotary_embedding(empty); }, {"rotary_embedding", "[1, 0, 3, 4]"});
     check_throws<ShapeError>([&] { (void)rotary_embedding(odd); }, {"rotary_embedding", "even", "5"});
