@@ -23,25 +23,29 @@ void check_eval_mode(const char* op, const GPT& model) {
              ", which drops in training mode");
 }
 
-// Rows [pos, pos + n) of batch element b of a [B, rows, D] contiguous tensor, as a contiguous
-// [n, D] view (a narrow of dimension 1 alone is not contiguous when B > 1, and copy_ writes
-// contiguous destinations only).
-Tensor rows_view(const Tensor& t, int64_t b, int64_t pos, int64_t n) {
-    return t.narrow(0, b, 1).reshape({t.size(1), t.size(2)}).narrow(0, pos, n);
-}
-
 }  // namespace
 
 KVCache::KVCache(const GPT& model, int64_t batch_size)
     : capacity_(model.config().block_size), batch_size_(batch_size), n_embd_(model.config().n_embd),
       dtype_(first_parameter(model).dtype()), device_(first_parameter(model).device()) {
     NT_CHECK_AS(ShapeError, batch_size >= 1, "KVCache: expected batch_size >= 1, got ", batch_size);
+    const GPTConfig& c = model.config();
     TensorOptions opts = TensorOptions().dtype(dtype_).device(device_);
-    for (size_t i = 0; i < model.h.size(); ++i) qkv_.push_back(empty({batch_size, capacity_, 3 * n_embd_}, opts));
+    const int64_t hs = c.n_embd / c.n_head;
+    for (size_t i = 0; i < model.h.size(); ++i) {
+        KVLayer layer;
+        if (c.separate_qkv()) {
+            layer.k = empty({batch_size, capacity_, c.kv_heads(), hs}, opts);
+            layer.v = empty({batch_size, capacity_, c.kv_heads(), hs}, opts);
+        } else {
+            layer.qkv = empty({batch_size, capacity_, 3 * n_embd_}, opts);
+        }
+        layers_.push_back(std::move(layer));
+    }
 }
 
-// Follows GPT::forward step for step (Note [The key/value cache]); each block's attention reads
-// the cache's rows 0 .. pos + n - 1 and computes the rows pos .. pos + n - 1 only.
+// GPT::forward's steps (embed, the blocks, head), each block's attention reading the cache's rows
+// 0 .. pos + n - 1 and computing the rows pos .. pos + n - 1 only (Note [The key/value cache]).
 Tensor forward_cached(const GPT& model, KVCache& cache, const Tensor& idx_new) {
     const char* op = "forward_cached";
     const Tensor& w = first_parameter(model);
@@ -52,11 +56,13 @@ Tensor forward_cached(const GPT& model, KVCache& cache, const Tensor& idx_new) {
     NT_CHECK_AS(ShapeError, idx_new.dim() == 2, op, ": expected idx_new of shape [B, n] i64, got ",
                 shape_str(idx_new.shape()));
     const int64_t B = idx_new.size(0), n = idx_new.size(1), pos = cache.length_;
-    NT_CHECK_AS(ShapeError, cache.qkv_.size() == model.h.size() && cache.capacity_ == model.config().block_size &&
-                                cache.n_embd_ == model.config().n_embd,
+    const bool separate = model.config().separate_qkv();
+    NT_CHECK_AS(ShapeError, cache.layers_.size() == model.h.size() && cache.capacity_ == model.config().block_size &&
+                                cache.n_embd_ == model.config().n_embd &&
+                                (cache.layers_.empty() || cache.layers_[0].k.defined() == separate),
                 op, ": expected a cache made for this model (n_layer ", model.h.size(), ", block_size ",
                 model.config().block_size, ", n_embd ", model.config().n_embd, "), got one of n_layer ",
-                cache.qkv_.size(), ", block_size ", cache.capacity_, ", n_embd ", cache.n_embd_);
+                cache.layers_.size(), ", block_size ", cache.capacity_, ", n_embd ", cache.n_embd_);
     NT_CHECK_AS(DTypeError, cache.dtype_ == w.dtype(), op, ": expected a cache of the model's dtype ",
                 dtype_name(w.dtype()), ", got ", dtype_name(cache.dtype_));
     NT_CHECK_AS(DeviceError, cache.device_ == w.device() && idx_new.device() == w.device(), op,
@@ -67,35 +73,26 @@ Tensor forward_cached(const GPT& model, KVCache& cache, const Tensor& idx_new) {
     NT_CHECK_AS(ShapeError, n >= 1 && pos + n <= cache.capacity_, op, ": expected 1 to ", cache.capacity_ - pos,
                 " new positions (the cache holds ", pos, " of block_size = ", cache.capacity_, "), got ", n);
     NoGradGuard no_grad;
-    const int64_t n_head = model.config().n_head;
-    Tensor x = add(model.wte->forward(idx_new), model.wpe->weight.narrow(0, pos, n));
-    for (size_t i = 0; i < model.h.size(); ++i) {
-        const Block& block = *model.h[i];
-        Tensor qkv = block.attn->c_attn->forward(block.ln_1->forward(x));  // [B, n, 3C]
-        Tensor& layer = cache.qkv_[i];
-        for (int64_t b = 0; b < B; ++b) rows_view(layer, b, pos, n).copy_(qkv.narrow(0, b, 1).reshape({n, qkv.size(2)}));
-        // A batch of one reads its rows as one contiguous view; more are gathered by the op.
-        Tensor seen = B == 1 ? rows_view(layer, 0, 0, pos + n).reshape({1, pos + n, layer.size(2)})
-                             : layer.narrow(1, 0, pos + n);
-        Tensor y = causal_self_attention_rows(seen, n_head, pos);  // [B, n, C]
-        x = add(x, block.attn->c_proj->forward(y));
-        x = add(x, block.mlp->forward(block.ln_2->forward(x)));
-    }
+    Tensor x = model.embed(idx_new, pos);
+    for (size_t i = 0; i < model.h.size(); ++i) x = model.h[i]->forward(std::move(x), pos, &cache.layers_[i]);
     cache.length_ = pos + n;
-    return model.lm_head->forward(model.ln_f->forward(x));
+    return model.head(x);
 }
 
 namespace {
 
-// The next token from the last row of `logits` [1, n, V], drawn as generate() says (nn/generate.h).
+// The next token from the last row of `logits` [1, n, V], drawn as generate() says (nn/generate.h),
+// after the model's logit softcap (softcap * tanh(z / softcap); none at 0), as loss() sees them.
 // p_i = exp((z_i - max z) / temperature), the same softmax as exp(z_i / temperature) normalized,
 // without overflow at small temperatures.
-int64_t sample(const Tensor& logits, const SamplingOptions& o, std::mt19937_64& rng) {
+int64_t sample(const Tensor& logits, double softcap, const SamplingOptions& o, std::mt19937_64& rng) {
     const int64_t V = logits.size(2);
     std::vector<double> z = logits.narrow(1, logits.size(1) - 1, 1).to(Device::CPU).to(DType::F64).to_vector<double>();
     for (int64_t i = 0; i < V; ++i)
         NT_CHECK(std::isfinite(z[i]), "generate: expected finite logits, got ", z[i], " for token ", i,
                  " (a model whose training diverged?)");
+    if (softcap > 0)
+        for (double& zi : z) zi = softcap * std::tanh(zi / softcap);
     if (o.temperature == 0) return std::max_element(z.begin(), z.end()) - z.begin();
     double cut = -std::numeric_limits<double>::infinity();
     if (o.top_k > 0 && o.top_k < V) {  // nanoGPT: the logits below the k-th largest are left out
@@ -157,7 +154,7 @@ std::vector<int64_t> generate(const GPT& model, std::vector<int64_t> prompt, int
         }
         Tensor logits = cache ? forward_cached(model, *cache, ids_tensor(tokens, start + cache->length(), end, device))
                               : model.forward(ids_tensor(tokens, start, end, device));
-        const int64_t next = sample(logits, o, rng);
+        const int64_t next = sample(logits, model.config().logit_softcap, o, rng);
         tokens.push_back(next);
         out.push_back(next);
         if (on_token) on_token(next);

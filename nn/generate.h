@@ -5,19 +5,20 @@
 // longest context; t the positions in the cache, n the new ones.
 //
 // Note [The key/value cache]
-// Position s's output at layer l depends on the earlier positions only through their q, k and v
-// rows at layer l (the c_attn output), which do not change when later tokens arrive (causal
-// attention). KVCache keeps, per layer, the packed qkv rows [B, block_size, 3C] of the positions
-// seen so far, so a new token costs its own projections and one attention row over the t cached
-// positions: O(L * C * (C + t)) per token, against O(L * t * C * (C + t)) for a forward of the
-// whole context (generate with use_cache = false, the reference). The cache holds the q rows too,
-// because causal_self_attention_rows reads the packed layout: 3C values per position and layer,
-// L * B * block_size * 3C elements of the model's dtype in all, allocated when it is made
-// (a third more than the 2C of keys and values alone).
-// forward_cached must compute what GPT::forward computes, layer by layer (ln_1, c_attn, attention,
-// c_proj, the residual adds, ln_2, mlp, ln_f, lm_head); a change to GPT::forward is a change to it.
+// Position s's output at layer l depends on the earlier positions only through their k and v rows
+// at layer l, which do not change when later tokens arrive (causal attention; the rotary
+// embedding of a row depends on its own position only). KVCache keeps, per layer, those rows of
+// the positions seen so far (KVLayer, nn/gpt.h), so a new token costs its own projections and one
+// attention row over the t cached positions: O(L * C * (C + t)) per token, against
+// O(L * t * C * (C + t)) for a forward of the whole context (generate with use_cache = false, the
+// reference). For GPT-2's block the cache holds the packed qkv rows [B, block_size, 3C], q
+// included, because causal_self_attention_rows reads the packed layout (a third more than keys
+// and values alone); for the others the rotated (and normalized) k and v, [B, block_size, NKV,
+// hs] each: L * B * block_size * 2 * NKV * hs elements of the model's dtype, allocated when it is
+// made. forward_cached runs GPT::forward's own steps (GPT::embed, Block::forward with the layer's
+// cache, GPT::head), so the two cannot drift apart.
 // Sampling is inference: a model with dropout must be in evaluation mode (Module::eval()).
-//
+
 // Note [Context longer than block_size]
 // The model sees at most block_size positions. When the next token would not fit, both modes
 // restart the context from the last max(1, block_size / 2) tokens: the cache is cleared and
@@ -41,23 +42,24 @@ namespace normtape {
 // The qkv rows of the positions a model has seen (Note [The key/value cache]).
 class KVCache {
 public:
-    // Allocates, for each of model's L layers, a [batch_size, block_size, 3C] tensor of the
-    // model's parameters' dtype and device (L * batch_size * block_size * 3C elements), empty
-    // (length() = 0). Throws ShapeError, naming KVCache, on batch_size < 1; OutOfMemoryError or
+    // Allocates, for each of model's L layers, its KVLayer (a [batch_size, block_size, 3C] qkv, or
+    // k and v [batch_size, block_size, NKV, hs]) of the model's parameters' dtype and device,
+    // empty (length() = 0). Throws ShapeError, naming KVCache, on batch_size < 1; OutOfMemoryError or
     // DeviceError as empty() does.
     KVCache(const GPT& model, int64_t batch_size);
 
     int64_t length() const { return length_; }          // positions held, 0 .. block_size
     int64_t capacity() const { return capacity_; }      // block_size
     int64_t batch_size() const { return batch_size_; }  // B
-    // Layer i's rows [B, block_size, 3C]; those from length() on are not yet written.
-    const Tensor& layer(int64_t i) const { return qkv_.at(static_cast<size_t>(i)); }
+    // Layer i's rows (KVLayer, nn/gpt.h): qkv [B, block_size, 3C], or k and v [B, block_size,
+    // NKV, hs]; those from length() on are not yet written.
+    const KVLayer& layer(int64_t i) const { return layers_.at(static_cast<size_t>(i)); }
     // Forgets every position (length() = 0); keeps the memory.
     void clear() { length_ = 0; }
 
 private:
     friend Tensor forward_cached(const GPT& model, KVCache& cache, const Tensor& idx_new);
-    std::vector<Tensor> qkv_;
+    std::vector<KVLayer> layers_;
     int64_t length_ = 0, capacity_ = 0, batch_size_ = 0, n_embd_ = 0;
     DType dtype_;
     Device device_;

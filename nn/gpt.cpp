@@ -1,4 +1,4 @@
-// nn/gpt.cpp: the GPT modules.
+// nn/gpt.cpp: the GPT modules, the presets and the memory they save.
 #include "nn/gpt.h"
 
 #include <cmath>
@@ -7,12 +7,57 @@
 
 #include "core/activation_checkpoint.h"
 #include "core/save_on_cpu.h"
+#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "ops/rotary.h"
 
 namespace normtape {
+
+const char* pos_embedding_name(PosEmbedding p) { return p == PosEmbedding::Learned ? "learned" : "rotary"; }
+
+const char* mlp_kind_name(MLPKind m) {
+    switch (m) {
+        case MLPKind::GELU: return "gelu";
+        case MLPKind::ReLU2: return "relu2";
+        case MLPKind::SwiGLU: return "swiglu";
+    }
+    return "?";
+}
+
+int64_t GPTConfig::hidden() const {
+    if (mlp_hidden > 0) return mlp_hidden;
+    if (mlp != MLPKind::SwiGLU) return 4 * n_embd;
+    return (8 * n_embd / 3 + 63) / 64 * 64;  // Llama's 2/3 of 4C, to a multiple of 64
+}
+
+GPTConfig gpt_config(const std::string& arch) {
+    GPTConfig c;
+    if (arch == "gpt2") return c;
+    if (arch == "nanochat") {
+        c.pos_embedding = PosEmbedding::Rotary;
+        c.qk_norm = true;
+        c.norm = NormKind::RMS;
+        c.norm_affine = false;
+        c.mlp = MLPKind::ReLU2;
+        c.bias = false;
+        c.logit_softcap = 15.0;
+        c.embedding_norm = true;
+        c.zero_init_proj = true;
+        return c;
+    }
+    if (arch == "llama") {
+        c.pos_embedding = PosEmbedding::Rotary;
+        c.norm = NormKind::RMS;
+        c.mlp = MLPKind::SwiGLU;
+        c.bias = false;
+        return c;
+    }
+    NT_CHECK(false, "gpt_config: expected an architecture gpt2, nanochat or llama, got '", arch, "'");
+    return c;
+}
 
 void check_config(const GPTConfig& c) {
     NT_CHECK_AS(ShapeError, c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
@@ -20,10 +65,24 @@ void check_config(const GPTConfig& c) {
                 ", n_layer ", c.n_layer, ", n_head ", c.n_head, ", n_embd ", c.n_embd);
     NT_CHECK_AS(ShapeError, c.n_embd % c.n_head == 0, "GPTConfig: expected n_embd divisible by n_head, got n_embd ",
                 c.n_embd, " and n_head ", c.n_head);
+    NT_CHECK_AS(ShapeError, c.n_kv_head >= 0 && c.n_head % c.kv_heads() == 0,
+                "GPTConfig: expected n_kv_head dividing n_head (or 0: n_head), got n_kv_head ", c.n_kv_head,
+                " and n_head ", c.n_head);
+    NT_CHECK_AS(ShapeError, c.mlp_hidden >= 0, "GPTConfig: expected mlp_hidden >= 0 (0: the MLP's default), got ",
+                c.mlp_hidden);
+    NT_CHECK_AS(ShapeError, c.pos_embedding != PosEmbedding::Rotary || (c.n_embd / c.n_head) % 2 == 0,
+                "GPTConfig: expected an even head size n_embd / n_head with rotary positions, got ",
+                c.n_embd / c.n_head);
     NT_CHECK_AS(DTypeError, is_floating(c.dtype), "GPTConfig: expected a floating dtype, got ", dtype_name(c.dtype));
     NT_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "GPTConfig: expected norm_eps > 0 and finite, got ",
              c.norm_eps);
     NT_CHECK(c.dropout >= 0 && c.dropout < 1, "GPTConfig: expected dropout in [0, 1), got ", c.dropout);
+    NT_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0, "GPTConfig: expected rope_theta > 0 and finite, got ",
+             c.rope_theta);
+    NT_CHECK(std::isfinite(c.logit_softcap) && c.logit_softcap >= 0,
+             "GPTConfig: expected logit_softcap >= 0 and finite (0: none), got ", c.logit_softcap);
+    NT_CHECK(c.mlp != MLPKind::GELU || c.bias,
+             "GPTConfig: expected bias on with mlp gelu (linear_gelu adds c_fc's bias in its epilogue), got bias off");
 }
 
 namespace {
@@ -33,37 +92,96 @@ NormOptions norm_options(const GPTConfig& c) {
     o.policy = c.policy;
     o.dtype = c.dtype;
     o.device = c.device;
+    o.elementwise_affine = c.norm_affine;
     return o;
 }
 TensorOptions param_options(const GPTConfig& c) { return TensorOptions().dtype(c.dtype).device(c.device); }
-double residual_std(const GPTConfig& c) { return 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer)); }
+double residual_std(const GPTConfig& c) {
+    return c.zero_init_proj ? 0.0 : 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+}
+std::shared_ptr<Linear> linear_module(const GPTConfig& c, int64_t in, int64_t out, double init_std = 0.02) {
+    return std::make_shared<Linear>(in, out, c.bias, param_options(c), init_std);
+}
+
+// Rows [position, position + n) of a cache [B, block_size, ...] get `rows` [B, n, ...]; returns
+// its rows [0, position + n). copy_ writes contiguous destinations only, so each batch element's
+// rows are written as one contiguous view.
+Tensor append_rows(Tensor& cache, const Tensor& rows, int64_t position) {
+    const int64_t B = cache.size(0), n = rows.size(1), width = cache.numel() / (B * cache.size(1));
+    for (int64_t b = 0; b < B; ++b) {
+        Tensor dst = cache.narrow(0, b, 1).reshape({cache.size(1), width}).narrow(0, position, n);
+        dst.copy_(rows.narrow(0, b, 1).reshape({n, width}));
+    }
+    return cache.narrow(1, 0, position + n);
+}
 }  // namespace
 
-CausalSelfAttention::CausalSelfAttention(const GPTConfig& c) : n_head(c.n_head), attn_dropout(c.dropout) {
-    c_attn = register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, param_options(c)));
-    c_proj = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& c)
+    : n_head(c.n_head), n_kv_head(c.kv_heads()), rotary(c.pos_embedding == PosEmbedding::Rotary),
+      rope_theta(c.rope_theta), attn_dropout(c.dropout) {
+    const int64_t C = c.n_embd, hs = C / c.n_head;
+    if (c.separate_qkv()) {
+        c_q = register_module("c_q", linear_module(c, C, n_head * hs));
+        c_k = register_module("c_k", linear_module(c, C, n_kv_head * hs));
+        c_v = register_module("c_v", linear_module(c, C, n_kv_head * hs));
+        if (c.qk_norm) {
+            q_norm = register_module("q_norm", make_norm(NormKind::RMS, hs, norm_options(c)));
+            k_norm = register_module("k_norm", make_norm(NormKind::RMS, hs, norm_options(c)));
+        }
+    } else {
+        c_attn = register_module("c_attn", linear_module(c, C, 3 * C));
+    }
+    c_proj = register_module("c_proj", linear_module(c, C, C, residual_std(c)));
     resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(c.dropout));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position, KVLayer* cache) const {
     ModuleScope scope(*this);
-    Tensor y = causal_self_attention(c_attn->forward(x), n_head, is_training() ? attn_dropout : 0.0);
+    const int64_t B = x.size(0), n = x.size(1), C = x.size(2), hs = C / n_head;
+    const double p = is_training() ? attn_dropout : 0.0;
+    Tensor y;
+    if (c_attn) {
+        Tensor qkv = c_attn->forward(x);  // [B, n, 3C]
+        y = cache ? causal_self_attention_rows(append_rows(cache->qkv, qkv, position), n_head, position)
+                  : causal_self_attention(qkv, n_head, p);
+    } else {
+        Tensor q = c_q->forward(x).view({B, n, n_head, hs});
+        Tensor k = c_k->forward(x).view({B, n, n_kv_head, hs});
+        Tensor v = c_v->forward(x).view({B, n, n_kv_head, hs});
+        if (rotary) {  // a rotation: saves nothing
+            q = rotary_embedding(q, position, rope_theta);
+            k = rotary_embedding(k, position, rope_theta);
+        }
+        if (q_norm) {  // after the rotation, as nanochat
+            q = q_norm->forward(q);
+            k = k_norm->forward(k);
+        }
+        y = cache ? causal_attention_rows(q, append_rows(cache->k, k, position), append_rows(cache->v, v, position))
+                  : causal_attention(q, k, v, p);
+        y = y.view({B, n, C});
+    }
     return resid_dropout->forward(c_proj->forward(y));
 }
 
-MLP::MLP(const GPTConfig& c) : recompute_gelu(c.recompute_gelu) {
-    c_fc = register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, true, param_options(c)));
-    c_proj = register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, param_options(c), residual_std(c)));
+MLP::MLP(const GPTConfig& c) : kind(c.mlp), recompute_activation(c.recompute_activation) {
+    const int64_t H = c.hidden();
+    c_fc = register_module("c_fc", linear_module(c, c.n_embd, kind == MLPKind::SwiGLU ? 2 * H : H));
+    c_proj = register_module("c_proj", linear_module(c, H, c.n_embd, residual_std(c)));
     dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout));
 }
 
-// The hidden layer in one op: on CUDA its bias (and GELU, unless made again) ride in the product's epilogue.
+// GELU: the hidden layer in one op: on CUDA its bias (and GELU, unless made again) ride in the
+// product's epilogue.
 Tensor MLP::forward(const Tensor& x) const {
     ModuleScope scope(*this);
     Tensor hidden;
-    {
+    if (kind == MLPKind::GELU) {
         ModuleScope c_fc_scope(*c_fc);  // c_fc's weights, in one op with the GELU after it
-        hidden = linear_gelu(x, c_fc->weight, c_fc->bias, recompute_gelu);
+        hidden = linear_gelu(x, c_fc->weight, c_fc->bias, recompute_activation);
+    } else if (kind == MLPKind::ReLU2) {
+        hidden = relu_squared(c_fc->forward(x), recompute_activation);
+    } else {
+        hidden = swiglu(c_fc->forward(x), recompute_activation);
     }
     return dropout->forward(c_proj->forward(hidden));
 }
@@ -75,10 +193,10 @@ Block::Block(const GPTConfig& c) {
     mlp = register_module("mlp", std::make_shared<MLP>(c));
 }
 
-Tensor Block::forward(Tensor x) const {
+Tensor Block::forward(Tensor x, int64_t position, KVLayer* cache) const {
     ModuleScope scope(*this);
     // Reassigning x drops the handle to the old residual: Note [Why saving y saves memory].
-    x = add(x, attn->forward(ln_1->forward(x)));
+    x = add(x, attn->forward(ln_1->forward(x), position, cache));
     x = add(x, mlp->forward(ln_2->forward(x)));
     return x;
 }
@@ -86,12 +204,28 @@ Tensor Block::forward(Tensor x) const {
 GPT::GPT(const GPTConfig& c) : config_(c) {
     check_config(c);
     wte = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, param_options(c)));
-    wpe = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, param_options(c)));
+    if (c.pos_embedding == PosEmbedding::Learned)
+        wpe = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, param_options(c)));
     drop = register_module("drop", std::make_shared<Dropout>(c.dropout));
+    if (c.embedding_norm) emb_norm = register_module("emb_norm", make_norm(c.norm, c.n_embd, norm_options(c)));
     for (int64_t i = 0; i < c.n_layer; ++i) h.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(c)));
     ln_f = register_module("ln_f", make_norm(c.norm, c.n_embd, norm_options(c)));
-    lm_head = register_module("lm_head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, param_options(c)));
+    lm_head = register_module("lm_head", c.tie_embeddings ? std::make_shared<Linear>(wte->weight)
+                                                          : std::make_shared<Linear>(c.n_embd, c.vocab_size, false,
+                                                                                     param_options(c)));
 }
+
+Tensor GPT::embed(const Tensor& idx, int64_t position) const {
+    const int64_t n = idx.size(1);
+    // The positions are wpe's rows: a view, whose backward saves nothing (an embedding lookup
+    // would save n ids, the one saved tensor not linear in B * T).
+    Tensor x = wte->forward(idx);
+    if (wpe) x = add(x, wpe->weight.narrow(0, position, n));
+    x = drop->forward(x);
+    return emb_norm ? emb_norm->forward(x) : x;
+}
+
+Tensor GPT::head(const Tensor& x) const { return lm_head->forward(ln_f->forward(x)); }
 
 Tensor GPT::forward(const Tensor& idx, bool in_loss) const {
     NT_CHECK(idx.defined(), "GPT: expected idx of shape [B, T] i64, got an undefined tensor");
@@ -105,9 +239,7 @@ Tensor GPT::forward(const Tensor& idx, bool in_loss) const {
     std::optional<SaveOnCpu> offload;  // Note [SaveOnCpu]: over the whole forward, so prefetching crosses layers
     if (config_.offload && !in_loss) offload.emplace();
     ModuleScope scope(*this);
-    // The positions 0..T-1 are wpe's first T rows: a view, whose backward saves nothing (an
-    // embedding lookup would save T ids, the one saved tensor not linear in B * T).
-    Tensor x = drop->forward(add(wte->forward(idx), wpe->weight.narrow(0, 0, T)));
+    Tensor x = embed(idx);
     // Moving the residual into each block leaves the block the only handle, so the block's input
     // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
     for (const auto& block : h) {
@@ -116,8 +248,7 @@ Tensor GPT::forward(const Tensor& idx, bool in_loss) const {
         else
             x = block->forward(std::move(x));
     }
-    x = ln_f->forward(x);
-    return lm_head->forward(x);
+    return head(x);
 }
 
 Tensor GPT::forward(const Tensor& idx) const { return forward(idx, false); }
@@ -125,7 +256,7 @@ Tensor GPT::forward(const Tensor& idx) const { return forward(idx, false); }
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
     std::optional<SaveOnCpu> offload;  // the logits too, the largest tensor saved outside the blocks
     if (config_.offload) offload.emplace();
-    return cross_entropy(forward(idx, true), targets);
+    return cross_entropy(forward(idx, true), targets, config_.logit_softcap);
 }
 
 void GPT::set_policy(SavePolicy policy) {
@@ -137,17 +268,58 @@ void GPT::set_checkpoint_blocks(bool on) { config_.checkpoint_blocks = on; }
 void GPT::set_offload(bool on) { config_.offload = on; }
 
 int64_t num_parameters(const GPTConfig& c) {
-    const int64_t C = c.n_embd, V = c.vocab_size;
-    const int64_t norm = c.norm == NormKind::Layer ? 2 * C : C;  // weight (+ bias)
-    const int64_t block = 2 * norm + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C);
-    return V * C + c.block_size * C + c.n_layer * block + norm + V * C;
+    const int64_t C = c.n_embd, V = c.vocab_size, hs = C / c.n_head, NH = c.n_head, NKV = c.kv_heads(), H = c.hidden();
+    const int64_t b = c.bias ? 1 : 0;
+    const int64_t norm = !c.norm_affine ? 0 : c.norm == NormKind::Layer ? 2 * C : C;  // weight (+ bias)
+    const int64_t qk_norms = c.qk_norm && c.norm_affine ? 2 * hs : 0;
+    const int64_t qkv = (NH + 2 * NKV) * hs;  // c_attn or c_q, c_k, c_v outputs
+    const int64_t fc = c.mlp == MLPKind::SwiGLU ? 2 * H : H;
+    const int64_t block = 2 * norm + qk_norms + (C * qkv + b * qkv) + (C * C + b * C) + (C * fc + b * fc) + (H * C + b * C);
+    const int64_t wpe = c.pos_embedding == PosEmbedding::Learned ? c.block_size * C : 0;
+    const int64_t lm_head = c.tie_embeddings ? 0 : V * C;
+    return V * C + wpe + (c.embedding_norm ? norm : 0) + c.n_layer * block + norm + lm_head;
+}
+
+namespace {
+// The bytes a norm of width N over E rows saves (predicted_saved_bytes): under Input its x and the
+// y that the op after it saves, under Output and Normalized one of them; rstd, and mean for a
+// LayerNorm under Input.
+int64_t norm_saved_bytes(const GPTConfig& c, NormKind kind, int64_t E, int64_t N) {
+    const int64_t es = static_cast<int64_t>(element_size(c.dtype)), ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
+    const bool input = c.policy == SavePolicy::Input;
+    const int64_t stats = (input && kind == NormKind::Layer ? 2 : 1) * E * ss;
+    return (input ? 2 : 1) * E * N * es + stats;
+}
+}  // namespace
+
+int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    const int64_t es = static_cast<int64_t>(element_size(c.dtype)), ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
+    const int64_t E = B * T, C = c.n_embd, NH = c.n_head, NKV = c.kv_heads(), hs = C / NH, H = c.hidden();
+    const int64_t ids = E * static_cast<int64_t>(element_size(DType::I64));
+    int64_t attention = 0;  // q, k, v as attention saves them
+    if (!c.separate_qkv()) {
+        attention = 3 * E * C * es;
+    } else if (c.qk_norm) {
+        attention = norm_saved_bytes(c, NormKind::RMS, E * NH, hs) + norm_saved_bytes(c, NormKind::RMS, E * NKV, hs) +
+                    E * NKV * hs * es;
+    } else {
+        attention = E * (NH + 2 * NKV) * hs * es;
+    }
+    attention += E * C * es + B * NH * T * ss;  // out (c_proj saves it too), lse
+    const int64_t mlp = (c.mlp == MLPKind::SwiGLU ? 2 : 1) * E * H * es + (c.recompute_activation ? 0 : E * H * es);
+    const int64_t layer = 2 * norm_saved_bytes(c, c.norm, E, C) + attention + mlp;
+    // emb_norm: E C and its statistics under every policy (its input under Input, else its output).
+    const int64_t emb_norm =
+        c.embedding_norm ? E * C * es + (c.policy == SavePolicy::Input && c.norm == NormKind::Layer ? 2 : 1) * E * ss : 0;
+    const int64_t loss = E * c.vocab_size * es + E * ss + ids;  // logits, log-sum-exp, targets
+    return ids + emb_norm + c.n_layer * layer + norm_saved_bytes(c, c.norm, E, C) + loss;
 }
 
 int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
-    int64_t norms = 2 * c.n_layer + 1;
-    int64_t x_bytes = B * T * c.n_embd * static_cast<int64_t>(element_size(c.dtype));
-    int64_t mean_bytes = c.norm == NormKind::Layer ? B * T * static_cast<int64_t>(element_size(stat_dtype(c.dtype))) : 0;
-    return norms * (x_bytes + mean_bytes);
+    GPTConfig input = c, output = c;
+    input.policy = SavePolicy::Input;
+    output.policy = SavePolicy::Output;
+    return predicted_saved_bytes(input, B, T) - predicted_saved_bytes(output, B, T);
 }
 
 int64_t predicted_checkpoint_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
@@ -155,16 +327,19 @@ int64_t predicted_checkpoint_saved_bytes(const GPTConfig& c, int64_t B, int64_t 
     const int64_t ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
     const int64_t ids = B * T * static_cast<int64_t>(element_size(DType::I64));
     const int64_t x = B * T * c.n_embd * es;
-    const int64_t stats = c.norm == NormKind::Layer && c.policy == SavePolicy::Input ? 2 * B * T * ss : B * T * ss;
+    const bool input = c.policy == SavePolicy::Input;
+    const int64_t stats = c.norm == NormKind::Layer && input ? 2 * B * T * ss : B * T * ss;
     // ln_f saves x (Input), y or x_hat, which lm_head saves too (y, or x_hat through y's recipe);
     // under Input lm_head saves y as well.
-    const int64_t ln_f = (c.policy == SavePolicy::Input ? 2 : 1) * x + stats;
+    const int64_t ln_f = (input ? 2 : 1) * x + stats;
+    // emb_norm's output is the first block's input: under Input its input is saved besides.
+    const int64_t emb_norm = c.embedding_norm ? (input ? x : 0) + stats : 0;
     const int64_t loss = B * T * c.vocab_size * es + B * T * ss + ids;  // logits, log-sum-exp, targets
-    return c.n_layer * x + ids + ln_f + loss;  // block inputs, wte's ids, ln_f and lm_head, the loss
+    return c.n_layer * x + ids + emb_norm + ln_f + loss;  // block inputs, wte's ids, the norms, the loss
 }
 
-int64_t predicted_gelu_recompute_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
-    return c.n_layer * 4 * B * T * c.n_embd * static_cast<int64_t>(element_size(c.dtype));
+int64_t predicted_recompute_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    return c.n_layer * B * T * c.hidden() * static_cast<int64_t>(element_size(c.dtype));
 }
 
 }  // namespace normtape

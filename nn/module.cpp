@@ -128,6 +128,17 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, TensorO
     if (has_bias) bias = register_parameter("bias", zeros({out_features}, options.requires_grad(false)));
 }
 
+Linear::Linear(Tensor w, Tensor b) {
+    NT_CHECK(w.defined(), "Linear: expected a weight of shape [out_features, in_features], got an undefined tensor");
+    NT_CHECK_AS(DTypeError, is_floating(w.dtype()), "Linear: expected a floating weight, got ", dtype_name(w.dtype()));
+    NT_CHECK_AS(ShapeError, w.dim() == 2, "Linear: expected a weight of shape [out_features, in_features], got ",
+                shape_str(w.shape()));
+    NT_CHECK_AS(ShapeError, !b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "Linear: expected a bias of shape [",
+                w.size(0), "], got ", shape_str(b.shape()));
+    weight = register_parameter("weight", w);
+    if (b.defined()) bias = register_parameter("bias", b);
+}
+
 Tensor Linear::forward(const Tensor& x) const {
     ModuleScope scope(*this);
     return linear(x, weight, bias);

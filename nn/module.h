@@ -111,6 +111,11 @@ class Linear : public Module {
 public:
     Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions options = {},
            double init_std = 0.02);
+    // A Linear over existing tensors, registered as its parameters: weight tying (a GPT's lm_head
+    // over wte's table; Module lists a tied tensor once). weight: [out_features, in_features] of a
+    // floating dtype, bias: [out_features] or undefined. Throws ShapeError or DTypeError naming
+    // Linear, and Error for an undefined weight or one that is not a leaf.
+    explicit Linear(Tensor weight, Tensor bias = Tensor());
     // x: [..., in_features], dtype and device of weight -> [..., out_features]; see linear().
     Tensor forward(const Tensor& x) const;
 

@@ -22,9 +22,11 @@ Tensor rows_of(const Tensor& out, int64_t first_row) {
     return out.narrow(1, first_row, out.size(1) - first_row).contiguous();
 }
 
-// A small GPT: V = 37, block_size 12, two layers, C = 16, NH = 2.
-GPTConfig small_config(DType dtype, NormKind norm = NormKind::Layer) {
-    GPTConfig c;
+// A small GPT of architecture `arch` (gpt_config): V = 37, block_size 12, two layers, C = 16,
+// NH = 2 (the others with one key/value head, and their projections drawn, not zero).
+GPTConfig small_config(DType dtype, NormKind norm = NormKind::Layer, const std::string& arch = "gpt2") {
+    GPTConfig c = gpt_config(arch);
+    if (arch != "gpt2") c.n_kv_head = 1, c.zero_init_proj = false;
     c.vocab_size = 37;
     c.block_size = 12;
     c.n_layer = 2;
@@ -183,10 +185,12 @@ TEST_SUITE("causal_self_attention_rows") {
 TEST_SUITE("generate") {
     TEST_CASE("generate: forward_cached: logits equal GPT::forward's, token by token and after a multi-token prefill") {
         for (DType dt : {DType::F64, DType::F32})
-            for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
-                INFO("dtype ", std::string(dtype_name(dt)), ", norm ", std::string(norm == NormKind::Layer ? "layer" : "rms"));
+            for (auto [arch, norm] : {std::pair<const char*, NormKind>{"gpt2", NormKind::Layer}, {"gpt2", NormKind::RMS},
+                                      {"nanochat", NormKind::RMS}, {"llama", NormKind::RMS}}) {
+                INFO("dtype ", std::string(dtype_name(dt)), ", arch ", arch, ", norm ",
+                     std::string(norm == NormKind::Layer ? "layer" : "rms"));
                 manual_seed(101);
-                GPT model(small_config(dt, norm));
+                GPT model(small_config(dt, norm, arch));
                 // Logits of order 1: the two computations differ by summation order alone (products
                 // of one row, against those of T rows), a few ulp of f32 (2e-7 seen).
                 scale_parameters(model, 2.0);
@@ -220,10 +224,11 @@ TEST_SUITE("generate") {
 
     TEST_CASE("generate: on cuda, the cached forward equals GPT::forward, and both modes give the same tokens") {
         REQUIRE_CUDA_OR_SKIP();
-        for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
-            INFO("dtype ", std::string(dtype_name(dt)));
+        for (DType dt : {DType::F64, DType::F32, DType::BF16})
+          for (const char* arch : {"gpt2", "nanochat", "llama"}) {
+            INFO("dtype ", std::string(dtype_name(dt)), ", arch ", arch);
             manual_seed(108);
-            GPTConfig c = small_config(dt);
+            GPTConfig c = small_config(dt, arch == std::string("gpt2") ? NormKind::Layer : NormKind::RMS, arch);
             c.device = Device::CUDA;
             GPT model(c);
             scale_parameters(model, 20.0);

@@ -1,5 +1,7 @@
 // tests/test_gpt.cpp: the model end to end: it learns real text, it can overfit one batch, the
-// two policies train identically, and bad input to the model is rejected clearly.
+// two policies train identically, and bad input to the model is rejected clearly; the presets
+// (gpt2, nanochat, llama): their parameters, their gradients against f64 finite differences, tied
+// embeddings, and weightless norms under Output and Normalized.
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -47,6 +49,24 @@ std::vector<double> train(const GPTConfig& c, const std::string& text, int steps
     return losses;
 }
 
+// A preset at a small size: V = 29, block_size 8, two layers, C = 16, NH = 4 (NKV 2 for the
+// others), every parameter drawn (zero_init_proj off, so that each gradient path carries signal).
+GPTConfig preset(const std::string& arch, DType dtype = DType::F64, SavePolicy policy = SavePolicy::Input) {
+    GPTConfig c = gpt_config(arch);
+    c.vocab_size = 29, c.block_size = 8, c.n_layer = 2, c.n_head = 4, c.n_embd = 16, c.dtype = dtype;
+    c.policy = policy;
+    c.zero_init_proj = false;
+    if (arch != "gpt2") c.n_kv_head = 2;
+    return c;
+}
+
+// Fixed tokens for a [B, T] batch.
+Tensor tokens(int64_t B, int64_t T, int64_t V, int64_t shift) {
+    std::vector<int64_t> v(B * T);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>((i * 7 + shift) % V);
+    return from_vector(v, {B, T});
+}
+
 double mean_of_last(const std::vector<double>& v, size_t n) {
     double s = 0;
     for (size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
@@ -92,6 +112,74 @@ TEST_CASE("gpt: both policies train to the same losses") {
     }
 }
 
+TEST_CASE("gpt: each preset has num_parameters(config) parameters, a tied table counted once") {
+    for (const char* arch : {"gpt2", "nanochat", "llama"})
+        for (bool tie : {false, true}) {
+            CAPTURE(arch);
+            CAPTURE(tie);
+            GPTConfig c = preset(arch, DType::F32);
+            c.tie_embeddings = tie;
+            manual_seed(9);
+            GPT model(c);
+            CHECK(model.num_parameters() == num_parameters(c));
+            if (tie) {
+                CHECK(model.lm_head->weight.impl_ptr() == model.wte->weight.impl_ptr());
+                int64_t listed = 0;
+                for (const auto& [name, p] : model.named_parameters()) listed += p.impl_ptr() == model.wte->weight.impl_ptr();
+                CHECK(listed == 1);
+            }
+        }
+}
+
+TEST_CASE("gpt: every preset's parameter gradients match f64 finite differences of the loss") {
+    for (const char* arch : {"gpt2", "nanochat", "llama"})
+        for (SavePolicy policy : kSavePolicies)
+            for (bool tie : {false, true}) {
+                CAPTURE(arch);
+                CAPTURE(policy_name(policy));
+                CAPTURE(tie);
+                GPTConfig c = preset(arch, DType::F64, policy);
+                c.tie_embeddings = tie;
+                manual_seed(10);
+                GPT model(c);
+                const Tensor idx = tokens(2, 8, c.vocab_size, 1), targets = tokens(2, 8, c.vocab_size, 4);
+                model.loss(idx, targets).backward();
+                std::mt19937_64 rng(11);
+                for (auto& [name, p] : model.named_parameters()) {
+                    CAPTURE(name);
+                    NoGradGuard no_grad;
+                    const std::vector<double> grad = p.grad().to_vector<double>();
+                    for (int k = 0; k < 3; ++k) {  // three coordinates of each parameter
+                        const int64_t i = static_cast<int64_t>(rng() % static_cast<uint64_t>(p.numel()));
+                        Tensor flat = p.view({p.numel()}).narrow(0, i, 1);
+                        const double x = flat.item<double>(), h = 1e-6;
+                        flat.fill_(x + h);
+                        const double plus = model.loss(idx, targets).item<double>();
+                        flat.fill_(x - h);
+                        const double minus = model.loss(idx, targets).item<double>();
+                        flat.fill_(x);
+                        CHECK(grad[i] == doctest::Approx((plus - minus) / (2 * h)).epsilon(1e-6).scale(1e-3));
+                    }
+                }
+            }
+}
+
+TEST_CASE("gpt: with weightless norms Output's gradients equal Normalized's bit for bit, and nothing falls back") {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+        CAPTURE(dtype_name(dtype));
+        std::vector<std::vector<double>> grads[2];
+        const int64_t fallbacks = output_policy_fallbacks();
+        for (int k = 0; k < 2; ++k) {
+            manual_seed(12);
+            GPT model(preset("nanochat", dtype, k == 0 ? SavePolicy::Output : SavePolicy::Normalized));
+            model.loss(tokens(2, 8, 29, 1), tokens(2, 8, 29, 3)).backward();
+            for (const Tensor& p : model.parameters()) grads[k].push_back(as_f64(p.grad()));
+        }
+        CHECK(grads[0] == grads[1]);
+        CHECK(output_policy_fallbacks() == fallbacks);
+    }
+}
+
 TEST_CASE("gpt: bad input to the model") {
     manual_seed(8);
     GPT model(tiny_config(NormKind::Layer, SavePolicy::Input));
@@ -110,6 +198,25 @@ TEST_CASE("gpt: bad input to the model") {
     CHECK_THROWS_KIND_WITH(GPT{bad}, Error, "n_embd divisible by n_head");
     bad.n_embd = 0;
     CHECK_THROWS_KIND_WITH(GPT{bad}, Error, "expected positive sizes");
+    bad = tiny_config(NormKind::Layer, SavePolicy::Input);
+    bad.n_kv_head = 3;
+    CHECK_THROWS_KIND_WITH(GPT{bad}, ShapeError, "n_kv_head dividing n_head", "got n_kv_head 3");
+    bad = preset("llama");
+    bad.n_embd = 12, bad.n_head = 4;  // hs = 3
+    CHECK_THROWS_KIND_WITH(GPT{bad}, ShapeError, "even head size", "got 3");
+    bad = preset("llama");
+    bad.mlp = MLPKind::GELU;
+    CHECK_THROWS_KIND_WITH(GPT{bad}, Error, "bias on with mlp gelu");
+    bad = preset("nanochat");
+    bad.logit_softcap = -1;
+    CHECK_THROWS_KIND_WITH(GPT{bad}, Error, "logit_softcap >= 0", "got -1");
+    bad = preset("nanochat");
+    bad.rope_theta = 0;
+    CHECK_THROWS_KIND_WITH(GPT{bad}, Error, "rope_theta > 0", "got 0");
+    bad = preset("nanochat");
+    bad.mlp_hidden = -4;
+    CHECK_THROWS_KIND_WITH(GPT{bad}, ShapeError, "mlp_hidden >= 0", "got -4");
+    CHECK_THROWS_KIND_WITH(gpt_config("gpt3"), Error, "gpt2, nanochat or llama", "'gpt3'");
     CHECK(model.loss(ok, ok).numel() == 1);  // still usable after the errors
 }
 

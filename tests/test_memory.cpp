@@ -1,5 +1,6 @@
-// tests/test_memory.cpp: the memory the Output and Normalized policies and GELU recompute save in
-// a GPT, measured by the tape (saved_bytes) and by the allocator, against predictions, to the byte.
+// tests/test_memory.cpp: the memory a GPT saves under each preset (gpt2, nanochat, llama) and
+// policy, and what the Output and Normalized policies and activation recompute save, measured by
+// the tape (saved_bytes) and by the allocator, against predictions, to the byte.
 #include "test_util.h"
 
 using namespace normtape;
@@ -9,6 +10,7 @@ namespace {
 
 struct AfterForward {
     int64_t saved, allocated;
+    bool norm_input_saved;  // a norm node holds its input x (the saved-tensor report)
 };
 
 // saved_bytes() and live allocator bytes right after the forward of one batch, loss alive.
@@ -22,7 +24,10 @@ AfterForward measure(const GPTConfig& config, SavePolicy policy, int64_t B, int6
     Tensor idx = from_vector(ids, {B, T}), targets = from_vector(ids, {B, T});
     int64_t before = memory_stats(Device::CPU).allocated_bytes;
     Tensor loss = model.loss(idx, targets);
-    AfterForward r{saved_bytes(), memory_stats(Device::CPU).allocated_bytes - before};
+    AfterForward r{saved_bytes(), memory_stats(Device::CPU).allocated_bytes - before, false};
+    for (const SavedTensorEntry& e : saved_tensors_report().entries)
+        for (const SavedTensorHolder& h : e.holders)
+            r.norm_input_saved = r.norm_input_saved || (h.grad_fn.find("NormBackward") != std::string::npos && h.slot == "x");
     loss.backward();
     CHECK(saved_bytes() == 0);
     return r;
@@ -31,6 +36,39 @@ AfterForward measure(const GPTConfig& config, SavePolicy policy, int64_t B, int6
 }  // namespace
 
 TEST_SUITE("memory") {
+
+TEST_CASE("memory: every preset under every policy saves predicted_saved_bytes, in the tape and the allocator") {
+    const int64_t B = 2, T = 9;
+    for (const char* arch : {"gpt2", "nanochat", "llama"}) {
+        for (int64_t kv_heads : {0, 2}) {
+            if (kv_heads && std::string(arch) == "gpt2") continue;
+            for (DType dtype : {DType::F32, DType::BF16}) {
+                for (bool recompute : {true, false}) {
+                    GPTConfig c = gpt_config(arch);
+                    c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_embd = 32, c.dtype = dtype;
+                    c.n_kv_head = kv_heads, c.recompute_activation = recompute;
+                    CAPTURE(arch);
+                    CAPTURE(kv_heads);
+                    CAPTURE(dtype_name(dtype));
+                    CAPTURE(recompute);
+                    for (SavePolicy policy : kSavePolicies) {
+                        CAPTURE(policy_name(policy));
+                        c.policy = policy;
+                        AfterForward r = measure(c, policy, B, T);
+                        CHECK(r.saved == predicted_saved_bytes(c, B, T));
+                        // Nothing else lives: the saved tensors (less the ids and targets, made before the
+                        // forward) and the loss, a 0-dim tensor.
+                        CHECK(r.allocated == r.saved - 2 * B * T * 8 + static_cast<int64_t>(element_size(dtype)));
+                        CHECK(r.norm_input_saved == (policy == SavePolicy::Input));
+                    }
+                    c.policy = SavePolicy::Input;
+                    CHECK(measure(c, SavePolicy::Input, B, T).saved - measure(c, SavePolicy::Output, B, T).saved ==
+                          predicted_saving_bytes(c, B, T));
+                }
+            }
+        }
+    }
+}
 
 TEST_CASE("memory: Output saves exactly (2L+1) norm inputs (and LayerNorm means) over Input") {
     for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
@@ -59,17 +97,17 @@ TEST_CASE("memory: Normalized saves what Output saves, and GELU recompute L * 4 
         for (DType dtype : {DType::F32, DType::BF16}) {
             const int64_t L = 2, B = 3, T = 10;
             GPTConfig c{.block_size = 16, .n_layer = L, .n_head = 2, .n_embd = 24, .norm = norm, .dtype = dtype};
-            c.recompute_gelu = false;
+            c.recompute_activation = false;
             CAPTURE(norm_kind_name(norm));
             CAPTURE(dtype_name(dtype));
             AfterForward out = measure(c, SavePolicy::Output, B, T);
             AfterForward normalized = measure(c, SavePolicy::Normalized, B, T);
             CHECK(normalized.saved == out.saved);
             CHECK(normalized.allocated == out.allocated);
-            c.recompute_gelu = true;
+            c.recompute_activation = true;
             AfterForward recomputed = measure(c, SavePolicy::Normalized, B, T);
-            const int64_t gelu_bytes = L * 4 * B * T * c.n_embd * static_cast<int64_t>(element_size(dtype));
-            CHECK(predicted_gelu_recompute_saving_bytes(c, B, T) == gelu_bytes);
+            const int64_t gelu_bytes = L * 4 * B * T * c.n_embd * static_cast<int64_t>(element_size(dtype));  // H = 4C
+            CHECK(predicted_recompute_saving_bytes(c, B, T) == gelu_bytes);
             CHECK(normalized.saved - recomputed.saved == gelu_bytes);
             // The allocator agrees: gelu(h) is gone after the forward, not just uncounted.
             CHECK(normalized.allocated - recomputed.allocated == gelu_bytes);
