@@ -10,24 +10,29 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|memory]   (default all)
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|hf|memory]   (default all)
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
 #     minutes on an H100 or H200 with nothing built yet); profile: only scripts/profile_step.sh,
 #     the step's kernel time by category beside PyTorch's (needs Nsight Compute's ncu); nanogpt:
 #     nanoGPT's Shakespeare GPU configuration trained by train_gpt and by PyTorch eager
-#     (scripts/train_torch_shakespeare.py); memory: the gpt2-medium-ish preset under each policy
+#     (scripts/train_torch_shakespeare.py); decoders: the same size with --arch gpt2, nanochat and
+#     llama (2 key/value heads), 2500 steps, by train_gpt under each policy and by PyTorch eager;
+#     hf: models that normtape exports (save_hf) loaded by transformers (scripts/hf_fixtures.py
+#     check); memory: the gpt2-medium-ish preset under each policy
 #     with --memory-report, plain, with --offload on and with --checkpoint blocks (the saved bytes
-#     left on the GPU and the step time of each). Neither profile, nanogpt nor memory is part of all.
+#     left on the GPU and the step time of each). None of profile, nanogpt, decoders, hf and
+#     memory is part of all.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|memory) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|memory]" >&2; exit 2;; esac
+case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|hf|memory) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|hf|memory]" >&2
+       exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 summary=()
@@ -115,7 +120,7 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all --steps 12 --log-every 1 \
         --json "$GPU_OUT/medium.json" --chart "$GPU_OUT/medium.svg" > "$GPU_OUT/medium.log" 2>&1
     step "medium preset, no GELU recompute" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all \
-        --recompute-gelu off --steps 12 --log-every 1 --json "$GPU_OUT/medium_saved_gelu.json" \
+        --recompute-activation off --steps 12 --log-every 1 --json "$GPU_OUT/medium_saved_gelu.json" \
         --chart "$GPU_OUT/medium_saved_gelu.svg" > "$GPU_OUT/medium_saved_gelu.log" 2>&1
     step bench_torch_gpt env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py --ours "$GPU_OUT/medium.json" \
         --json "$GPU_OUT/torch_gpt.json" > "$GPU_OUT/torch_gpt.log" 2>&1
@@ -146,6 +151,37 @@ if [ "$MODE" = nanogpt ]; then
         --preset nanogpt-gpu --eval-batches 100 --json "$GPU_OUT/nanogpt_torch.json" > "$GPU_OUT/nanogpt_torch.log" 2>&1
     summary+=("ours:    $(grep -E 'validation: best loss' "$GPU_OUT/nanogpt.log")")
     summary+=("PyTorch: $(tail -1 "$GPU_OUT/nanogpt_torch.log")")
+fi
+
+# The decoders at nanoGPT's GPU size, same data, steps and schedule: train_gpt (every policy, each
+# checked against predicted_saved_bytes) and PyTorch eager, per architecture.
+if [ "$MODE" = decoders ]; then
+    for arch in gpt2 nanochat llama; do
+        kv=0
+        [ "$arch" = gpt2 ] || kv=2
+        step "decoders, $arch, train_gpt" ./build-gpu/train_gpt --device cuda --dtype bf16 --arch "$arch" \
+            --kv-heads "$kv" --layers 6 --heads 6 --embd 384 --seq 256 --batch 64 --steps 2500 --lr 1e-3 \
+            --min-lr 1e-4 --warmup 100 --beta2 0.99 --dropout 0.2 --policy all --eval-every 250 --eval-batches 100 \
+            --log-every 500 --json "$GPU_OUT/decoders_$arch.json" --chart "$GPU_OUT/decoders_$arch.svg" \
+            > "$GPU_OUT/decoders_$arch.log" 2>&1
+        step "decoders, $arch, PyTorch" env PYTHONUNBUFFERED=1 python3 scripts/train_torch_shakespeare.py \
+            --preset nanogpt-gpu --arch "$arch" --kv-heads "$kv" --steps 2500 --eval-batches 100 \
+            --json "$GPU_OUT/decoders_${arch}_torch.json" > "$GPU_OUT/decoders_${arch}_torch.log" 2>&1
+        summary+=("$arch ours:    $(grep -E 'validation: best loss' "$GPU_OUT/decoders_$arch.log" | tr '\n' ' ')")
+        summary+=("$arch PyTorch: $(tail -1 "$GPU_OUT/decoders_${arch}_torch.log")")
+    done
+fi
+
+# Models normtape writes with save_hf, read by transformers (the test writes them where
+# NORMTAPE_HF_EXPORT points, with normtape's logits).
+if [ "$MODE" = hf ]; then
+    rm -rf "$GPU_OUT/hf_export"
+    step "hf export" env NORMTAPE_HF_EXPORT="$GPU_OUT/hf_export" ./build-gpu/normtape_tests -tc='hf: *export*' \
+        > "$GPU_OUT/hf_export.log" 2>&1
+    for d in "$GPU_OUT"/hf_export/*/; do
+        step "hf check $(basename "$d")" python3 scripts/hf_fixtures.py check "$d" >> "$GPU_OUT/hf_check.log" 2>&1
+    done
+    summary+=("$(cat "$GPU_OUT/hf_check.log" | grep relative_error | tr '\n' ' ')")
 fi
 
 # The preset's saved bytes and step time: as it is, with the blocks' saved tensors in pinned host

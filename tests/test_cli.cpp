@@ -74,7 +74,7 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
              Case{"--steps 99999999999999999999", "which is out of range"},
              Case{"--norm batch", "--norm \"batch\": expected layer or rms"},
              Case{"--policy every", "--policy \"every\": expected input or output or normalized or both or all"},
-             Case{"--recompute-gelu yes", "--recompute-gelu \"yes\": expected on or off"},
+             Case{"--recompute-activation yes", "--recompute-activation \"yes\": expected on or off"},
              Case{"--embd 10 --heads 3", "--embd 10 is not divisible by --heads 3"},
              Case{"--lr -1", "--lr -1: expected a learning rate > 0"},
              Case{"--lr 0", "--lr 0: expected a learning rate > 0"},
@@ -197,14 +197,14 @@ TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted 
         CHECK(j["runs"][1]["measured_saving_bytes"] == j["measured_saving_bytes"]);
         // GELU recompute (on by default): L * 4 * B*T*C elements, measured in each run.
         const int64_t element = j["config"]["dtype"] == "bf16" ? 2 : 4;  // bf16 by default on a GPU
-        CHECK(j["predicted_gelu_recompute_saving_bytes"].get<int64_t>() == 1 * 4 * 2 * 8 * 16 * element);
+        CHECK(j["predicted_recompute_saving_bytes"].get<int64_t>() == 1 * 4 * 2 * 8 * 16 * element);
         for (int k = 0; k < 2; ++k)
-            CHECK(j["runs"][k]["gelu_recompute_saving_bytes"] == j["predicted_gelu_recompute_saving_bytes"]);
+            CHECK(j["runs"][k]["recompute_saving_bytes"] == j["predicted_recompute_saving_bytes"]);
         CHECK(slurp(chart).find("<svg") == 0);
     }
 }
 
-TEST_CASE("train_gpt: --recompute-gelu off saves gelu(h), and the report measures no saving for it") {
+TEST_CASE("train_gpt: --recompute-activation off saves gelu(h), and the report measures no saving for it") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("cli");
     std::string json = dir / "run.json";
@@ -212,13 +212,13 @@ TEST_CASE("train_gpt: --recompute-gelu off saves gelu(h), and the report measure
     RunResult on = run_train_gpt(dir, tiny);
     REQUIRE(on.code == 0);
     int64_t saved_on = nlohmann::json::parse(slurp(json))["runs"][0]["saved_activation_bytes"].get<int64_t>();
-    RunResult off = run_train_gpt(dir, tiny + " --recompute-gelu off");
+    RunResult off = run_train_gpt(dir, tiny + " --recompute-activation off");
     CAPTURE(off.err);
     REQUIRE(off.code == 0);
-    CHECK(off.out.find("GELU recompute") == std::string::npos);
+    CHECK(off.out.find("activation recompute") == std::string::npos);
     nlohmann::json j = nlohmann::json::parse(slurp(json));
-    CHECK(j["predicted_gelu_recompute_saving_bytes"].get<int64_t>() == 0);
-    CHECK(j["runs"][0]["gelu_recompute_saving_bytes"].get<int64_t>() == 0);
+    CHECK(j["predicted_recompute_saving_bytes"].get<int64_t>() == 0);
+    CHECK(j["runs"][0]["recompute_saving_bytes"].get<int64_t>() == 0);
     const int64_t element = j["config"]["dtype"] == "bf16" ? 2 : 4;  // bf16 by default on a GPU
     CHECK(j["runs"][0]["saved_activation_bytes"].get<int64_t>() - saved_on == 2 * 4 * 2 * 8 * 16 * element);
 }
@@ -417,13 +417,13 @@ TEST_CASE("train_gpt: --checkpoint blocks saves the predicted bytes and trains b
          at = ck.out.find("checkpointed blocks: saved activation bytes", at + 1))
         equal += ck.out.compare(ck.out.find('\n', at) - 23, 23, "= measured, to the byte") == 0;
     CHECK(equal == 3);
-    CHECK(ck.out.find("GELU recompute: not measured with --checkpoint blocks") != std::string::npos);
+    CHECK(ck.out.find("activation recompute: not measured with --checkpoint blocks") != std::string::npos);
     CHECK(ck.out.find("not checked: with --checkpoint blocks") != std::string::npos);
     const nlohmann::json j = nlohmann::json::parse(slurp(dir / "ck.json"));
     CHECK(j["config"]["checkpoint"] == "blocks");
     for (const nlohmann::json& run : j["runs"]) {
         CAPTURE(run["policy"]);
-        CHECK(run["saved_activation_bytes"] == run["predicted_checkpoint_saved_bytes"]);
+        CHECK(run["saved_activation_bytes"] == run["predicted_saved_bytes"]);
         const int64_t block_inputs = 2 * 2 * 8 * 16 * 4;  // L B T C, f32
         CHECK(run["saved_bytes_by_category"]["checkpointed block inputs"].get<int64_t>() == block_inputs);
         CHECK(run["saved_bytes_by_category"]["attention"].get<int64_t>() == 0);

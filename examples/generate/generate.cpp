@@ -94,7 +94,16 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
                              what + " from " + std::to_string(lo) + " to " + std::to_string(hi));
         return v.get<int64_t>();
     };
-    GPTConfig g;
+    // Checkpoints written before --arch, --kv-heads and --tie existed hold GPT-2's block, untied.
+    const nlohmann::json arch = c.value("arch", nlohmann::json("gpt2")), tie = c.value("tie", nlohmann::json("off"));
+    if (!arch.is_string() || (arch != "gpt2" && arch != "nanochat" && arch != "llama"))
+        throw UsageError(path + ": the checkpoint's train_gpt.config has arch " + arch.dump() +
+                         ", expected gpt2, nanochat or llama");
+    if (tie != "on" && tie != "off")
+        throw UsageError(path + ": the checkpoint's train_gpt.config has tie " + tie.dump() + ", expected on or off");
+    GPTConfig g = gpt_config(arch.get<std::string>());
+    g.tie_embeddings = tie == "on";
+    if (c.contains("kv-heads")) g.n_kv_head = size("kv-heads", 0, kMaxHeads, "key/value heads");
     g.n_layer = size("layers", 1, kMaxLayers, "transformer blocks");
     g.n_head = size("heads", 1, kMaxHeads, "attention heads");
     g.n_embd = size("embd", 1, kMaxEmbd, "an embedding width");

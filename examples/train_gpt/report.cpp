@@ -124,42 +124,42 @@ void print_saved_bytes(const Args& a, const std::vector<RunResult>& runs) {
                     with_commas(r.saved_on_device_bytes).c_str(), a.device.c_str(), r.step_ms_median);
 }
 
-bool print_checkpoint_prediction(const Args& a, const std::vector<RunResult>& runs) {
-    if (a.checkpoint != "blocks") return true;
+bool print_saved_prediction(const Args& a, const std::vector<RunResult>& runs) {
+    const char* what = a.checkpoint == "blocks" ? "checkpointed blocks: " : "";
+    const char* formula = a.checkpoint == "blocks" ? "L block inputs + what the ops outside the blocks save"
+                                                   : "predicted_saved_bytes, every tensor the graph saves";
     bool ok = true;
     for (const RunResult& r : runs) {
-        const int64_t predicted = r.predicted_checkpoint_saved_bytes;
+        const int64_t predicted = r.predicted_saved_bytes;
         if (a.offload == "on") {
-            std::printf("[%-6s] checkpointed blocks: saved activation bytes %s, %s of them on %s (the prediction, %s, "
-                        "is checked with --offload off)\n",
-                        policy_name(r.policy), with_commas(r.saved_activation_bytes).c_str(),
-                        with_commas(r.saved_on_device_bytes).c_str(), a.device.c_str(),
-                        with_commas(predicted).c_str());
+            std::printf("[%-6s] %ssaved activation bytes %s, %s of them on %s (the prediction, %s, is checked with "
+                        "--offload off)\n",
+                        policy_name(r.policy), what, with_commas(r.saved_activation_bytes).c_str(),
+                        with_commas(r.saved_on_device_bytes).c_str(), a.device.c_str(), with_commas(predicted).c_str());
             continue;
         }
         const bool equal = r.saved_activation_bytes == predicted;
         ok = ok && equal;
-        std::printf("[%-6s] checkpointed blocks: saved activation bytes %s, predicted %s (L block inputs + what the ops "
-                    "outside the blocks save), %s\n",
-                    policy_name(r.policy), with_commas(r.saved_activation_bytes).c_str(),
-                    with_commas(predicted).c_str(), equal ? "= measured, to the byte" : "!= measured");
+        std::printf("[%-6s] %ssaved activation bytes %s, predicted %s (%s), %s\n", policy_name(r.policy), what,
+                    with_commas(r.saved_activation_bytes).c_str(), with_commas(predicted).c_str(), formula,
+                    equal ? "= measured, to the byte" : "!= measured");
     }
     return ok;
 }
 
-void print_gelu_recompute(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
-    if (a.checkpoint == "blocks" && a.recompute_gelu == "on") {
-        std::printf("GELU recompute: not measured with --checkpoint blocks (the blocks keep only their inputs, so it "
+void print_recompute(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
+    if (a.checkpoint == "blocks" && a.recompute_activation == "on") {
+        std::printf("activation recompute: not measured with --checkpoint blocks (the blocks keep only their inputs, so it "
                     "changes no byte saved by the forward)\n");
         return;
     }
     if (predicted == 0) return;
     for (const RunResult& r : runs)
-        std::printf("[%-6s] GELU recompute: saved activation bytes %s lower, predicted %s (L * 4 * B*T*C elements), "
+        std::printf("[%-6s] activation recompute: saved activation bytes %s lower, predicted %s (L * B*T*H elements), "
                     "%s\n",
-                    policy_name(r.policy), with_commas(r.gelu_recompute_saving_bytes).c_str(),
+                    policy_name(r.policy), with_commas(r.recompute_saving_bytes).c_str(),
                     with_commas(predicted).c_str(),
-                    r.gelu_recompute_saving_bytes == predicted ? "= measured, to the byte" : "!= measured");
+                    r.recompute_saving_bytes == predicted ? "= measured, to the byte" : "!= measured");
 }
 
 namespace {
@@ -240,21 +240,21 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
     nlohmann::json j;
     j["config"] = {{"data", data_desc}, {"steps", a.steps}, {"batch", a.batch}, {"seq", a.seq}, {"layers", a.layers},
                    {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
-                   {"recompute_gelu", a.recompute_gelu == "on"}, {"lr", a.lr}, {"seed", a.seed},
+                   {"recompute_activation", a.recompute_activation == "on"}, {"lr", a.lr}, {"seed", a.seed},
                    {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset}, {"parameters", params},
                    {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan},
                    {"val_fraction", a.val_fraction}, {"eval_every", a.eval_every},
                    {"eval_batches", a.eval_batches}, {"save_best", a.save_best}, {"offload", a.offload == "on"},
                    {"checkpoint", a.checkpoint}};
     j["predicted_saving_bytes"] = predicted.norm_policy;
-    j["predicted_gelu_recompute_saving_bytes"] = predicted.gelu_recompute;
+    j["predicted_recompute_saving_bytes"] = predicted.recompute;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
     j["runs"] = nlohmann::json::array();
     for (const RunResult& r : runs) {
         nlohmann::json run = {{"policy", policy_name(r.policy)}, {"norm", a.norm}, {"first_step", r.first_step},
                               {"nonfinite_step", r.nonfinite_step},
                               {"saved_activation_bytes", r.saved_activation_bytes},
-                              {"gelu_recompute_saving_bytes", r.gelu_recompute_saving_bytes},
+                              {"recompute_saving_bytes", r.recompute_saving_bytes},
                               {"peak_allocated_bytes", r.peak_allocated_bytes},
                               {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
                               {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
@@ -266,7 +266,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"best_val_step", r.best_val_step}};
         run["saved_bytes_on_device"] = r.saved_on_device_bytes;
         run["step_peak"] = step_peak(r.memory_trace);
-        if (a.checkpoint == "blocks") run["predicted_checkpoint_saved_bytes"] = r.predicted_checkpoint_saved_bytes;
+        run["predicted_saved_bytes"] = r.predicted_saved_bytes;
         run["saved_bytes_by_category"] = nlohmann::json::object();
         for (const auto& [name, bytes] : saved_bytes_by_category(r.saved_report))
             run["saved_bytes_by_category"][name] = bytes;

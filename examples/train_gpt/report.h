@@ -24,11 +24,12 @@ struct RunResult {
     // on the host instead).
     normtape::SavedTensorsReport saved_report;
     int64_t saved_on_device_bytes = 0;
-    // With --checkpoint blocks: predicted_checkpoint_saved_bytes() of the run's config (nn/gpt.h).
-    int64_t predicted_checkpoint_saved_bytes = 0;
-    // With --recompute-gelu on: saved_activation_bytes of the first batch with it off, minus with it
+    // What the first forward saves by nn/gpt.h's formula: predicted_checkpoint_saved_bytes() of the
+    // run's config with --checkpoint blocks, else predicted_saved_bytes().
+    int64_t predicted_saved_bytes = 0;
+    // With --recompute-activation on: saved_activation_bytes of the first batch with it off, minus with it
     // on (0 when off).
-    int64_t gelu_recompute_saving_bytes = 0;
+    int64_t recompute_saving_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
     double train_seconds = 0;  // the steps' own time, summed (evaluations and checkpoints not counted)
@@ -50,10 +51,10 @@ struct RunResult {
 };
 
 // What each memory mechanism is predicted to save, in bytes (nn/gpt.h): the norm policy (Output
-// or Normalized over Input) and GELU recompute (0 when off, and with --checkpoint blocks, where it
+// or Normalized over Input) and activation recompute (0 when off, and with --checkpoint blocks, where it
 // is not measured: the blocks keep only their inputs).
 struct Predicted {
-    int64_t norm_policy = 0, gelu_recompute = 0;
+    int64_t norm_policy = 0, recompute = 0;
 };
 
 // "1.50 MiB"
@@ -72,15 +73,16 @@ void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, i
 // blocks: not checked, the blocks keep only their inputs), peak bytes, final loss, step time,
 // tokens/s, and the largest relative difference between the loss curves.
 void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
-// With GELU recompute on, one line per run: its measured saving beside the prediction (with
+// With activation recompute on, one line per run: its measured saving beside the prediction (with
 // --checkpoint blocks, one line saying it is not measured).
-void print_gelu_recompute(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
+void print_recompute(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
 // One line per run: saved activation bytes, those on the run's device, the median step time.
 void print_saved_bytes(const Args& a, const std::vector<RunResult>& runs);
-// With --checkpoint blocks, one line per run: its saved bytes beside its
-// predicted_checkpoint_saved_bytes and whether they are equal (with --offload on, the prediction is
-// not checked: the line says so). Returns false when one differs.
-bool print_checkpoint_prediction(const Args& a, const std::vector<RunResult>& runs);
+// One line per run: its saved bytes beside its predicted_saved_bytes (nn/gpt.h's
+// predicted_saved_bytes, or predicted_checkpoint_saved_bytes with --checkpoint blocks) and whether
+// they are equal (with --offload on, the prediction is not checked: the line says so). Returns
+// false when one differs.
+bool print_saved_prediction(const Args& a, const std::vector<RunResult>& runs);
 // Where the highest point of a step's memory trace is: "1.50 MiB in backward, LayerNormBackward
 // (h.0.ln_1)" or "... in forward, h.1.mlp.c_fc"; "" for an empty trace.
 std::string step_peak(const std::vector<normtape::MemoryEvent>& trace);
@@ -91,9 +93,9 @@ std::string step_peak(const std::vector<normtape::MemoryEvent>& trace);
 // and the reason when it cannot be written.
 void write_chart(const Args& a, const std::vector<RunResult>& runs);
 // Writes a.json: the config (`data_desc` for the data, `params` parameters), the predicted savings
-// (predicted_saving_bytes: the norm policy's; predicted_gelu_recompute_saving_bytes), with two runs
+// (predicted_saving_bytes: the norm policy's; predicted_recompute_saving_bytes), with two runs
 // the measured norm-policy saving, and each run's figures, measured savings (measured_saving_bytes
-// against the input run, for the runs after it; gelu_recompute_saving_bytes), saved bytes on the
+// against the input run, for the runs after it; recompute_saving_bytes), saved bytes on the
 // device, by category and the whole saved-tensor report, and losses (null where non-finite). Throws normtape::IOError naming the file and the reason when it cannot be written.
 void write_json(const Args& a, const std::vector<RunResult>& runs, const Predicted& predicted,
                 const std::string& data_desc, int64_t params);

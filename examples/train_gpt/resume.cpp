@@ -37,6 +37,7 @@ nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& t
         a.data == "random" ? a.data : std::filesystem::absolute(data_file(a)).lexically_normal().string();
     return {{"data", data},       {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
             {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
+            {"arch", a.arch},     {"kv-heads", a.kv_heads},    {"tie", a.tie},
             {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
             {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
             {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed},
@@ -122,7 +123,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
                          " (leave the flag out to take the checkpoint's)");
     }
     // Checkpoints written before these flags existed trained with their defaults then: the
-    // default schedule, beta2 0.95, no dropout.
+    // default schedule, beta2 0.95, no dropout, GPT-2's architecture untied.
     auto take_since = [&](const char* flag, auto& field, auto old) {
         if (r.config.contains(flag + 2)) return take(flag, field);
         if (app.count(flag))
@@ -135,6 +136,9 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     take_since("--min-lr", a.min_lr, std::numeric_limits<double>::quiet_NaN());
     take_since("--beta2", a.beta2, 0.95);
     take_since("--dropout", a.dropout, 0.0);
+    take_since("--arch", a.arch, std::string("gpt2"));
+    take_since("--kv-heads", a.kv_heads, int64_t{0});
+    take_since("--tie", a.tie, std::string("off"));
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);

@@ -26,7 +26,7 @@
 // another value is refused, naming both. Values taken from the checkpoint then go through the
 // same checks as flags (check_args), and messages name the checkpoint as their source. The device is not part of it (a run may move to another
 // device; bit for bit only on the same one), nor are the settings that change no result bit:
-// what is saved for backward and where (--recompute-gelu, --offload, --checkpoint), --threads and
+// what is saved for backward and where (--recompute-activation, --offload, --checkpoint), --threads and
 // --memory-report; a resumed run may choose them anew. A checkpoint holds one run, so --resume,
 // --stop-at and --save-every need --policy input, output or normalized.
 #pragma once

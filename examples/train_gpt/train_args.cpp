@@ -41,6 +41,7 @@ const IntRange kIntRanges[] = {
     {"seq", &Args::seq, 1, kMaxSeq, "a sequence length"},
     {"layers", &Args::layers, 1, kMaxLayers, "transformer blocks"},
     {"heads", &Args::heads, 1, kMaxHeads, "attention heads"},
+    {"kv-heads", &Args::kv_heads, 0, kMaxHeads, "key/value heads (0: --heads)"},
     {"embd", &Args::embd, 1, kMaxEmbd, "an embedding width"},
     {"vocab", &Args::vocab, 2, kMaxVocab, "a vocabulary size"},
     {"log-every", &Args::log_every, 1, int64_t{1} << 40, "steps between progress lines"},
@@ -140,9 +141,11 @@ void check_args(const Args& a) {
     if (!(a.beta2 >= 0 && a.beta2 < 1)) fail(a, "beta2", format_real(a.beta2), "a decay from 0 to 1 (exclusive)");
     if (!(a.dropout >= 0 && a.dropout < 1))
         fail(a, "dropout", format_real(a.dropout), "a probability from 0 to 1 (exclusive)");
+    check_choice(a, "arch", a.arch, {"gpt2", "nanochat", "llama"});
+    check_choice(a, "tie", a.tie, {"on", "off"});
     check_choice(a, "norm", a.norm, {"layer", "rms"});
     check_choice(a, "policy", a.policy, {"input", "output", "normalized", "both", "all"});
-    check_choice(a, "recompute-gelu", a.recompute_gelu, {"on", "off"});
+    check_choice(a, "recompute-activation", a.recompute_activation, {"on", "off"});
     check_choice(a, "device", a.device, {"cpu", "cuda"});
     check_choice(a, "dtype", a.dtype, {"f32", "bf16"});
     check_choice(a, "preset", a.preset, {"", "gpt2-medium-ish"});
@@ -155,6 +158,12 @@ void check_args(const Args& a) {
     if (a.embd % a.heads != 0)
         throw UsageError(describe(a, "embd", std::to_string(a.embd)) + " is not divisible by " +
                          describe(a, "heads", std::to_string(a.heads)));
+    if (a.kv_heads > 0 && a.heads % a.kv_heads != 0)
+        throw UsageError(describe(a, "heads", std::to_string(a.heads)) + " is not divisible by " +
+                         describe(a, "kv-heads", std::to_string(a.kv_heads)));
+    if (a.arch != "gpt2" && (a.embd / a.heads) % 2 != 0)
+        throw UsageError("--arch " + a.arch + " rotates pairs of each head's values: the head size --embd / --heads = " +
+                         std::to_string(a.embd / a.heads) + " must be even");
     if (a.save_every > 0 && a.save.empty()) throw UsageError("--save-every needs --save FILE");
     if ((!a.resume.empty() || a.save_every > 0 || a.stop_at > 0) && (a.policy == "both" || a.policy == "all"))
         throw UsageError("--resume, --stop-at and --save-every follow one run: give --policy input, output or normalized");

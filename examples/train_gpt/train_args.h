@@ -13,7 +13,11 @@
 struct Args {
     std::string data;  // empty: kDefaultData (examples/train_gpt/train_data.h); "random": random tokens
     int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
-    std::string norm = "layer", policy = "both", device, dtype, preset, recompute_gelu = "on";
+    std::string arch = "gpt2";  // gpt_config's name (nn/gpt.h)
+    int64_t kv_heads = 0;       // GPTConfig::n_kv_head (0: heads)
+    std::string tie = "off";    // GPTConfig::tie_embeddings
+    // norm: empty until main fills in the architecture's (layer for gpt2, else rms).
+    std::string norm, policy = "both", device, dtype, preset, recompute_activation = "on";
     double lr = 3e-3;
     int64_t warmup = -1;                                          // warm-up steps (-1: 10% of steps)
     double min_lr = std::numeric_limits<double>::quiet_NaN();     // where the decay ends (NaN: lr / 10)

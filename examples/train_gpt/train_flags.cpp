@@ -20,11 +20,19 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--layers", a.layers, "transformer blocks (L), 1 to 1024")->check(integer);
     app.add_option("--heads", a.heads, "attention heads (NH), 1 to 1024")->check(integer);
     app.add_option("--embd", a.embd, "embedding width (C), 1 to 2^16, divisible by --heads")->check(integer);
-    app.add_option("--norm", a.norm, "layer or rms");
+    app.add_option("--arch", a.arch,
+                   "gpt2: GPT-2's block (learned positions, LayerNorm, GELU, biases); nanochat: rotary positions, "
+                   "QK-norm, weightless RMSNorm, ReLU^2, no biases, logit softcap 15; llama: rotary positions, RMSNorm, "
+                   "SwiGLU, no biases");
+    app.add_option("--kv-heads", a.kv_heads,
+                   "key/value heads for grouped-query attention, dividing --heads (0, the default: --heads)")
+        ->check(integer);
+    app.add_option("--tie", a.tie, "on: lm_head's weight is the token embedding's (one tensor); off (default): its own");
+    app.add_option("--norm", a.norm, "layer or rms (default: layer for --arch gpt2, rms for the others)");
     app.add_option("--policy", a.policy, "input, output, normalized, both (input and output) or all (the three)");
-    app.add_option("--recompute-gelu", a.recompute_gelu,
-                   "on (default): the MLP's gelu(h) is made again in backward instead of saved (4*B*T*C elements "
-                   "a layer); off: saved");
+    app.add_option("--recompute-activation", a.recompute_activation,
+                   "on (default): the MLP's activation (GELU, ReLU^2 or SwiGLU of its first Linear's output) is made "
+                   "again in backward instead of saved (B*T*H elements a layer, H the hidden width); off: saved");
     app.add_option("--offload", a.offload,
                    "on: every tensor that the forward and the loss save for backward (the embeddings', the blocks', "
                    "the final norm's, the logits; not the parameters) goes to pinned host memory during the forward "
@@ -92,7 +100,7 @@ void add_flags(CLI::App& app, Args& a) {
         ->check(integer);
     app.add_option("--resume", a.resume,
                    "continue the run saved in this checkpoint (flags left out take its values; others must match, except "
-                   "--recompute-gelu, --offload and --checkpoint, which change no result) "
+                   "--recompute-activation, --offload and --checkpoint, which change no result) "
                    "(default: none)")
         ->check(kFileName)
         ->type_name("FILE");

@@ -62,7 +62,9 @@ Device device_of(const Args& a) { return a.device == "cuda" ? Device::CUDA : Dev
 DType dtype_of(const Args& a) { return a.dtype == "bf16" ? DType::BF16 : DType::F32; }
 
 GPTConfig make_config(const Args& a, SavePolicy policy) {
-    GPTConfig c;
+    GPTConfig c = gpt_config(a.arch);
+    c.n_kv_head = a.kv_heads;
+    c.tie_embeddings = a.tie == "on";
     c.vocab_size = a.vocab;
     c.block_size = a.seq;
     c.n_layer = a.layers;
@@ -70,7 +72,7 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     c.n_embd = a.embd;
     c.norm = a.norm == "layer" ? NormKind::Layer : NormKind::RMS;
     c.policy = policy;
-    c.recompute_gelu = a.recompute_gelu == "on";
+    c.recompute_activation = a.recompute_activation == "on";
     c.dropout = a.dropout;
     c.dtype = dtype_of(a);
     c.device = device_of(a);
@@ -79,9 +81,9 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     return c;
 }
 
-// Whether GELU recompute's saving is measured: with it on, and not with checkpointed blocks, which
+// Whether activation recompute's saving is measured: with it on, and not with checkpointed blocks, which
 // keep only their inputs either way.
-bool gelu_saving_measured(const Args& a) { return a.recompute_gelu == "on" && a.checkpoint != "blocks"; }
+bool recompute_saving_measured(const Args& a) { return a.recompute_activation == "on" && a.checkpoint != "blocks"; }
 
 // Linear warm-up over --warmup steps, then cosine decay to --min-lr at the last step.
 WarmupCosineLR lr_schedule(const Args& a) {
@@ -116,19 +118,19 @@ std::string nonfinite_parameter(const Module& model) {
     return "";
 }
 
-// saved_bytes() after a forward of (idx, targets) with the MLPs' GELU recompute off, the graph
+// saved_bytes() after a forward of (idx, targets) with the MLPs' activation recompute off, the graph
 // dropped before it returns: what the run would save without it. The dropout stream is set back,
 // so the run draws the masks it draws without this measurement.
-int64_t saved_bytes_without_gelu_recompute(GPT& model, const Tensor& idx, const Tensor& targets) {
+int64_t saved_bytes_without_recompute(GPT& model, const Tensor& idx, const Tensor& targets) {
     struct Restore {  // the flags and the stream go back even if the forward throws
         GPT& m;
         PhiloxState stream = philox_state();
         ~Restore() {
-            for (auto& block : m.h) block->mlp->recompute_gelu = true;
+            for (auto& block : m.h) block->mlp->recompute_activation = true;
             set_philox_state(stream);
         }
     } restore{model};
-    for (auto& block : model.h) block->mlp->recompute_gelu = false;
+    for (auto& block : model.h) block->mlp->recompute_activation = false;
     Tensor loss = model.loss(idx, targets);
     return saved_bytes();
 }
@@ -238,17 +240,17 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
 
     r.policy = policy;
     r.first_step = start;
-    if (a.checkpoint == "blocks")
-        r.predicted_checkpoint_saved_bytes = predicted_checkpoint_saved_bytes(model.config(), a.batch, a.seq);
+    r.predicted_saved_bytes = a.checkpoint == "blocks" ? predicted_checkpoint_saved_bytes(model.config(), a.batch, a.seq)
+                                                       : predicted_saved_bytes(model.config(), a.batch, a.seq);
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
     PhaseTimer phases(dev);
     r.phase_timing = phases.method();
     for (int64_t step = start; step < end; ++step) {
         auto [idx, targets] = batcher.next();
-        // GELU recompute's saving, measured on the first batch before the step's peak is reset
+        // activation recompute's saving, measured on the first batch before the step's peak is reset
         // (not with checkpointed blocks, which keep only their inputs either way).
-        if (step == start && gelu_saving_measured(a))
-            r.gelu_recompute_saving_bytes = saved_bytes_without_gelu_recompute(model, idx, targets);
+        if (step == start && recompute_saving_measured(a))
+            r.recompute_saving_bytes = saved_bytes_without_recompute(model, idx, targets);
         synchronize(dev);
         reset_peak_memory_stats(dev);
         int64_t allocs_at_start = memory_stats(dev).num_allocs;
@@ -265,7 +267,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                 r.saved_report = saved_tensors_report();  // a walk over the nodes: no data is read
                 r.saved_activation_bytes = r.saved_report.total_bytes;  // saved_bytes(), to the byte
                 r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
-                if (gelu_saving_measured(a)) r.gelu_recompute_saving_bytes -= r.saved_activation_bytes;
+                if (recompute_saving_measured(a)) r.recompute_saving_bytes -= r.saved_activation_bytes;
             }
             loss.backward();
             phases.mark(PhaseTimer::kBackwardDone);
@@ -385,11 +387,11 @@ int run(const Args& a, ResumeState* resume) {
 
     const GPTConfig config = make_config(a, SavePolicy::Input);
     const Predicted predicted{predicted_saving_bytes(config, a.batch, a.seq),
-                              gelu_saving_measured(a) ? predicted_gelu_recompute_saving_bytes(config, a.batch, a.seq) : 0};
+                              recompute_saving_measured(a) ? predicted_recompute_saving_bytes(config, a.batch, a.seq) : 0};
     print_preset_reference(a, runs, predicted.norm_policy);
-    print_gelu_recompute(a, runs, predicted.gelu_recompute);
+    print_recompute(a, runs, predicted.recompute);
     if (runs.size() < 2) print_saved_bytes(a, runs);  // with two or more, the table shows them
-    const bool checkpoint_ok = print_checkpoint_prediction(a, runs);
+    const bool saved_ok = print_saved_prediction(a, runs);
     if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
     write_chart(a, runs);
     const RunResult& last = runs.back();
@@ -401,16 +403,16 @@ int run(const Args& a, ResumeState* resume) {
                      policy_name(last.policy));
         return 1;
     }
-    // GELU recompute saves its prediction in every run, checkpointed blocks save theirs, and Output
+    // Activation recompute saves its prediction in every run, every run saves its predicted bytes, and Output
     // and Normalized each save theirs over Input (when the blocks save more than their inputs), to
     // the byte.
-    if (!checkpoint_ok) {
-        std::fprintf(stderr, "train_gpt: the saved bytes of the checkpointed blocks differ from the prediction\n");
+    if (!saved_ok) {
+        std::fprintf(stderr, "train_gpt: the saved bytes of a run differ from the prediction\n");
         return 1;
     }
     for (const RunResult& r : runs)
-        if (r.gelu_recompute_saving_bytes != predicted.gelu_recompute) {
-            std::fprintf(stderr, "train_gpt: measured saving of GELU recompute in the %s run differs from the prediction\n",
+        if (r.recompute_saving_bytes != predicted.recompute) {
+            std::fprintf(stderr, "train_gpt: measured saving of activation recompute in the %s run differs from the prediction\n",
                          policy_name(r.policy));
             return 1;
         }
@@ -454,6 +456,7 @@ int main(int argc, char** argv) {
         apply_preset(app, a);
         if (a.device.empty()) a.device = cuda_is_available() ? "cuda" : "cpu";
         if (a.dtype.empty()) a.dtype = a.device == "cuda" ? "bf16" : "f32";
+        if (a.norm.empty()) a.norm = a.arch == "gpt2" ? "layer" : "rms";
         check_args(a);
         if (a.device == "cuda" && !cuda_is_available())
             throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
