@@ -228,18 +228,17 @@ TEST_SUITE("causal_attention") {
             Tensor g = input({B, T, C}, dt);
             Tensor packed = causal_self_attention(qkv, NH);
             sum(mul(packed, g)).backward();
-            Tensor q = qkv.detach().narrow(2, 0, C).view({B, T, NH, hs}).contiguous();
-            Tensor k = qkv.detach().narrow(2, C, C).view({B, T, NH, hs}).contiguous();
-            Tensor v = qkv.detach().narrow(2, 2 * C, C).view({B, T, NH, hs}).contiguous();
+            Tensor q = qkv.detach().narrow(2, 0, C).contiguous().view({B, T, NH, hs});
+            Tensor k = qkv.detach().narrow(2, C, C).contiguous().view({B, T, NH, hs});
+            Tensor v = qkv.detach().narrow(2, 2 * C, C).contiguous().view({B, T, NH, hs});
             for (Tensor* x : {&q, &k, &v}) x->requires_grad_(true);
             Tensor out = causal_attention(q, k, v);
             sum(mul(out.view({B, T, C}), g)).backward();
-            CHECK(out.view({B, T, C}).to_vector<double>() == packed.to_vector<double>());
+            CHECK(as_f64(out) == as_f64(packed));
             Tensor dqkv = qkv.grad();
-            CHECK(q.grad().view({B, T, C}).to_vector<double>() == dqkv.narrow(2, 0, C).contiguous().to_vector<double>());
-            CHECK(k.grad().view({B, T, C}).to_vector<double>() == dqkv.narrow(2, C, C).contiguous().to_vector<double>());
-            CHECK(v.grad().view({B, T, C}).to_vector<double>() ==
-                  dqkv.narrow(2, 2 * C, C).contiguous().to_vector<double>());
+            CHECK(as_f64(q.grad()) == as_f64(dqkv.narrow(2, 0, C).contiguous()));
+            CHECK(as_f64(k.grad()) == as_f64(dqkv.narrow(2, C, C).contiguous()));
+            CHECK(as_f64(v.grad()) == as_f64(dqkv.narrow(2, 2 * C, C).contiguous()));
         }
     }
 
@@ -306,7 +305,7 @@ TEST_SUITE("causal_attention") {
             for (int64_t first : {0, 5, 10}) {
                 INFO("first row ", first);
                 Tensor rows = causal_attention_rows(q.narrow(1, first, T - first), k, v);
-                CHECK(rows.to_vector<double>() == full.narrow(1, first, T - first).contiguous().to_vector<double>());
+                CHECK(as_f64(rows) == as_f64(full.narrow(1, first, T - first).contiguous()));
             }
         }
     }
@@ -314,13 +313,15 @@ TEST_SUITE("causal_attention") {
     TEST_CASE("causal_attention: bad input") {
         Tensor q = zeros({2, 5, 4, 8}), kv = zeros({2, 5, 2, 8}), i = zeros({2, 5, 4, 8}, opts(DType::I64));
         Tensor kv3 = zeros({2, 5, 3, 8}), kv_hs = zeros({2, 5, 2, 4}), kv_b = zeros({1, 5, 2, 8}), kv_t = zeros({2, 6, 2, 8});
-        Tensor three_d = zeros({2, 5, 32}), f32 = zeros({2, 5, 2, 8}, opts(DType::F32)), empty = zeros({2, 0, 4, 8});
+        Tensor three_d = zeros({2, 5, 32}), f64 = zeros({2, 5, 2, 8}, opts(DType::F64)), empty = zeros({2, 0, 4, 8});
+        Tensor needs_grad = zeros({2, 1, 4, 8});
+        needs_grad.requires_grad_(true);
         int64_t before = cpu_allocated();
         const char* op = "causal_attention";
         CHECK_THROWS_KIND_WITH(causal_attention(Tensor(), kv, kv), normtape::Error, op);
         CHECK_THROWS_KIND_WITH(causal_attention(q, Tensor(), kv), normtape::Error, op);
         CHECK_THROWS_KIND_WITH(causal_attention(i, kv, kv), normtape::DTypeError, op);
-        CHECK_THROWS_KIND_WITH(causal_attention(q, f32, kv), normtape::DTypeError, op);
+        CHECK_THROWS_KIND_WITH(causal_attention(q, f64, kv), normtape::DTypeError, op);
         CHECK_THROWS_KIND_WITH(causal_attention(empty, kv, kv), normtape::ShapeError, op);
         CHECK_THROWS_KIND_WITH(causal_attention(three_d, kv, kv), normtape::ShapeError, op, "[2, 5, 32]");
         CHECK_THROWS_KIND_WITH(causal_attention(q, kv3, kv3), normtape::ShapeError, op, "divide");
@@ -331,8 +332,6 @@ TEST_SUITE("causal_attention") {
         CHECK_THROWS_KIND_WITH(causal_attention(q, kv, kv, 1.0), normtape::Error, op, "dropout");
         const char* rows = "causal_attention_rows";
         CHECK_THROWS_KIND_WITH(causal_attention_rows(zeros({2, 7, 4, 8}), kv, kv), normtape::ShapeError, rows);
-        Tensor needs_grad = zeros({2, 1, 4, 8});
-        needs_grad.requires_grad_(true);
         CHECK_THROWS_KIND_WITH(causal_attention_rows(needs_grad, kv, kv), normtape::Error, rows, "NoGradGuard");
         CHECK(cpu_allocated() == before);
     }
