@@ -78,10 +78,10 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
     row("saved activation bytes (tape)", in.saved_activation_bytes, out.saved_activation_bytes);
     row(("  of them on " + a.device).c_str(), in.saved_on_device_bytes, out.saved_on_device_bytes);
     if (checkpointing)
-        std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
+        std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, the norm inputs", "", "", with_commas(predicted).c_str(),
                     "not checked: with --checkpoint blocks the blocks keep only their inputs");
     else
-        std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, (2L+1) norms", "", "", with_commas(predicted).c_str(),
+        std::printf("%-34s %16s %16s %16s  %s\n", "predicted saving, the norm inputs", "", "", with_commas(predicted).c_str(),
                     predicted == in.saved_activation_bytes - out.saved_activation_bytes ? "= measured, to the byte"
                                                                                           : "!= measured");
     row("peak allocated bytes", in.peak_allocated_bytes, out.peak_allocated_bytes);
