@@ -158,7 +158,7 @@ const ActFn kSwiglu = [](const Tensor& h, bool recompute) { return swiglu(h, rec
 
 TEST_SUITE("relu_squared") {
 
-TEST_CASE("relu_squared: forward matches a plain loop (f64, f32, bf16); NaN stays NaN") {
+TEST_CASE("relu_squared: forward matches a plain loop (f64, f32, bf16), and NaN stays NaN") {
     manual_seed(201);
     for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
         CAPTURE(dtype_name(dt));
@@ -197,7 +197,7 @@ TEST_CASE("relu_squared: gradcheck, contiguous and strided h") {
     }
 }
 
-TEST_CASE("relu_squared: saves h; recompute_output saves the output's bytes, gradients keep their bits") {
+TEST_CASE("relu_squared: saves h, and recompute_output saves the output's bytes, gradients keep their bits") {
     manual_seed(203);
     Tensor h = leaf({2, 3});
     Tensor y = relu_squared(h);
@@ -209,7 +209,7 @@ TEST_CASE("relu_squared: saves h; recompute_output saves the output's bytes, gra
     check_recompute_without_recording(kReluSquared, {4, 6});
 }
 
-TEST_CASE("relu_squared: the same bits at 1 and 3 threads") { check_thread_bits(kReluSquared, {70, 1001}); }
+TEST_CASE("relu_squared: the same bits at 1 and 3 threads") { check_thread_bits(kReluSquared, {70, 1001}), and }
 
 TEST_CASE("relu_squared: bad input") {
     Tensor i = zeros({2, 3}, opts(DType::I64)), empty04 = zeros({0, 4});
@@ -299,7 +299,7 @@ TEST_CASE("swiglu: the gradient by hand: dgate = g up silu'(gate), dup = g silu(
     CHECK_CLOSE(h.grad(), expected(want, {rows, 2 * H}), tolerance(DType::F64));
 }
 
-TEST_CASE("swiglu: saves h; recompute_output saves the output's bytes, gradients keep their bits") {
+TEST_CASE("swiglu: saves h, and recompute_output saves the output's bytes, gradients keep their bits") {
     manual_seed(214);
     Tensor h = leaf({2, 6});
     Tensor y = swiglu(h);
@@ -311,7 +311,7 @@ TEST_CASE("swiglu: saves h; recompute_output saves the output's bytes, gradients
     check_recompute_without_recording(kSwiglu, {4, 6});
 }
 
-TEST_CASE("swiglu: the same bits at 1 and 3 threads") { check_thread_bits(kSwiglu, {300, 2 * 301}); }
+TEST_CASE("swiglu: the same bits at 1 and 3 threads") { check_thread_bits(kSwiglu, {300, 2 * 301}), and }
 
 TEST_CASE("swiglu: bad input") {
     Tensor i = zeros({2, 4}, opts(DType::I64)), empty04 = zeros({0, 4}), scalar = full({}, 1.0);

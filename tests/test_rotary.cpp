@@ -98,7 +98,7 @@ TEST_CASE("rotary_embedding: forward matches a plain double loop (f64), offsets 
     CHECK(bytes_of(rotary_embedding(x)) == bytes_of(rotary_embedding(x, 0, 10000.0)));
 }
 
-TEST_CASE("rotary_embedding: f32 follows transformers' f32 recipe to the bit; bf16 to its tolerance") {
+TEST_CASE("rotary_embedding: f32 follows transformers' f32 recipe to the bit, and bf16 to its tolerance") {
     manual_seed(102);
     const Shape s{2, 6, 2, 16};
     for (int64_t offset : {int64_t(0), int64_t(3), int64_t(2047)})
