@@ -37,6 +37,7 @@
 #include "nn/data.h"
 #include "nn/generate.h"
 #include "nn/gpt.h"
+#include "nn/hf.h"
 #include "nn/lr_scheduler.h"
 #include "nn/module.h"
 #include "nn/norm.h"

@@ -476,4 +476,41 @@ TEST_SUITE("generate_cli") {
         CHECK(t.code == 0);
         CHECK(t.err == "train_gpt: warning: --resume " + plain + warning);
     }
+
+    TEST_CASE("generate_cli: samples a Hugging Face directory (load_hf), as generate() does in process") {
+        if (std::string(NORMTAPE_GENERATE).empty()) SKIP_TEST("generate was not built");
+        TempDir dir("generate_cli_hf");
+        for (const char* arch : {"llama", "gpt2"}) {
+            CAPTURE(arch);
+            // The fixtures' vocabularies are 64 tokens: bytes 0 to 63, so the prompt is "01".
+            const std::string hf = std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/hf/" + arch;
+            const std::string args = hf + " --device cpu --prompt 01 --tokens 40";  // past block_size 32
+            RunResult r = run_generate(dir, args + " --seed 5");
+            CAPTURE(r.err);
+            REQUIRE(r.code == 0);
+            CHECK(r.err.empty());
+            std::string want;
+            for (int64_t t : generate(*load_hf(hf), {'0', '1'}, 40, sampling(0.8, 200, 5, true))) want += static_cast<char>(t);
+            CHECK(r.out == want);
+            CHECK(run_generate(dir, args + " --seed 5 --no-cache").out == want);
+        }
+        // A Hugging Face model of more than 256 tokens, and a directory load_hf refuses: exit 2.
+        GPTConfig c = gpt_config("llama");
+        c.vocab_size = 300;
+        c.n_layer = 1;
+        c.n_embd = 16;
+        c.n_head = 2;
+        save_hf(GPT(c), dir / "big");
+        std::filesystem::create_directories(dir / "bad");
+        write_bytes(dir / "bad/config.json", "{\"model_type\": \"t5\"}");
+        for (auto [path, says] : {std::pair<std::string, std::string>{dir / "big", "a vocabulary of 300 tokens"},
+                                  {dir / "bad", "load_hf: " + (dir / "bad/config.json") + ": model_type \"t5\""}}) {
+            RunResult r = run_generate(dir, path + " --device cpu --prompt hi");
+            CAPTURE(r.err);
+            CHECK(r.code == 2);
+            CHECK(lines(r.err) == 1);
+            CHECK(r.err.find(says) != std::string::npos);
+            CHECK(r.out.empty());
+        }
+    }
 }

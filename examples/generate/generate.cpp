@@ -12,13 +12,20 @@
 // --device: cpu or cuda (default: cuda when a GPU is visible, else cpu), in the checkpoint's dtype.
 // A file without checksums is read with the warning train_gpt --resume gives.
 //
+// CHECKPOINT may also be a Hugging Face model directory (one holding config.json, as
+// transformers' save_pretrained or nn/hf.h's save_hf writes it) of a LlamaForCausalLM or a
+// GPT2LMHeadModel: it is read with load_hf (nn/hf.h), in f32, and its vocabulary must be bytes too
+// (at most 256 tokens: a model trained by normtape and exported, not a tokenized Hub model).
+//
 // Exit status: 0; 2 for a bad flag, prompt or checkpoint, with one line on stderr before anything
 // is printed; 1 for an error while sampling (out of memory, a device error), with its message.
 #include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -129,8 +136,62 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
     return g;
 }
 
+// The model of a train_gpt checkpoint, on `device`: its config checked (checkpoint_config) before
+// the model is built, then its parameters loaded.
+std::unique_ptr<GPT> checkpoint_model(const std::string& path, Device device) {
+    std::map<std::string, std::string> metadata;
+    NamedTensors tensors;
+    try {
+        bool checksummed = false;
+        tensors = load_safetensors(path, &metadata, &checksummed);
+        if (!checksummed) warn_unverified("generate", path);
+    } catch (const IOError& e) {
+        throw UsageError(e.what());
+    } catch (const FormatError& e) {
+        throw UsageError(e.what());
+    }
+    auto model = std::make_unique<GPT>(checkpoint_config(path, metadata, tensors, device));
+    try {
+        load_checkpoint(path, tensors, metadata, *model);
+    } catch (const FormatError& e) {
+        throw UsageError(e.what());
+    } catch (const ShapeError& e) {
+        throw UsageError(e.what());
+    } catch (const DTypeError& e) {
+        throw UsageError(e.what());
+    }
+    return model;
+}
+
+// A Hugging Face model directory: one that holds config.json.
+bool is_hf_directory(const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "config.json", ec);
+}
+
+// The model of a Hugging Face directory (nn/hf.h), in f32 on `device`; its vocabulary must be bytes.
+std::unique_ptr<GPT> hf_model(const std::string& dir, Device device) {
+    std::unique_ptr<GPT> model;
+    try {
+        model = load_hf(dir, device, DType::F32);
+    } catch (const IOError& e) {
+        throw UsageError(e.what());
+    } catch (const FormatError& e) {
+        throw UsageError(e.what());
+    } catch (const ShapeError& e) {
+        throw UsageError(e.what());
+    } catch (const DTypeError& e) {
+        throw UsageError(e.what());
+    }
+    if (model->config().vocab_size > 256)
+        throw UsageError(dir + ": the model has a vocabulary of " + std::to_string(model->config().vocab_size) +
+                         " tokens; generate reads and writes bytes (at most 256)");
+    return model;
+}
+
 int run(const GenerateArgs& a) {
-    // Everything a user can get wrong is checked before the model is built.
+    // Everything a user can get wrong is checked before the model is built, but the prompt's bytes,
+    // which are checked against its vocabulary.
     if (!std::isfinite(a.temperature) || a.temperature < 0)
         throw UsageError("--temperature " + number_text(a.temperature) + ": expected a finite number >= 0 (0: greedy)");
     if (a.top_k < 0) throw UsageError("--top-k " + std::to_string(a.top_k) + ": expected an integer >= 0 (0: all)");
@@ -145,19 +206,10 @@ int run(const GenerateArgs& a) {
         throw UsageError(cuda_is_built() ? "--device cuda: no CUDA GPU is visible"
                                          : "--device cuda: this build of normtape has no CUDA backend");
 
-    std::map<std::string, std::string> metadata;
-    NamedTensors tensors;
-    try {
-        bool checksummed = false;
-        tensors = load_safetensors(a.checkpoint, &metadata, &checksummed);
-        if (!checksummed) warn_unverified("generate", a.checkpoint);
-    } catch (const IOError& e) {
-        throw UsageError(e.what());
-    } catch (const FormatError& e) {
-        throw UsageError(e.what());
-    }
-    const GPTConfig config =
-        checkpoint_config(a.checkpoint, metadata, tensors, device == "cuda" ? Device::CUDA : Device::CPU);
+    const Device dev = device == "cuda" ? Device::CUDA : Device::CPU;
+    const std::unique_ptr<GPT> model =
+        is_hf_directory(a.checkpoint) ? hf_model(a.checkpoint, dev) : checkpoint_model(a.checkpoint, dev);
+    const GPTConfig& config = model->config();
     std::vector<int64_t> prompt;
     for (size_t i = 0; i < text.size(); ++i) {
         const int64_t byte = static_cast<unsigned char>(text[i]);
@@ -167,25 +219,14 @@ int run(const GenerateArgs& a) {
                              " tokens");
         prompt.push_back(byte);
     }
-    GPT model(config);
-    model.eval();  // sampling is inference
-    try {
-        load_checkpoint(a.checkpoint, tensors, metadata, model);
-    } catch (const FormatError& e) {
-        throw UsageError(e.what());
-    } catch (const ShapeError& e) {
-        throw UsageError(e.what());
-    } catch (const DTypeError& e) {
-        throw UsageError(e.what());
-    }
-    tensors.clear();
+    model->eval();  // sampling is inference
 
     SamplingOptions o;
     o.temperature = a.temperature;
     o.top_k = a.top_k;
     o.seed = a.seed;
     o.use_cache = !a.no_cache;
-    generate(model, prompt, a.tokens, o, [](int64_t token) {
+    generate(*model, prompt, a.tokens, o, [](int64_t token) {
         std::fputc(static_cast<int>(token), stdout);
         std::fflush(stdout);  // each byte as it is drawn
     });
@@ -199,7 +240,9 @@ int main(int argc, char** argv) {
     GenerateArgs a;
     CLI::App app{"generate: sample bytes from a train_gpt checkpoint (nanoGPT's sample.py, with a key/value cache)"};
     app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    app.add_option("checkpoint", a.checkpoint, "a checkpoint written by train_gpt --save")->required()->type_name("FILE");
+    app.add_option("checkpoint", a.checkpoint,
+                   "a checkpoint written by train_gpt --save, or a Hugging Face model directory (config.json, "
+                   "model.safetensors) of a Llama or GPT-2 with at most 256 tokens")->required()->type_name("PATH");
     auto* prompt = app.add_option("--prompt", a.prompt, "the text to continue (at least one byte)")->type_name("TEXT");
     auto* prompt_file =
         app.add_option("--prompt-file", a.prompt_file, "read the text to continue from this file")->type_name("FILE");
