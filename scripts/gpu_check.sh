@@ -10,7 +10,7 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|hf|memory]   (default all)
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory]   (default all)
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
@@ -19,10 +19,9 @@
 #     nanoGPT's Shakespeare GPU configuration trained by train_gpt and by PyTorch eager
 #     (scripts/train_torch_shakespeare.py); decoders: the same size with --arch gpt2, nanochat and
 #     llama (2 key/value heads), 2500 steps, by train_gpt under each policy and by PyTorch eager;
-#     hf: models that normtape exports (save_hf) loaded by transformers (scripts/hf_fixtures.py
-#     check); memory: the gpt2-medium-ish preset under each policy
+#     memory: the gpt2-medium-ish preset under each policy
 #     with --memory-report, plain, with --offload on and with --checkpoint blocks (the saved bytes
-#     left on the GPU and the step time of each). None of profile, nanogpt, decoders, hf and
+#     left on the GPU and the step time of each). None of profile, nanogpt, decoders and
 #     memory is part of all.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
@@ -30,8 +29,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|hf|memory) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|hf|memory]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -170,18 +169,6 @@ if [ "$MODE" = decoders ]; then
         summary+=("$arch ours:    $(grep -E 'validation: best loss' "$GPU_OUT/decoders_$arch.log" | tr '\n' ' ')")
         summary+=("$arch PyTorch: $(tail -1 "$GPU_OUT/decoders_${arch}_torch.log")")
     done
-fi
-
-# Models normtape writes with save_hf, read by transformers (the test writes them where
-# NORMTAPE_HF_EXPORT points, with normtape's logits).
-if [ "$MODE" = hf ]; then
-    rm -rf "$GPU_OUT/hf_export"
-    step "hf export" env NORMTAPE_HF_EXPORT="$GPU_OUT/hf_export" ./build-gpu/normtape_tests -tc='hf: *export*' \
-        > "$GPU_OUT/hf_export.log" 2>&1
-    for d in "$GPU_OUT"/hf_export/*/; do
-        step "hf check $(basename "$d")" python3 scripts/hf_fixtures.py check "$d" >> "$GPU_OUT/hf_check.log" 2>&1
-    done
-    summary+=("$(cat "$GPU_OUT/hf_check.log" | grep relative_error | tr '\n' ' ')")
 fi
 
 # The preset's saved bytes and step time: as it is, with the blocks' saved tensors in pinned host

@@ -187,7 +187,7 @@ TEST_SUITE("generate") {
         for (DType dt : {DType::F64, DType::F32})
             for (auto [arch, norm] : {std::pair<const char*, NormKind>{"gpt2", NormKind::Layer}, {"gpt2", NormKind::RMS},
                                       {"nanochat", NormKind::RMS}, {"llama", NormKind::RMS}}) {
-                INFO("dtype ", std::string(dtype_name(dt)), ", arch ", arch, ", norm ",
+                INFO("dtype ", std::string(dtype_name(dt)), ", arch ", std::string(arch), ", norm ",
                      std::string(norm == NormKind::Layer ? "layer" : "rms"));
                 manual_seed(101);
                 GPT model(small_config(dt, norm, arch));
@@ -226,7 +226,7 @@ TEST_SUITE("generate") {
         REQUIRE_CUDA_OR_SKIP();
         for (DType dt : {DType::F64, DType::F32, DType::BF16})
           for (const char* arch : {"gpt2", "nanochat", "llama"}) {
-            INFO("dtype ", std::string(dtype_name(dt)), ", arch ", arch);
+            INFO("dtype ", std::string(dtype_name(dt)), ", arch ", std::string(arch));
             manual_seed(108);
             GPTConfig c = small_config(dt, arch == std::string("gpt2") ? NormKind::Layer : NormKind::RMS, arch);
             c.device = Device::CUDA;
