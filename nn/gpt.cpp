@@ -59,6 +59,17 @@ GPTConfig gpt_config(const std::string& arch) {
     return c;
 }
 
+std::string arch_name(const GPTConfig& c) {
+    for (const char* name : {"gpt2", "nanochat", "llama"}) {
+        const GPTConfig p = gpt_config(name);
+        if (c.pos_embedding == p.pos_embedding && c.qk_norm == p.qk_norm && c.norm == p.norm &&
+            c.norm_affine == p.norm_affine && c.mlp == p.mlp && c.bias == p.bias && c.logit_softcap == p.logit_softcap &&
+            c.embedding_norm == p.embedding_norm)
+            return name;
+    }
+    return "custom";
+}
+
 void check_config(const GPTConfig& c) {
     NT_CHECK_AS(ShapeError, c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
                 "GPTConfig: expected positive sizes, got vocab_size ", c.vocab_size, ", block_size ", c.block_size,

@@ -94,6 +94,10 @@ struct GPTConfig {
 //               SwiGLU, no biases, untied lm_head (n_kv_head: set it for grouped-query attention).
 // Throws Error naming gpt_config and the three names for any other name.
 GPTConfig gpt_config(const std::string& arch);
+// The preset whose architecture config has ("gpt2", "nanochat", "llama"), or "custom": the fields
+// that change what the model computes (positions, QK-norm, norm kind and weights, MLP, biases,
+// softcap, embedding norm), not the sizes, n_kv_head, mlp_hidden, tie_embeddings or the init.
+std::string arch_name(const GPTConfig& config);
 
 // Throws, naming GPTConfig: ShapeError when a size is not positive, n_embd % n_head != 0,
 // n_kv_head does not divide n_head, mlp_hidden < 0, or rotary positions meet an odd head size;

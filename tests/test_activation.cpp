@@ -209,7 +209,7 @@ TEST_CASE("relu_squared: saves h, and recompute_output saves the output's bytes,
     check_recompute_without_recording(kReluSquared, {4, 6});
 }
 
-TEST_CASE("relu_squared: the same bits at 1 and 3 threads") { check_thread_bits(kReluSquared, {70, 1001}), and }
+TEST_CASE("relu_squared: the same bits at 1 and 3 threads") { check_thread_bits(kReluSquared, {70, 1001}); }
 
 TEST_CASE("relu_squared: bad input") {
     Tensor i = zeros({2, 3}, opts(DType::I64)), empty04 = zeros({0, 4});
@@ -311,7 +311,7 @@ TEST_CASE("swiglu: saves h, and recompute_output saves the output's bytes, gradi
     check_recompute_without_recording(kSwiglu, {4, 6});
 }
 
-TEST_CASE("swiglu: the same bits at 1 and 3 threads") { check_thread_bits(kSwiglu, {300, 2 * 301}), and }
+TEST_CASE("swiglu: the same bits at 1 and 3 threads") { check_thread_bits(kSwiglu, {300, 2 * 301}); }
 
 TEST_CASE("swiglu: bad input") {
     Tensor i = zeros({2, 4}, opts(DType::I64)), empty04 = zeros({0, 4}), scalar = full({}, 1.0);

@@ -122,6 +122,7 @@ TEST_CASE("gpt: each preset has num_parameters(config) parameters, a tied table 
             manual_seed(9);
             GPT model(c);
             CHECK(model.num_parameters() == num_parameters(c));
+            CHECK(arch_name(c) == arch);
             if (tie) {
                 CHECK(model.lm_head->weight.impl_ptr() == model.wte->weight.impl_ptr());
                 int64_t listed = 0;

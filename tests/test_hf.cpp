@@ -103,7 +103,7 @@ std::string python() {
 }  // namespace
 
 TEST_SUITE("hf") {
-    TEST_CASE("hf: load_hf reads transformers' Llama and GPT-2; the logits are transformers' to 1e-5, f32 and f64") {
+    TEST_CASE("hf: load_hf reads transformers' Llama and GPT-2, and the logits are transformers' to 1e-5, f32 and f64") {
         for (std::string arch : {"llama", "gpt2"})
             for (DType dt : {DType::F32, DType::F64}) {
                 INFO(arch, " ", std::string(dtype_name(dt)));
