@@ -225,30 +225,30 @@ TEST_SUITE("generate") {
     TEST_CASE("generate: on cuda, the cached forward equals GPT::forward, and both modes give the same tokens") {
         REQUIRE_CUDA_OR_SKIP();
         for (DType dt : {DType::F64, DType::F32, DType::BF16})
-          for (const char* arch : {"gpt2", "nanochat", "llama"}) {
-            INFO("dtype ", std::string(dtype_name(dt)), ", arch ", std::string(arch));
-            manual_seed(108);
-            GPTConfig c = small_config(dt, arch == std::string("gpt2") ? NormKind::Layer : NormKind::RMS, arch);
-            c.device = Device::CUDA;
-            GPT model(c);
-            scale_parameters(model, 20.0);
-            const int64_t B = 2, T = c.block_size;
-            Tensor idx = ids(random_tokens(B * T, 37), {B, T}).to(Device::CUDA);
-            NoGradGuard no_grad;
-            Tensor full = model.forward(idx);
-            KVCache cache(model, B);
-            Tensor prefill = forward_cached(model, cache, idx.narrow(1, 0, 5).contiguous());
-            REQUIRE(prefill.device() == Device::CUDA);
-            CHECK_NORMWISE(prefill, full.narrow(1, 0, 5).contiguous(), normwise_tolerance(dt));
-            for (int64_t t = 5; t < T; ++t)
-                CHECK_NORMWISE(forward_cached(model, cache, idx.narrow(1, t, 1).contiguous()),
-                               full.narrow(1, t, 1).contiguous(), normwise_tolerance(dt));
-            if (dt != DType::F64) continue;
-            const std::vector<int64_t> prompt{4, 5, 6};
-            for (double temperature : {0.0, 1.0})
-                CHECK(generate(model, prompt, 30, sampling(temperature, 0, 3, true)) ==
-                      generate(model, prompt, 30, sampling(temperature, 0, 3, false)));
-        }
+            for (const char* arch : {"gpt2", "nanochat", "llama"}) {
+                INFO("dtype ", std::string(dtype_name(dt)), ", arch ", std::string(arch));
+                manual_seed(108);
+                GPTConfig c = small_config(dt, arch == std::string("gpt2") ? NormKind::Layer : NormKind::RMS, arch);
+                c.device = Device::CUDA;
+                GPT model(c);
+                scale_parameters(model, 20.0);
+                const int64_t B = 2, T = c.block_size;
+                Tensor idx = ids(random_tokens(B * T, 37), {B, T}).to(Device::CUDA);
+                NoGradGuard no_grad;
+                Tensor full = model.forward(idx);
+                KVCache cache(model, B);
+                Tensor prefill = forward_cached(model, cache, idx.narrow(1, 0, 5).contiguous());
+                REQUIRE(prefill.device() == Device::CUDA);
+                CHECK_NORMWISE(prefill, full.narrow(1, 0, 5).contiguous(), normwise_tolerance(dt));
+                for (int64_t t = 5; t < T; ++t)
+                    CHECK_NORMWISE(forward_cached(model, cache, idx.narrow(1, t, 1).contiguous()),
+                                   full.narrow(1, t, 1).contiguous(), normwise_tolerance(dt));
+                if (dt != DType::F64) continue;
+                const std::vector<int64_t> prompt{4, 5, 6};
+                for (double temperature : {0.0, 1.0})
+                    CHECK(generate(model, prompt, 30, sampling(temperature, 0, 3, true)) ==
+                          generate(model, prompt, 30, sampling(temperature, 0, 3, false)));
+            }
     }
 
     TEST_CASE("generate: with and without the cache, the same tokens (greedy and seeded), past block_size") {
