@@ -327,7 +327,9 @@ Tensor causal_attention_rows(const Tensor& q_in, const Tensor& k_in, const Tenso
     const char* op = "causal_attention_rows";
     check_qkv(op, q_in, k_in, v_in);
     NT_CHECK_AS(ShapeError, q_in.size(1) >= 1, op, ": expected q with at least one row, got ", shape_str(q_in.shape()));
-    for (const Tensor* x : {&q_in, &k_in, &v_in}) check_inference_only(op, *x, x == &q_in ? "q" : x == &k_in ? "k" : "v");
+    check_inference_only(op, q_in, "q");
+    check_inference_only(op, k_in, "k");
+    check_inference_only(op, v_in, "v");
     Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     Tensor out = empty(q.shape(), TensorOptions().dtype(q.dtype()).device(q.device()));
     attention_forward(op, out, Tensor(), {q}, {k}, {v}, grouped_layout(q, k, k.size(1) - q.size(1)), DropoutMask());

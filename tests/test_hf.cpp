@@ -75,6 +75,23 @@ std::map<std::string, Tensor> tensors_of(const std::string& path,
     return out;
 }
 
+// A small model of preset `arch` ("llama" with 2 key/value heads) with every field that
+// config.json carries away from its default: mlp_hidden 96, rope_theta 500000, norm_eps 1e-6.
+GPTConfig small_config(const std::string& arch, bool tie) {
+    GPTConfig c = gpt_config(arch);
+    c.vocab_size = 64;
+    c.block_size = 32;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_embd = 64;
+    c.n_kv_head = arch == "llama" ? 2 : 0;
+    c.mlp_hidden = 96;
+    c.rope_theta = 500000.0;
+    c.norm_eps = 1e-6;
+    c.tie_embeddings = tie;
+    return c;
+}
+
 json read_json(const std::string& path) { return json::parse(slurp(path)); }
 void write_json(const std::string& path, const json& j) { write_bytes(path, j.dump(2)); }
 
@@ -212,17 +229,7 @@ TEST_SUITE("hf") {
         TempDir dir("hf_tie");
         for (auto [arch, tie] : {std::pair<const char*, bool>{"llama", true}, {"gpt2", false}}) {
             INFO(std::string(arch), " tie ", tie);
-            GPTConfig c = gpt_config(arch);
-            c.vocab_size = 50;
-            c.block_size = 16;
-            c.n_layer = 2;
-            c.n_head = 4;
-            c.n_embd = 32;
-            c.n_kv_head = std::string(arch) == "llama" ? 1 : 0;
-            c.mlp_hidden = 48;
-            c.rope_theta = 500000.0;
-            c.norm_eps = 1e-6;
-            c.tie_embeddings = tie;
+            const GPTConfig c = small_config(arch, tie);
             manual_seed(5);
             GPT model(c);
             save_hf(model, dir / arch);
@@ -235,7 +242,7 @@ TEST_SUITE("hf") {
             if (std::string(arch) == "llama") CHECK(back->config().rope_theta == c.rope_theta);
             CHECK(back->config().norm_eps == c.norm_eps);
             CHECK(back->config().kv_heads() == c.kv_heads());
-            CHECK(back->config().hidden() == 48);
+            CHECK(back->config().hidden() == 96);
             check_same_parameters(model, *back);
             Tensor ids = token_batch(c, 2, 16).idx;
             CHECK(same_bits(logits_of(model, ids), logits_of(*back, ids)));
@@ -373,27 +380,18 @@ TEST_SUITE("hf") {
 
     TEST_CASE("hf: save_hf refuses architectures transformers' Llama and GPT-2 do not compute, writing nothing") {
         TempDir dir("hf_save_bad");
-        auto small = [](const char* arch) {
-            GPTConfig c = gpt_config(arch);
-            c.vocab_size = 16;
-            c.block_size = 8;
-            c.n_layer = 1;
-            c.n_head = 2;
-            c.n_embd = 8;
-            return c;
-        };
-        CHECK_THROWS_KIND_WITH(save_hf(GPT(small("nanochat")), dir / "nanochat"), Error, "save_hf", "nanochat",
+        CHECK_THROWS_KIND_WITH(save_hf(GPT(small_config("nanochat", false)), dir / "nanochat"), Error, "save_hf", "nanochat",
                                "no transformers class");
-        GPTConfig rms_gpt2 = small("gpt2");
+        GPTConfig rms_gpt2 = small_config("gpt2", false);
         rms_gpt2.norm = NormKind::RMS;
         CHECK_THROWS_KIND_WITH(save_hf(GPT(rms_gpt2), dir / "custom"), Error, "save_hf", "custom architecture",
                                "norm rms");
-        GPTConfig gqa_gpt2 = small("gpt2");
+        GPTConfig gqa_gpt2 = small_config("gpt2", false);
         gqa_gpt2.n_kv_head = 1;
         CHECK_THROWS_KIND_WITH(save_hf(GPT(gqa_gpt2), dir / "gqa"), Error, "save_hf", "grouped-query");
         CHECK(listing(dir.path).empty());
         write_bytes(dir / "a_file", "");
-        CHECK_THROWS_KIND_WITH(save_hf(GPT(small("llama")), dir / "a_file"), IOError, "save_hf", "a_file");
+        CHECK_THROWS_KIND_WITH(save_hf(GPT(small_config("llama", false)), dir / "a_file"), IOError, "save_hf", "a_file");
     }
 
     TEST_CASE("hf: on cuda, load_hf's logits are transformers' to 1e-5 (f32) and bf16's tolerance") {
@@ -423,18 +421,8 @@ TEST_SUITE("hf") {
             std::function<std::unique_ptr<GPT>()> make;
         };
         auto fresh = [](const char* arch, bool tie) {
-            GPTConfig c = gpt_config(arch);
-            c.vocab_size = 64;
-            c.block_size = 32;
-            c.n_layer = 2;
-            c.n_head = 4;
-            c.n_embd = 64;
-            c.n_kv_head = std::string(arch) == "llama" ? 2 : 0;
-            c.mlp_hidden = 96;
-            c.rope_theta = 500000.0;
-            c.tie_embeddings = tie;
             manual_seed(9);
-            auto model = std::make_unique<GPT>(c);
+            auto model = std::make_unique<GPT>(small_config(arch, tie));
             NoGradGuard no_grad;
             for (Tensor& p : model->parameters()) p.add_(randn(p.shape()), 0.2);  // away from 1s and 0s
             return model;

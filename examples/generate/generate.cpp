@@ -136,23 +136,14 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
     return g;
 }
 
-// The model of a train_gpt checkpoint, on `device`: its config checked (checkpoint_config) before
-// the model is built, then its parameters loaded.
-std::unique_ptr<GPT> checkpoint_model(const std::string& path, Device device) {
-    std::map<std::string, std::string> metadata;
-    NamedTensors tensors;
+// fn(), with the errors of a bad file (IOError, FormatError, ShapeError, DTypeError) turned into
+// UsageError, on which generate exits 2.
+template <class F>
+auto bad_file_is_usage_error(F&& fn) -> decltype(fn()) {
     try {
-        bool checksummed = false;
-        tensors = load_safetensors(path, &metadata, &checksummed);
-        if (!checksummed) warn_unverified("generate", path);
+        return fn();
     } catch (const IOError& e) {
         throw UsageError(e.what());
-    } catch (const FormatError& e) {
-        throw UsageError(e.what());
-    }
-    auto model = std::make_unique<GPT>(checkpoint_config(path, metadata, tensors, device));
-    try {
-        load_checkpoint(path, tensors, metadata, *model);
     } catch (const FormatError& e) {
         throw UsageError(e.what());
     } catch (const ShapeError& e) {
@@ -160,6 +151,17 @@ std::unique_ptr<GPT> checkpoint_model(const std::string& path, Device device) {
     } catch (const DTypeError& e) {
         throw UsageError(e.what());
     }
+}
+
+// The model of a train_gpt checkpoint, on `device`: its config checked (checkpoint_config) before
+// the model is built, then its parameters loaded.
+std::unique_ptr<GPT> checkpoint_model(const std::string& path, Device device) {
+    std::map<std::string, std::string> metadata;
+    bool checksummed = false;
+    NamedTensors tensors = bad_file_is_usage_error([&] { return load_safetensors(path, &metadata, &checksummed); });
+    if (!checksummed) warn_unverified("generate", path);
+    auto model = std::make_unique<GPT>(checkpoint_config(path, metadata, tensors, device));
+    bad_file_is_usage_error([&] { load_checkpoint(path, tensors, metadata, *model); });
     return model;
 }
 
@@ -171,18 +173,7 @@ bool is_hf_directory(const std::string& path) {
 
 // The model of a Hugging Face directory (nn/hf.h), in f32 on `device`; its vocabulary must be bytes.
 std::unique_ptr<GPT> hf_model(const std::string& dir, Device device) {
-    std::unique_ptr<GPT> model;
-    try {
-        model = load_hf(dir, device, DType::F32);
-    } catch (const IOError& e) {
-        throw UsageError(e.what());
-    } catch (const FormatError& e) {
-        throw UsageError(e.what());
-    } catch (const ShapeError& e) {
-        throw UsageError(e.what());
-    } catch (const DTypeError& e) {
-        throw UsageError(e.what());
-    }
+    std::unique_ptr<GPT> model = bad_file_is_usage_error([&] { return load_hf(dir, device, DType::F32); });
     if (model->config().vocab_size > 256)
         throw UsageError(dir + ": the model has a vocabulary of " + std::to_string(model->config().vocab_size) +
                          " tokens; generate reads and writes bytes (at most 256)");
