@@ -61,6 +61,10 @@ struct GPTConfig {
     // forward() and loss() under SaveOnCpu (core/save_on_cpu.h): what they save goes to pinned host
     // memory, and comes back to the GPU in backward. Nothing changes for cpu tensors.
     bool offload = false;
+    // loss() runs lm_head and the cross-entropy as one linear_cross_entropy (ops/linear_cross_entropy.h):
+    // the [B, T, V] logits are never stored, only their log-sum-exp per position, and backward makes
+    // them again chunk by chunk (one more product of lm_head's size). forward() is unchanged.
+    bool fused_head_loss = false;
 
     // The architecture (gpt_config names the usual sets). GPT-2: every default below.
     PosEmbedding pos_embedding = PosEmbedding::Learned;  // wpe, or rotary on q and k (Su et al. 2021)
