@@ -11,6 +11,7 @@
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
+#include "ops/linear_cross_entropy.h"
 #include "ops/matmul.h"
 #include "ops/rotary.h"
 
@@ -238,7 +239,7 @@ Tensor GPT::embed(const Tensor& idx, int64_t position) const {
 
 Tensor GPT::head(const Tensor& x) const { return lm_head->forward(ln_f->forward(x)); }
 
-Tensor GPT::forward(const Tensor& idx, bool in_loss) const {
+Tensor GPT::blocks(const Tensor& idx) const {
     NT_CHECK(idx.defined(), "GPT: expected idx of shape [B, T] i64, got an undefined tensor");
     NT_CHECK_AS(DTypeError, idx.dtype() == DType::I64, "GPT: expected idx of shape [B, T] i64, got ",
                 shape_str(idx.shape()), " ", dtype_name(idx.dtype()));
@@ -247,8 +248,6 @@ Tensor GPT::forward(const Tensor& idx, bool in_loss) const {
     int64_t T = idx.size(1);
     NT_CHECK_AS(ShapeError, T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
                 config_.block_size, "], got ", T);
-    std::optional<SaveOnCpu> offload;  // Note [SaveOnCpu]: over the whole forward, so prefetching crosses layers
-    if (config_.offload && !in_loss) offload.emplace();
     ModuleScope scope(*this);
     Tensor x = embed(idx);
     // Moving the residual into each block leaves the block the only handle, so the block's input
@@ -259,15 +258,26 @@ Tensor GPT::forward(const Tensor& idx, bool in_loss) const {
         else
             x = block->forward(std::move(x));
     }
-    return head(x);
+    return x;
 }
 
-Tensor GPT::forward(const Tensor& idx) const { return forward(idx, false); }
+Tensor GPT::forward(const Tensor& idx) const {
+    std::optional<SaveOnCpu> offload;  // Note [SaveOnCpu]: over the whole forward, so prefetching crosses layers
+    if (config_.offload) offload.emplace();
+    return head(blocks(idx));
+}
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
-    std::optional<SaveOnCpu> offload;  // the logits too, the largest tensor saved outside the blocks
+    std::optional<SaveOnCpu> offload;  // the loss too: the logits are the largest tensor saved outside the blocks
     if (config_.offload) offload.emplace();
-    return cross_entropy(forward(idx, true), targets, config_.logit_softcap);
+    Tensor x = blocks(idx);
+    if (!config_.fused_head_loss) return cross_entropy(head(x), targets, config_.logit_softcap);
+    x = ln_f->forward(x);
+    ModuleScope scope(*lm_head);  // lm_head's product runs inside the loss, chunk by chunk
+    LinearCrossEntropyOptions options;
+    options.softcap = config_.logit_softcap;
+    options.ignore_index = -1;  // no target is negative: every position counts
+    return linear_cross_entropy(x, lm_head->weight, targets, options);
 }
 
 void GPT::set_policy(SavePolicy policy) {
@@ -301,6 +311,14 @@ int64_t norm_saved_bytes(const GPTConfig& c, NormKind kind, int64_t E, int64_t N
     const int64_t stats = (input && kind == NormKind::Layer ? 2 : 1) * E * ss;
     return (input ? 2 : 1) * E * N * es + stats;
 }
+
+// The bytes the loss saves over E positions besides its input: the logits (E V; none with the
+// fused head loss), their log-sum-exp (E) and the targets (E ids).
+int64_t loss_saved_bytes(const GPTConfig& c, int64_t E) {
+    const int64_t es = static_cast<int64_t>(element_size(c.dtype)), ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
+    const int64_t logits = c.fused_head_loss ? 0 : E * c.vocab_size * es;
+    return logits + E * ss + E * static_cast<int64_t>(element_size(DType::I64));
+}
 }  // namespace
 
 int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
@@ -322,7 +340,7 @@ int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
     // emb_norm: E C and its statistics under every policy (its input under Input, else its output).
     const int64_t emb_norm =
         c.embedding_norm ? E * C * es + (c.policy == SavePolicy::Input && c.norm == NormKind::Layer ? 2 : 1) * E * ss : 0;
-    const int64_t loss = E * c.vocab_size * es + E * ss + ids;  // logits, log-sum-exp, targets
+    const int64_t loss = loss_saved_bytes(c, E);
     return ids + emb_norm + c.n_layer * layer + norm_saved_bytes(c, c.norm, E, C) + loss;
 }
 
@@ -345,7 +363,7 @@ int64_t predicted_checkpoint_saved_bytes(const GPTConfig& c, int64_t B, int64_t 
     const int64_t ln_f = (input ? 2 : 1) * x + stats;
     // emb_norm's output is the first block's input: under Input its input is saved besides.
     const int64_t emb_norm = c.embedding_norm ? (input ? x : 0) + stats : 0;
-    const int64_t loss = B * T * c.vocab_size * es + B * T * ss + ids;  // logits, log-sum-exp, targets
+    const int64_t loss = loss_saved_bytes(c, B * T);
     return c.n_layer * x + ids + emb_norm + ln_f + loss;  // block inputs, wte's ids, the norms, the loss
 }
 

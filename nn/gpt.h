@@ -180,8 +180,10 @@ public:
     Tensor forward(const Tensor& idx) const;
     // Mean cross-entropy of the (softcapped, with logit_softcap) logits of idx against targets
     // [B, T] i64 (a 0-dim tensor, nats); backward() from it accumulates (+=) into every
-    // parameter's grad. Throws as forward() and cross_entropy() (targets of another shape or out
-    // of range).
+    // parameter's grad. With fused_head_loss lm_head and the loss run as one
+    // linear_cross_entropy, which never stores the logits (the same value and gradients, to
+    // rounding). Throws as forward() and cross_entropy() or linear_cross_entropy() (targets of
+    // another shape or out of range).
     Tensor loss(const Tensor& idx, const Tensor& targets) const;
 
     // The steps of forward(), for the cached forward of generation (nn/generate.h), which runs
@@ -206,7 +208,8 @@ public:
     std::shared_ptr<Linear> lm_head;
 
 private:
-    Tensor forward(const Tensor& idx, bool in_loss) const;  // in_loss: loss() opened the offload
+    // The checks of idx, embed and the blocks: [B, T] -> [B, T, C], before ln_f.
+    Tensor blocks(const Tensor& idx) const;
 
     GPTConfig config_;
 };
@@ -226,7 +229,8 @@ int64_t num_parameters(const GPTConfig& config);
 //     output (E H, SwiGLU 2 E H) and, without recompute_activation, the activation (E H);
 //   outside the blocks: wte's ids (E), emb_norm (E C and its statistics under every policy: under
 //     Input its input, otherwise its output, which ln_1 of the first block saves under Input),
-//     ln_f (as a norm of width C), the logits (E V), their lse (E) and the targets (E).
+//     ln_f (as a norm of width C), the logits (E V; none with fused_head_loss), their lse (E) and
+//     the targets (E).
 // Assumes no Output forward fell back to saving its input (every |norm weight| >=
 // kOutputPolicyMinWeight; see output_policy_fallbacks()).
 int64_t predicted_saved_bytes(const GPTConfig& config, int64_t B, int64_t T);
@@ -242,7 +246,8 @@ int64_t predicted_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
 // outside the blocks save: wte's ids and the targets (B*T i64 each); emb_norm's input under Input
 // (its output is the first block's input) and its statistics; ln_f's x, y or x_hat (with
 // the y that lm_head saves under Input) and its statistics (B*T each: rstd, and mean under Input
-// for LayerNorm); the logits (B*T*V) and their log-sum-exp (B*T) (docs/DESIGN.md).
+// for LayerNorm); the logits (B*T*V; none with fused_head_loss) and their log-sum-exp (B*T)
+// (docs/DESIGN.md).
 // Elements of config.dtype, statistics of stat_dtype(config.dtype). Assumes no Output forward fell
 // back to saving its input (output_policy_fallbacks()).
 int64_t predicted_checkpoint_saved_bytes(const GPTConfig& config, int64_t B, int64_t T);

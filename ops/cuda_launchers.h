@@ -80,6 +80,17 @@ template <class T>  // dlogits[i, v] = (exp(z[i, v] - lse[i]) - [v == targets[i]
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const acc_t<T>* lse, const int64_t* targets,
                                  const T* grad, int64_t M, int64_t V, double softcap, int device);
 
+// ops/linear_cross_entropy.cu: rows of one chunk of logits [rows, V] (ops/linear_cross_entropy.h);
+// z = logits, or softcap * tanh(logits / softcap) for softcap > 0; s = smoothing.
+template <class T>  // lse[i] = logsumexp(z[i, :]), loss[i] = lse[i] - (1 - s) z[i, t] - s / V sum_v z[i, v]; 0, 0 where ignored
+void linear_cross_entropy_rows_cuda(acc_t<T>* lse, acc_t<T>* loss, const T* logits, const int64_t* targets,
+                                    int64_t rows, int64_t V, double softcap, double smoothing, int64_t ignore_index,
+                                    int device);
+template <class T>  // logits[i, v] = (exp(z - lse[i]) - (1 - s)[v == t] - s / V) * grad[0] * scale * dz/dlogits; 0 where ignored
+void linear_cross_entropy_grad_cuda(T* logits, const acc_t<T>* lse, const int64_t* targets, const T* grad,
+                                    double scale, int64_t rows, int64_t V, double softcap, double smoothing,
+                                    int64_t ignore_index, int device);
+
 // ops/attention.cu: q, k, v, out and lse (or D) where `layout` puts them (ops/attention_layout.h;
 // see ops/attention.h). The forward computes the rows first_row .. T-1 (lse may be null; dropout
 // only with first_row 0); the backward (first_row 0) writes dq, dk, dv in q's, k's and v's layout
@@ -97,6 +108,11 @@ void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, con
 template <class T>
 void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
                int64_t b_cols, bool trans_b, int device);
+// out += op(a) @ op(b) with out of acc_t<T> (f32 for bf16): the product's own f32 (f64)
+// accumulation carried on into out (cuBLAS's beta = 1), never rounded to T in between.
+template <class T>
+void gemm_accumulate_cuda(acc_t<T>* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b,
+                          int64_t b_rows, int64_t b_cols, bool trans_b, int device);
 // The same product with a cuBLASLt epilogue, in the row-major picture p = op(a) @ op(b), [M, N]:
 enum class GemmEpilogue {
     Bias,         // out[i, j] = p[i, j] + bias[j]

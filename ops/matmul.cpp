@@ -17,6 +17,7 @@
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 #include "ops/elementwise.h"
+#include "ops/gemm.h"
 
 namespace normtape {
 
@@ -49,25 +50,41 @@ int64_t gemm_block(int64_t length) {
     return std::clamp<int64_t>((b + 47) / 48 * 48, 96, 480);
 }
 
-// o = A @ B on the cpu, A [M, K] and B [K, N] Eigen expressions (maps, or their transposes): one
-// single-threaded Eigen product per block of o's rows (M >= N) or columns, blocks in parallel.
+// o = A @ B (o += A @ B with accumulate) on the cpu, A [M, K] and B [K, N] Eigen expressions
+// (maps, or their transposes): one single-threaded Eigen product per block of o's rows (M >= N) or
+// columns, blocks in parallel.
 template <class O, class LhsT, class RhsT>
-void gemm_blocks(O& o, const LhsT& A, const RhsT& B) {
+void gemm_blocks(O& o, const LhsT& A, const RhsT& B, bool accumulate) {
     const int64_t M = o.rows(), N = o.cols();
     if (M >= N) {
         parallel_for(0, M, gemm_block(M), [&](int64_t r0, int64_t r1) {
-            o.middleRows(r0, r1 - r0).noalias() = A.middleRows(r0, r1 - r0) * B;
+            if (accumulate) o.middleRows(r0, r1 - r0).noalias() += A.middleRows(r0, r1 - r0) * B;
+            else o.middleRows(r0, r1 - r0).noalias() = A.middleRows(r0, r1 - r0) * B;
         });
     } else {
         parallel_for(0, N, gemm_block(N), [&](int64_t c0, int64_t c1) {
-            o.middleCols(c0, c1 - c0).noalias() = A * B.middleCols(c0, c1 - c0);
+            if (accumulate) o.middleCols(c0, c1 - c0).noalias() += A * B.middleCols(c0, c1 - c0);
+            else o.middleCols(c0, c1 - c0).noalias() = A * B.middleCols(c0, c1 - c0);
         });
     }
 }
 
-// out = op(a) @ op(b), op(m) = m^T when its flag is set; every tensor is a contiguous row-major
-// matrix whose columns are its last dimension, all of one dtype and device. out is overwritten.
-void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
+// The cpu product of f32 or f64 maps, as detail::gemm.
+template <class T>
+void gemm_cpu(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, bool accumulate) {
+    int64_t cols = out.size(-1);
+    MatrixMap<T> o(out.data_ptr<T>(), out.numel() / cols, cols);
+    auto ma = as_matrix<T>(a);
+    auto mb = as_matrix<T>(b);
+    if (!trans_a && !trans_b) gemm_blocks(o, ma, mb, accumulate);
+    else if (!trans_a && trans_b) gemm_blocks(o, ma, mb.transpose(), accumulate);
+    else if (trans_a && !trans_b) gemm_blocks(o, ma.transpose(), mb, accumulate);
+    else gemm_blocks(o, ma.transpose(), mb.transpose(), accumulate);
+}
+
+}  // namespace
+
+void detail::gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
     if (a.device().is_cuda()) {
         dispatch_floating(a.dtype(), "matmul", [&]([[maybe_unused]] auto tag) {
             using T [[maybe_unused]] = decltype(tag);
@@ -79,24 +96,32 @@ void gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, boo
     }
     if (a.dtype() == DType::BF16) {  // f32 arithmetic on f32 copies, rounded once into out
         Tensor tmp = empty(out.shape(), TensorOptions().dtype(DType::F32).device(out.device()));
-        gemm(tmp, a.to(DType::F32), trans_a, b.to(DType::F32), trans_b);
+        gemm_cpu<float>(tmp, a.to(DType::F32), trans_a, b.to(DType::F32), trans_b, false);
         Tensor(out).copy_(tmp.to(DType::BF16));
         return;
     }
-    dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
-        using T = decltype(tag);
-        if constexpr (!std::is_same_v<T, bf16>) {
-            int64_t cols = out.size(-1);
-            MatrixMap<T> o(out.data_ptr<T>(), out.numel() / cols, cols);
-            auto ma = as_matrix<T>(a);
-            auto mb = as_matrix<T>(b);
-            if (!trans_a && !trans_b) gemm_blocks(o, ma, mb);
-            else if (!trans_a && trans_b) gemm_blocks(o, ma, mb.transpose());
-            else if (trans_a && !trans_b) gemm_blocks(o, ma.transpose(), mb);
-            else gemm_blocks(o, ma.transpose(), mb.transpose());
-        }
-    });
+    if (a.dtype() == DType::F32) gemm_cpu<float>(out, a, trans_a, b, trans_b, false);
+    else gemm_cpu<double>(out, a, trans_a, b, trans_b, false);
 }
+
+void detail::gemm_accumulate(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
+    if (a.device().is_cuda()) {
+        dispatch_floating(a.dtype(), "matmul", [&]([[maybe_unused]] auto tag) {
+            using T [[maybe_unused]] = decltype(tag);
+            NT_CUDA(detail::gemm_accumulate_cuda<T>(device_ptr<acc_t<T>>(out), device_ptr<T>(a), a.numel() / a.size(-1),
+                                                    a.size(-1), trans_a, device_ptr<T>(b), b.numel() / b.size(-1),
+                                                    b.size(-1), trans_b, a.device().index));
+        });
+        return;
+    }
+    if (a.dtype() == DType::BF16) gemm_cpu<float>(out, a.to(DType::F32), trans_a, b.to(DType::F32), trans_b, true);
+    else if (a.dtype() == DType::F32) gemm_cpu<float>(out, a, trans_a, b, trans_b, true);
+    else gemm_cpu<double>(out, a, trans_a, b, trans_b, true);
+}
+
+namespace {
+
+using detail::gemm;
 
 // gemm() with a cuBLASLt epilogue (detail::GemmEpilogue, ops/cuda_launchers.h); aux may be
 // undefined. Returns false, having done nothing, on the cpu or where cuBLASLt offers no

@@ -13,11 +13,14 @@
 
 namespace normtape::detail {
 
-// Row-major out = op(a) @ op(b) is column-major out^T = op(b)^T @ op(a)^T: a row-major matrix is
-// its transpose in column-major order, so the operands swap and keep their own transposition.
-template <class T>
-void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
-               int64_t b_cols, bool trans_b, int device) {
+namespace {
+
+// Row-major out = op(a) @ op(b) (+ out, with accumulate) is column-major out^T = op(b)^T @ op(a)^T:
+// a row-major matrix is its transpose in column-major order, so the operands swap and keep their
+// own transposition. out is T, or acc_t<T> (O) for a product accumulated at the product's precision.
+template <class T, class O>
+void gemm_any(O* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
+              int64_t b_cols, bool trans_b, bool accumulate, int device) {
     int64_t M = trans_a ? a_cols : a_rows, K = trans_a ? a_rows : a_cols;
     int64_t N = trans_b ? b_rows : b_cols;
     NT_CHECK_AS(ShapeError, (trans_b ? b_cols : b_rows) == K, "matmul: expected equal inner dimensions, got ", K,
@@ -26,12 +29,26 @@ void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a,
                 " (cuBLAS's int), got M ", M, ", N ", N, ", K ", K);
     if (M == 0 || N == 0) return;
     using A = acc_t<T>;
-    A alpha = 1, beta = 0;
+    A alpha = 1, beta = accumulate ? 1 : 0;
     cublasComputeType_t compute = std::is_same_v<T, double> ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasGemmEx(cuda::cublas(device), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                               static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b, cuda_type<T>(),
                               static_cast<int>(b_cols), a, cuda_type<T>(), static_cast<int>(a_cols), &beta, out,
-                              cuda_type<T>(), static_cast<int>(N), compute, CUBLAS_GEMM_DEFAULT));
+                              cuda_type<O>(), static_cast<int>(N), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+template <class T>
+void gemm_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
+               int64_t b_cols, bool trans_b, int device) {
+    gemm_any(out, a, a_rows, a_cols, trans_a, b, b_rows, b_cols, trans_b, false, device);
+}
+
+template <class T>
+void gemm_accumulate_cuda(acc_t<T>* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b,
+                          int64_t b_rows, int64_t b_cols, bool trans_b, int device) {
+    gemm_any(out, a, a_rows, a_cols, trans_a, b, b_rows, b_cols, trans_b, true, device);
 }
 
 namespace {
@@ -144,6 +161,8 @@ bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool
 
 #define NT_INSTANTIATE(T)                                                                                           \
     template void gemm_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool, int);        \
+    template void gemm_accumulate_cuda<T>(acc_t<T>*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t,  \
+                                          bool, int);                                                                \
     template bool gemm_epilogue_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool,     \
                                         GemmEpilogue, T*, T*, int);
 NT_INSTANTIATE(float)

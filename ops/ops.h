@@ -10,6 +10,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/norm/layer_norm.h"
+#include "ops/linear_cross_entropy.h"
 #include "ops/matmul.h"
 #include "ops/norm/norm_policy.h"
 #include "ops/reduce.h"

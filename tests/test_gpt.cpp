@@ -1,7 +1,7 @@
 // tests/test_gpt.cpp: the model end to end: it learns real text, it can overfit one batch, the
 // two policies train identically, and bad input to the model is rejected clearly; the presets
 // (gpt2, nanochat, llama): their parameters, their gradients against f64 finite differences, tied
-// embeddings, and weightless norms under Output and Normalized.
+// embeddings, weightless norms under Output and Normalized, and the fused head loss.
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -179,6 +179,33 @@ TEST_CASE("gpt: with weightless norms Output's gradients equal Normalized's bit 
         CHECK(grads[0] == grads[1]);
         CHECK(output_policy_fallbacks() == fallbacks);
     }
+}
+
+TEST_CASE("gpt: fused_head_loss gives the unfused loss and gradients for every preset and policy, tied or not") {
+    for (const char* arch : {"gpt2", "nanochat", "llama"})
+        for (SavePolicy policy : kSavePolicies)
+            for (bool tie : {false, true}) {
+                CAPTURE(arch);
+                CAPTURE(policy_name(policy));
+                CAPTURE(tie);
+                std::vector<std::vector<double>> grads[2];
+                double losses[2];
+                for (int fused = 0; fused < 2; ++fused) {
+                    GPTConfig c = preset(arch, DType::F64, policy);
+                    c.tie_embeddings = tie;
+                    c.fused_head_loss = fused == 1;
+                    manual_seed(13);
+                    GPT model(c);
+                    Tensor loss = model.loss(tokens(2, 8, c.vocab_size, 1), tokens(2, 8, c.vocab_size, 5));
+                    loss.backward();
+                    losses[fused] = loss.item<double>();
+                    for (const Tensor& p : model.parameters()) grads[fused].push_back(as_f64(p.grad()));
+                }
+                CHECK(losses[1] == doctest::Approx(losses[0]).epsilon(1e-13));
+                for (size_t k = 0; k < grads[0].size(); ++k)
+                    for (size_t i = 0; i < grads[0][k].size(); ++i)
+                        CHECK(grads[1][k][i] == doctest::Approx(grads[0][k][i]).epsilon(1e-11).scale(1e-9));
+            }
 }
 
 TEST_CASE("gpt: bad input to the model") {

@@ -38,19 +38,21 @@ AfterForward measure(const GPTConfig& config, SavePolicy policy, int64_t B, int6
 TEST_SUITE("memory") {
 
 TEST_CASE("memory: every preset under every policy saves predicted_saved_bytes, in the tape and the allocator") {
+    // fused_head_loss: the same less the logits, which are then never whole in memory.
     const int64_t B = 2, T = 9;
     for (const char* arch : {"gpt2", "nanochat", "llama"}) {
         for (int64_t kv_heads : {0, 2}) {
             if (kv_heads && std::string(arch) == "gpt2") continue;
             for (DType dtype : {DType::F32, DType::BF16}) {
-                for (bool recompute : {true, false}) {
+                for (auto [recompute, fused] : {std::pair{true, false}, {false, false}, {true, true}, {false, true}}) {
                     GPTConfig c = gpt_config(arch);
                     c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_embd = 32, c.dtype = dtype;
-                    c.n_kv_head = kv_heads, c.recompute_activation = recompute;
+                    c.n_kv_head = kv_heads, c.recompute_activation = recompute, c.fused_head_loss = fused;
                     CAPTURE(arch);
                     CAPTURE(kv_heads);
                     CAPTURE(dtype_name(dtype));
                     CAPTURE(recompute);
+                    CAPTURE(fused);
                     for (SavePolicy policy : kSavePolicies) {
                         CAPTURE(policy_name(policy));
                         c.policy = policy;

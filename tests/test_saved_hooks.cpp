@@ -235,6 +235,16 @@ TEST_CASE("checkpoint: a GPT saves the block inputs and what the outside of the 
                 const int64_t before = saved_bytes();
                 Tensor loss = model.loss(b.idx, b.targets);
                 CHECK(saved_bytes() - before == predicted_checkpoint_saved_bytes(c, 3, 10));
+                {  // the fused head loss: the same less the logits
+                    GPTConfig fused = c;
+                    fused.fused_head_loss = true;
+                    GPT fused_model(fused);
+                    const int64_t ours = saved_bytes();
+                    Tensor fused_loss = fused_model.loss(b.idx.clone(), b.targets.clone());  // ids not saved yet
+                    CHECK(saved_bytes() - ours == predicted_checkpoint_saved_bytes(fused, 3, 10));
+                    CHECK(predicted_checkpoint_saved_bytes(c, 3, 10) - predicted_checkpoint_saved_bytes(fused, 3, 10) ==
+                          3 * 10 * c.vocab_size * static_cast<int64_t>(element_size(c.dtype)));
+                }
                 // Every block's saved tensors are kept as the checkpoint's recipe, which keeps its input.
                 int64_t via_checkpoint = 0;
                 for (const SavedTensorEntry& e : saved_tensors_report().entries)
