@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch eager's training step for normtape's GPT (nn/gpt.h), timed per phase, beside train_gpt's figures.
+"""PyTorch's training step (eager, or with --compile torch.compile's) for normtape's GPT (nn/gpt.h), timed per phase, beside train_gpt's figures.
 
-  python3 scripts/bench_torch_gpt.py [--ours medium.json] [--json torch_gpt.json] [--steps 10]
+  python3 scripts/bench_torch_gpt.py [--ours medium.json] [--json torch_gpt.json] [--steps 10] [--compile]
                                      [--batch 16] [--seq 1024] [--layers 12] [--heads 16] [--embd 1024]
                                      [--vocab 32768] [--norm layer|rms] [--lr 3e-3] [--seed 1337]
 
@@ -31,6 +31,8 @@ peak_allocated_bytes (reset at its step's start).
 --ours FILE: train_gpt --json output (e.g. of --preset gpt2-medium-ish); its config is the default
 for the model's flags, and each of its runs is printed beside PyTorch's (ratio ours / torch: below 1
 is faster or smaller).
+--compile: the loss function through torch.compile (default mode: Inductor's fused kernels and its
+own choice of what to save); the warm-up steps include the compilation.
 """
 import argparse
 import json
@@ -114,8 +116,9 @@ def median(v):
     return (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])) if n else float("nan")
 
 
-def run(cfg, steps, seed):
+def run(cfg, steps, seed, compiled=False):
     torch.manual_seed(seed)
+    step_loss = torch.compile(loss_fn) if compiled else loss_fn
     dev = "cuda"
     B, T, C, NH, L, V = cfg["batch"], cfg["seq"], cfg["embd"], cfg["heads"], cfg["layers"], cfg["vocab"]
     p = make_params(V, T, C, L, cfg["norm"], dev)
@@ -135,7 +138,7 @@ def run(cfg, steps, seed):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         ev[0].record()
-        loss = loss_fn(p, idx, targets, L, NH, cfg["norm"])
+        loss = step_loss(p, idx, targets, L, NH, cfg["norm"])
         ev[1].record()
         loss.backward()
         ev[2].record()
@@ -201,6 +204,7 @@ def main():
     parser.add_argument("--seed", type=int, default=1337, help="seed of the initialization and tokens (default 1337)")
     parser.add_argument("--json", help="write the medians, the memory figures and every step's here")
     parser.add_argument("--ours", help="train_gpt --json output to print beside PyTorch's figures")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the loss function (default: eager)")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error(f"expected --steps >= 1, got {args.steps}")
@@ -220,8 +224,8 @@ def main():
         parser.error(f"expected --embd divisible by --heads, got {cfg['embd']} and {cfg['heads']}")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; GPT L={cfg['layers']} NH={cfg['heads']} "
           f"C={cfg['embd']} V={cfg['vocab']} B={cfg['batch']} T={cfg['seq']}, {cfg['norm']} norm, bf16, "
-          f"eager; medians over {args.steps} steps after {WARMUP_STEPS} warm-up steps")
-    r = run(cfg, args.steps, args.seed)
+          f"{'torch.compile' if args.compile else 'eager'}; medians over {args.steps} steps after {WARMUP_STEPS} warm-up steps")
+    r = run(cfg, args.steps, args.seed, args.compile)
     print(f"torch: {r['parameters']:,} parameters; forward {r['forward_ms']:.2f} ms "
           f"| backward {r['backward_ms']:.2f} ms | optimizer {r['optimizer_ms']:.2f} ms "
           f"| {r['tokens_per_s']:,.0f} tok/s | peak over base during "
@@ -230,6 +234,7 @@ def main():
         print(compare(ours, r))
     if args.json:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "config": cfg,
+                   "mode": "compile" if args.compile else "eager",
                    "steps": args.steps, "warmup_steps": WARMUP_STEPS, **r}, open(args.json, "w"), indent=1)
 
 

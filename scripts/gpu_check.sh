@@ -10,7 +10,7 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory]   (default all)
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget]   (default all)
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
@@ -21,16 +21,18 @@
 #     llama (2 key/value heads), 2500 steps, by train_gpt under each policy and by PyTorch eager;
 #     memory: the gpt2-medium-ish preset under each policy
 #     with --memory-report, plain, with --offload on and with --checkpoint blocks (the saved bytes
-#     left on the GPU and the step time of each). None of profile, nanogpt, decoders and
-#     memory is part of all.
+#     left on the GPU and the step time of each); budget: the fused head loss's tests, the preset
+#     under Normalized with --fused-loss off and on, PyTorch eager's and torch.compile's step, and
+#     train_gpt --memory-sweep (every feasible setting timed, the planner's pick marked). None of
+#     profile, nanogpt, decoders, memory and budget is part of all.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -184,6 +186,24 @@ if [ "$MODE" = memory ]; then
     done
 fi
 
+# The fused head loss on the GPU: its tests, then the preset under Normalized + GELU recompute with
+# the loss unfused and fused, beside PyTorch eager's and torch.compile's step on the same GPU.
+if [ "$MODE" = budget ]; then
+    step "fused loss tests" ./build-gpu/normtape_tests \
+        "-tc=linear_cross_entropy*,*fused*,memory: every preset*,hf: on cuda*" > "$GPU_OUT/budget_tests.log" 2>&1
+    summary+=("fused loss tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/budget_tests.log")")
+    for fused in off on; do
+        step "preset, fused loss $fused" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy normalized --steps 12 \
+            --log-every 4 --fused-loss $fused --json "$GPU_OUT/budget_fused_$fused.json" \
+            --chart "$GPU_OUT/budget_fused_$fused.svg" > "$GPU_OUT/budget_fused_$fused.log" 2>&1
+    done
+    for mode in eager compile; do
+        step "bench_torch_gpt $mode" env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py \
+            --ours "$GPU_OUT/budget_fused_on.json" $([ $mode = compile ] && echo --compile) \
+            --json "$GPU_OUT/torch_gpt_$mode.json" > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
+    done
+fi
+
 if [ "$MODE" = profile ]; then
     if scripts/profile_step.sh build-gpu "$GPU_OUT" > "$GPU_OUT/profile.log" 2>&1; then summary+=("profile: ok"); else
         summary+=("profile: FAILED"); failed=1; fi
@@ -201,6 +221,9 @@ done
 [ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
 [ -f "$GPU_OUT/torch_gpt.log" ] && { echo "--- medium preset beside PyTorch eager"; tail -8 "$GPU_OUT/torch_gpt.log"; }
 [ -f "$GPU_OUT/profile.log" ] && { echo "--- kernel time by category"; head -14 "$GPU_OUT/profile.log"; }
+for f in "$GPU_OUT"/budget_fused_*.log "$GPU_OUT"/torch_gpt_*.log; do
+    [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -12; }
+done
 for f in "$GPU_OUT"/memory_*.log; do
     [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -25; }
 done
