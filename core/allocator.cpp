@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <limits>
 #include <new>
+#include <string>
 
 #include "core/check.h"
 #include "core/cuda_allocator.h"
@@ -101,6 +104,19 @@ void deallocate_pinned(void* ptr, size_t nbytes) noexcept {
 MemoryStats memory_stats(Device device) {
     check_backend(device, "memory_stats");
     return device.is_cuda() ? detail::cuda_memory_stats(device.index) : cpu_stats;
+}
+
+int64_t memory_available_bytes(Device device) {
+    check_backend(device, "memory_available_bytes");
+    if (device.is_cuda()) return detail::cuda_available_bytes(device.index);
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    int64_t kib = 0;
+    while (meminfo >> key >> kib) {
+        if (key == "MemAvailable:") return kib * 1024;
+        meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    return 0;
 }
 
 void reset_peak_memory_stats(Device device) {

@@ -54,6 +54,12 @@ void deallocate_pinned(void* ptr, size_t nbytes) noexcept;
 // The counters of `device`'s allocator. Throws DeviceError for a device without a backend in this build.
 MemoryStats memory_stats(Device device);
 
+// The bytes a training run could still allocate on `device`: on CUDA the device's free memory
+// (cudaMemGetInfo) plus the bytes this process's allocator caches unused (reserved - allocated);
+// on the cpu the kernel's estimate of available memory (MemAvailable in /proc/meminfo, Linux;
+// 0 where it cannot be read). Throws as memory_stats, and Error on a CUDA error.
+int64_t memory_available_bytes(Device device);
+
 // Sets the peaks to the current values. Throws as memory_stats.
 void reset_peak_memory_stats(Device device);
 

@@ -176,6 +176,14 @@ void cuda_deallocate(int device, void* ptr) noexcept {
 
 MemoryStats cuda_memory_stats(int device) { return allocator(device).stats; }
 
+int64_t cuda_available_bytes(int device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const MemoryStats& s = allocator(device).stats;
+    return static_cast<int64_t>(free_bytes) + s.reserved_bytes - s.allocated_bytes;
+}
+
 void cuda_reset_peak_memory_stats(int device) {
     MemoryStats& s = allocator(device).stats;
     s.peak_allocated_bytes = s.allocated_bytes;

@@ -35,6 +35,8 @@ namespace normtape::detail {
 void* cuda_allocate(int device, size_t nbytes);
 void cuda_deallocate(int device, void* ptr) noexcept;
 MemoryStats cuda_memory_stats(int device);
+// The device's free bytes (cudaMemGetInfo) plus what this allocator holds unused (reserved - allocated).
+int64_t cuda_available_bytes(int device);
 void cuda_reset_peak_memory_stats(int device);
 void cuda_empty_cache(int device);
 void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace);

@@ -25,6 +25,7 @@ void* cuda_allocate(int, size_t) {
 }
 void cuda_deallocate(int, void*) noexcept {}
 MemoryStats cuda_memory_stats(int) { return {}; }
+int64_t cuda_available_bytes(int) { return 0; }
 void cuda_reset_peak_memory_stats(int) {}
 void cuda_empty_cache(int) {}
 void cuda_set_memory_trace(int, std::vector<MemoryEvent>*) {}

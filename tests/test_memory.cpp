@@ -1,6 +1,8 @@
 // tests/test_memory.cpp: the memory a GPT saves under each preset (gpt2, nanochat, llama) and
 // policy, and what the Output and Normalized policies and activation recompute save, measured by
 // the tape (saved_bytes) and by the allocator, against predictions, to the byte.
+#include <unistd.h>
+
 #include "test_util.h"
 
 using namespace normtape;
@@ -144,6 +146,13 @@ TEST_CASE("memory: after backward and with the graph dropped, the allocator is b
     CHECK(memory_stats(Device::CPU).allocated_bytes == before + grads);
     model.zero_grad();
     CHECK(memory_stats(Device::CPU).allocated_bytes == before);
+}
+
+TEST_CASE("memory: memory_available_bytes on the cpu is above 0 and at most the machine's memory") {
+    const int64_t available = memory_available_bytes(Device::CPU);
+    const int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
+    CHECK(available > 0);
+    CHECK(available <= physical);
 }
 
 }  // TEST_SUITE
