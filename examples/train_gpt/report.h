@@ -98,7 +98,7 @@ std::string step_peak(const std::vector<normtape::MemoryEvent>& trace);
 // and the reason when it cannot be written.
 void write_chart(const Args& a, const std::vector<RunResult>& runs);
 // Writes a.json: the config (`data_desc` for the data, `params` parameters; micro_batch is
-// micro_batch(a)), the predicted savings
+// micro_batch(a), fused_loss and offload booleans), the predicted savings
 // (predicted_saving_bytes: the norm policy's; predicted_recompute_saving_bytes), with two runs
 // the measured norm-policy saving, and each run's figures, measured savings (measured_saving_bytes
 // against the input run, for the runs after it; recompute_saving_bytes), saved bytes on the

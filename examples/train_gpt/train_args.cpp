@@ -155,6 +155,7 @@ void check_args(const Args& a) {
     check_choice(a, "on-nan", a.on_nan, {"stop", "continue"});
     check_choice(a, "offload", a.offload, {"on", "off"});
     check_choice(a, "checkpoint", a.checkpoint, {"none", "blocks"});
+    check_choice(a, "fused-loss", a.fused_loss, {"on", "off"});
     if (a.data != "random" && a.vocab != 256)
         throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) +
                          " needs --data random (text is read as 256 byte values)");

@@ -39,11 +39,11 @@ struct Args {
     bool save_best = false;       // --save writes the checkpoint of the best validation loss instead
     // Memory settings of the run, not of the model (they change no result beyond rounding, and
     // micro_batch with dropout which elements are dropped, so --resume does not compare them;
-    // Note [Resuming a run]): GPTConfig::offload and checkpoint_blocks, the
+    // Note [Resuming a run]): GPTConfig::offload, checkpoint_blocks and fused_head_loss, the
     // sequences of each forward and backward (micro_batch: the gradients of batch / micro_batch
     // micro-batches are summed before one optimizer step; 0: the whole batch), and the printing
     // of the saved-tensor report after each run's first forward.
-    std::string offload = "off", checkpoint = "none";
+    std::string offload = "off", checkpoint = "none", fused_loss = "off";
     int64_t micro_batch = 0;
     bool memory_report = false;
     // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name

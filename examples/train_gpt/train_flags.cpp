@@ -46,6 +46,10 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--checkpoint", a.checkpoint,
                    "blocks: each block saves only its input and runs its forward again in backward (activation "
                    "checkpointing); none: every block saves what its ops need");
+    app.add_option("--fused-loss", a.fused_loss,
+                   "on: the loss runs lm_head and the cross-entropy as one op (GPTConfig::fused_head_loss), which "
+                   "stores no [B, T, V] logits, only their log-sum-exp per position, and makes them again in backward; "
+                   "off: lm_head's logits, then the cross-entropy");
     app.add_flag("--memory-report", a.memory_report,
                  "after each run's first forward, print the largest saved tensors and the saved bytes by part of the "
                  "model (norms, attention, MLP, ...) (default: off)");
@@ -106,7 +110,7 @@ void add_flags(CLI::App& app, Args& a) {
         ->check(integer);
     app.add_option("--resume", a.resume,
                    "continue the run saved in this checkpoint (flags left out take its values; others must match, except "
-                   "the memory settings --recompute-activation, --offload, --checkpoint and "
+                   "the memory settings --recompute-activation, --offload, --checkpoint, --fused-loss and "
                    "--micro-batch) (default: none)")
         ->check(kFileName)
         ->type_name("FILE");

@@ -16,6 +16,7 @@
 // and its bytes put by part of the model (examples/train_gpt/saved_categories.h) for the JSON and the chart;
 // --memory-report prints it. --offload on keeps what the forward and the loss save in host memory (SaveOnCpu),
 // --checkpoint blocks keeps only the blocks' inputs (checkpoint()); neither changes a result bit.
+// --fused-loss on computes the loss without storing the logits (GPTConfig::fused_head_loss);
 // --micro-batch N runs each step's batch as --batch / N forwards and backwards of N sequences,
 // summing their gradients before one optimizer step (Note [Micro-batches]), so that a forward
 // saves N sequences' tensors.
@@ -81,6 +82,7 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     c.device = device_of(a);
     c.offload = a.offload == "on";
     c.checkpoint_blocks = a.checkpoint == "blocks";
+    c.fused_head_loss = a.fused_loss == "on";
     return c;
 }
 
