@@ -4,7 +4,7 @@
 // - loading refuses a file without optimizer state, of another optimizer or of another shape, or
 //   holding a NaN or an Inf, changing nothing;
 // - train_gpt stopped at step k and resumed gives the losses of the run that never stopped, bit
-//   for bit, and refuses to resume another run, saying why;
+//   for bit (with --micro-batch too), and refuses to resume another run, saying why;
 // - a failed save leaves the previous file intact and no temporary file behind;
 // - loading leaks nothing.
 // The safetensors format itself (bad files, other writers' files): tests/test_safetensors.cpp.
@@ -334,6 +334,55 @@ TEST_CASE("checkpoint: train_gpt stopped and resumed gives the losses of the run
             CHECK(std::bit_cast<uint64_t>(all[i]) == std::bit_cast<uint64_t>(resumed[i]));
         }
     }
+}
+
+TEST_CASE("checkpoint: train_gpt with --micro-batch stopped and resumed gives the losses of the run that never stopped") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("resume_micro");
+    {
+        std::string text;
+        for (int i = 0; i < 60; ++i) text += "It is a truth universally acknowledged, line " + std::to_string(i) + ".\n";
+        write_bytes(dir / "data.txt", text);
+    }
+    // Dropout: the stream goes on across the micro-batches of a step and across the resume.
+    const std::string flags = "--data " + (dir / "data.txt") +
+                              " --policy output --dropout 0.1 --steps 5 --batch 4 --seq 8 --layers 1 --heads 2 "
+                              "--embd 16 --device cpu --micro-batch 2 --chart " + (dir / "c.svg");
+    RunResult straight = run_train_gpt(dir, flags + " --json " + (dir / "straight.json"));
+    CAPTURE(straight.err);
+    REQUIRE(straight.code == 0);
+    const std::vector<double> all = losses_of(dir / "straight.json");
+    REQUIRE(all.size() == 5);
+    const std::string ck = dir / "ck.safetensors";
+    RunResult first = run_train_gpt(dir, flags + " --stop-at 2 --save " + ck + " --json " + (dir / "first.json"));
+    CAPTURE(first.err);
+    REQUIRE(first.code == 0);
+    // The micro-batch is not part of the run's config: the resumed run names it again.
+    std::map<std::string, std::string> metadata;
+    load_safetensors(ck, &metadata);
+    const nlohmann::json config = nlohmann::json::parse(metadata.at("train_gpt.config"));
+    CHECK(config.contains("batch"));
+    CHECK_FALSE(config.contains("micro-batch"));
+    RunResult second = run_train_gpt(dir, "--device cpu --resume " + ck + " --micro-batch 2 --json " +
+                                              (dir / "second.json") + " --chart " + (dir / "c.svg"));
+    CAPTURE(second.err);
+    REQUIRE(second.code == 0);
+    std::vector<double> resumed = losses_of(dir / "first.json");
+    int64_t first_step = 0;
+    const std::vector<double> rest = losses_of(dir / "second.json", &first_step);
+    CHECK(first_step == 2);
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+    REQUIRE(resumed.size() == all.size());
+    for (size_t i = 0; i < all.size(); ++i) {
+        CAPTURE(i);
+        CHECK(std::bit_cast<uint64_t>(all[i]) == std::bit_cast<uint64_t>(resumed[i]));
+    }
+    // A memory setting: the checkpoint also resumes with the whole batch (other dropout masks).
+    RunResult whole = run_train_gpt(dir, "--device cpu --resume " + ck + " --json " + (dir / "whole.json") +
+                                             " --chart " + (dir / "c.svg"));
+    CAPTURE(whole.err);
+    CHECK(whole.code == 0);
+    CHECK(losses_of(dir / "whole.json").size() == 3);
 }
 
 TEST_CASE("checkpoint: train_gpt refuses to resume another run, naming what differs") {

@@ -1,7 +1,10 @@
 // tests/test_gpt.cpp: the model end to end: it learns real text, it can overfit one batch, the
 // two policies train identically, and bad input to the model is rejected clearly; the presets
 // (gpt2, nanochat, llama): their parameters, their gradients against f64 finite differences, tied
-// embeddings, weightless norms under Output and Normalized, and the fused head loss.
+// embeddings, weightless norms under Output and Normalized, and the fused head loss; a batch's
+// gradient as the sum of its micro-batches' (gradient accumulation).
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -206,6 +209,48 @@ TEST_CASE("gpt: fused_head_loss gives the unfused loss and gradients for every p
                     for (size_t i = 0; i < grads[0][k].size(); ++i)
                         CHECK(grads[1][k][i] == doctest::Approx(grads[0][k][i]).epsilon(1e-11).scale(1e-9));
             }
+}
+
+TEST_CASE("gpt: a batch's gradient is the sum of its micro-batches' gradients, each loss scaled by its share") {
+    // What train_gpt --micro-batch relies on (Note [Micro-batches] in examples/train_gpt/train_gpt.cpp):
+    // the mean loss of a batch of 4 is the mean of its two halves' mean losses, and backward()
+    // adds the gradients of the halves' losses, each times 2/4, into the parameters' grads. f64:
+    // equal to 1e-12 (relative, or absolute below 1), the summation order being the only
+    // difference. No dropout: each micro-batch would draw its own masks. With the head and the
+    // loss fused or not (train_gpt --fused-loss).
+    for (const char* arch : {"gpt2", "nanochat", "llama"})
+        for (bool fused : {false, true}) {
+            CAPTURE(arch);
+            CAPTURE(fused);
+            GPTConfig c = preset(arch);
+            c.fused_head_loss = fused;
+            manual_seed(13);
+            GPT model(c);
+            const Tensor idx = tokens(4, 8, 29, 1), targets = tokens(4, 8, 29, 5);
+            Tensor whole = model.loss(idx, targets);
+            whole.backward();
+            std::vector<std::vector<double>> expected;
+            for (const Tensor& p : model.parameters()) expected.push_back(p.grad().to_vector<double>());
+            model.zero_grad();
+            double mean = 0;
+            for (int64_t k = 0; k < 2; ++k) {
+                Tensor loss = model.loss(idx.narrow(0, 2 * k, 2).clone(), targets.narrow(0, 2 * k, 2).clone());
+                scale(loss, 2.0 / 4.0).backward();
+                mean += loss.item<double>() / 2;
+            }
+            CHECK(std::abs(mean - whole.item<double>()) <= 1e-12 * std::abs(whole.item<double>()));
+            const std::vector<Tensor> params = model.parameters();
+            REQUIRE(params.size() == expected.size());
+            for (size_t i = 0; i < params.size(); ++i) {
+                const std::vector<double> got = params[i].grad().to_vector<double>();
+                REQUIRE(got.size() == expected[i].size());
+                double worst = 0;  // |got - expected| / max(1, |expected|)
+                for (size_t j = 0; j < got.size(); ++j)
+                    worst = std::max(worst, std::abs(got[j] - expected[i][j]) / std::max(1.0, std::abs(expected[i][j])));
+                CAPTURE(i);
+                CHECK(worst <= 1e-12);
+            }
+        }
 }
 
 TEST_CASE("gpt: bad input to the model") {

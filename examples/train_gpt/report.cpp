@@ -47,6 +47,10 @@ std::string with_commas(int64_t v) {
     return v < 0 ? "-" + out : out;
 }
 
+std::string micro_batches_of(const Args& a) {
+    return micro_batch(a) < a.batch ? " (micro-batches of " + std::to_string(micro_batch(a)) + ")" : "";
+}
+
 void print_phase_times(const RunResult& r) {
     std::printf("[%-6s] median per step over %lld step%s: forward %.2f ms | backward %.2f ms | optimizer %.2f ms "
                 "(%s)\n",
@@ -56,7 +60,7 @@ void print_phase_times(const RunResult& r) {
 }
 
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
-    if (a.preset == "gpt2-medium-ish" && runs.size() >= 2)
+    if (a.preset == "gpt2-medium-ish" && runs.size() >= 2 && micro_batch(a) == a.batch)
         std::printf("reference (PyTorch, same model in pure bf16, same GPU model, Apex memory-efficient LayerNorm): "
                     "peak 801.6 MiB lower, predicted 800 MiB; ours: predicted %.1f MiB, peak %.1f MiB lower\n",
                     static_cast<double>(predicted) / (1 << 20),
@@ -65,10 +69,10 @@ void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, i
 
 void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
     const RunResult &in = runs[0], &out = runs[1];
-    std::printf("\nNorm save policies side by side (%s norm, L=%lld, B=%lld, T=%lld, C=%lld, V=%lld, %s on %s)\n",
+    std::printf("\nNorm save policies side by side (%s norm, L=%lld, B=%lld%s, T=%lld, C=%lld, V=%lld, %s on %s)\n",
                 a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.batch),
-                static_cast<long long>(a.seq), static_cast<long long>(a.embd), static_cast<long long>(a.vocab),
-                a.dtype.c_str(), a.device.c_str());
+                micro_batches_of(a).c_str(), static_cast<long long>(a.seq), static_cast<long long>(a.embd),
+                static_cast<long long>(a.vocab), a.dtype.c_str(), a.device.c_str());
     std::printf("%-34s %16s %16s %16s\n", "", "save input", "save output", "saving");
     auto row = [](const char* name, int64_t x, int64_t y) {
         std::printf("%-34s %16s %16s %16s\n", name, with_commas(x).c_str(), with_commas(y).c_str(),
@@ -245,7 +249,8 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                    {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan},
                    {"val_fraction", a.val_fraction}, {"eval_every", a.eval_every},
                    {"eval_batches", a.eval_batches}, {"save_best", a.save_best}, {"offload", a.offload == "on"},
-                   {"checkpoint", a.checkpoint}};
+                   {"checkpoint", a.checkpoint}, {"micro_batch", micro_batch(a)},
+                   {"fused_loss", a.fused_loss == "on"}};
     j["predicted_saving_bytes"] = predicted.norm_policy;
     j["predicted_recompute_saving_bytes"] = predicted.recompute;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;

@@ -19,29 +19,30 @@ struct RunResult {
     int64_t nonfinite_step = 0;  // the first step (from 1) whose loss or gradient norm was NaN or Inf; 0: none
     std::string nonfinite_what;  // "the loss is nan", "the gradient norm is inf"
     int64_t saved_activation_bytes = 0, peak_allocated_bytes = 0, peak_reserved_bytes = 0;
-    // After the first forward: the saved-tensor report (its total is saved_activation_bytes), and
-    // the bytes of it held on the run's device (with --offload on, on a GPU, nearly all of it is
-    // on the host instead).
+    // After the first forward (of the first micro-batch, with --micro-batch): the saved-tensor
+    // report (its total is saved_activation_bytes), and the bytes of it held on the run's device
+    // (with --offload on, on a GPU, nearly all of it is on the host instead).
     normtape::SavedTensorsReport saved_report;
     int64_t saved_on_device_bytes = 0;
     // What the first forward saves by nn/gpt.h's formula: predicted_checkpoint_saved_bytes() of the
-    // run's config with --checkpoint blocks, else predicted_saved_bytes().
+    // run's config with --checkpoint blocks, else predicted_saved_bytes(), at B = micro_batch(a).
     int64_t predicted_saved_bytes = 0;
-    // With --recompute-activation on: saved_activation_bytes of the first batch with it off, minus with it
-    // on (0 when off).
+    // With --recompute-activation on: saved_activation_bytes of the first (micro-)batch with it off,
+    // minus with it on (0 when off).
     int64_t recompute_saving_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
     double train_seconds = 0;  // the steps' own time, summed (evaluations and checkpoints not counted)
-    // Per step: forward (the loss), backward, optimizer (gradient clipping, AdamW, zero_grad), in ms
-    // (examples/train_gpt/phase_timer.h); their medians over the steps after the first two (all steps when
-    // there are no more than two), and how many steps that is.
+    // Per step: forward (the loss), backward, optimizer (gradient clipping, AdamW, zero_grad), in ms,
+    // the micro-batches' forwards and backwards each summed (examples/train_gpt/phase_timer.h); their
+    // medians over the steps after the first two (all steps when there are no more than two), and
+    // how many steps that is.
     std::vector<std::array<double, 3>> phase_ms;
     std::array<double, 3> phase_ms_median{};
     int64_t phase_median_steps = 0;
     std::string phase_timing;  // PhaseTimer::method(): "cuda events", "host clock", ...
     std::vector<normtape::MemoryEvent> memory_trace;  // allocator events of one step (step 2)
-    int64_t forward_allocs = 0;                       // allocations of that step's forward
+    int64_t forward_allocs = 0;  // allocations of that step's forward (of its first micro-batch)
     // Validation (examples/train_gpt/train_data.h): the steps evaluated after and their held-out losses; the
     // best loss (NaN: none yet) and its step. A resumed run starts from the checkpoint's best.
     std::vector<int64_t> val_steps;
@@ -50,9 +51,10 @@ struct RunResult {
     int64_t best_val_step = 0;
 };
 
-// What each memory mechanism is predicted to save, in bytes (nn/gpt.h): the norm policy (Output
-// or Normalized over Input) and activation recompute (0 when off, and with --checkpoint blocks, where it
-// is not measured: the blocks keep only their inputs).
+// What each memory mechanism is predicted to save, in bytes (nn/gpt.h), in the forward of one
+// micro-batch (the whole batch without --micro-batch): the norm policy (Output or Normalized over
+// Input) and activation recompute (0 when off, and with --checkpoint blocks, where it is not
+// measured: the blocks keep only their inputs).
 struct Predicted {
     int64_t norm_policy = 0, recompute = 0;
 };
@@ -61,12 +63,15 @@ struct Predicted {
 std::string mib(int64_t bytes);
 // "-1,234,567"
 std::string with_commas(int64_t v);
+// " (micro-batches of 4)" with --micro-batch 4 below --batch, else "": what follows "B=16" where
+// a message names the batch ("B=16 (micro-batches of 4) T=64").
+std::string micro_batches_of(const Args& a);
 
 // One line: the run's median forward, backward and optimizer time per step (ms), the steps they
 // cover and how they were timed.
 void print_phase_times(const RunResult& r);
-// With --preset gpt2-medium-ish and two runs or more: PyTorch's figures for the same model beside
-// ours (the input and output runs).
+// With --preset gpt2-medium-ish, two runs or more and no micro-batches: PyTorch's figures for the
+// same model and batch beside ours (the input and output runs).
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
 // The two runs (input, then output policy) side by side: saved activation bytes (and those on the
 // run's device), the predicted saving and whether it equals the measured one (with --checkpoint
@@ -92,7 +97,8 @@ std::string step_peak(const std::vector<normtape::MemoryEvent>& trace);
 // (examples/train_gpt/saved_categories.h), a stacked bar per run. Throws normtape::IOError naming the file
 // and the reason when it cannot be written.
 void write_chart(const Args& a, const std::vector<RunResult>& runs);
-// Writes a.json: the config (`data_desc` for the data, `params` parameters), the predicted savings
+// Writes a.json: the config (`data_desc` for the data, `params` parameters; micro_batch is
+// micro_batch(a), fused_loss and offload booleans), the predicted savings
 // (predicted_saving_bytes: the norm policy's; predicted_recompute_saving_bytes), with two runs
 // the measured norm-policy saving, and each run's figures, measured savings (measured_saving_bytes
 // against the input run, for the runs after it; recompute_saving_bytes), saved bytes on the

@@ -27,8 +27,12 @@
 // same checks as flags (check_args), and messages name the checkpoint as their source. The device is not part of it (a run may move to another
 // device; bit for bit only on the same one), nor are the settings that change no result bit:
 // what is saved for backward and where (--recompute-activation, --offload, --checkpoint), --threads and
-// --memory-report; a resumed run may choose them anew. A checkpoint holds one run, so --resume,
-// --stop-at and --save-every need --policy input, output or normalized.
+// --memory-report; nor those that change results only in their rounding or, with --dropout, in
+// which elements are dropped: --fused-loss (the logits made again in backward) and --micro-batch
+// (the gradients summed in another order, the masks drawn per micro-batch: Note [Micro-batches]
+// in examples/train_gpt/train_gpt.cpp). A resumed run may choose them anew; it trains bit for bit
+// as the run that never stopped when it keeps these two as they were. A checkpoint holds one run,
+// so --resume, --stop-at and --save-every need --policy input, output or normalized.
 #pragma once
 
 #include <cstdint>

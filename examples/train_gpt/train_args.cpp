@@ -38,6 +38,7 @@ struct IntRange {
 const IntRange kIntRanges[] = {
     {"steps", &Args::steps, 1, int64_t{1} << 40, "training steps"},
     {"batch", &Args::batch, 1, int64_t{1} << 20, "sequences per batch"},
+    {"micro-batch", &Args::micro_batch, 0, int64_t{1} << 20, "sequences per micro-batch (0: --batch)"},
     {"seq", &Args::seq, 1, kMaxSeq, "a sequence length"},
     {"layers", &Args::layers, 1, kMaxLayers, "transformer blocks"},
     {"heads", &Args::heads, 1, kMaxHeads, "attention heads"},
@@ -125,6 +126,8 @@ int64_t warmup_steps(const Args& a) { return a.warmup >= 0 ? a.warmup : std::max
 
 double min_lr(const Args& a) { return std::isnan(a.min_lr) ? a.lr / 10 : a.min_lr; }
 
+int64_t micro_batch(const Args& a) { return a.micro_batch > 0 ? a.micro_batch : a.batch; }
+
 void check_args(const Args& a) {
     for (const IntRange& r : kIntRanges) {
         int64_t v = a.*r.field;
@@ -152,12 +155,17 @@ void check_args(const Args& a) {
     check_choice(a, "on-nan", a.on_nan, {"stop", "continue"});
     check_choice(a, "offload", a.offload, {"on", "off"});
     check_choice(a, "checkpoint", a.checkpoint, {"none", "blocks"});
+    check_choice(a, "fused-loss", a.fused_loss, {"on", "off"});
     if (a.data != "random" && a.vocab != 256)
         throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) +
                          " needs --data random (text is read as 256 byte values)");
     if (a.embd % a.heads != 0)
         throw UsageError(describe(a, "embd", std::to_string(a.embd)) + " is not divisible by " +
                          describe(a, "heads", std::to_string(a.heads)));
+    if (a.micro_batch > 0 && a.batch % a.micro_batch != 0)
+        throw UsageError(describe(a, "batch", std::to_string(a.batch)) + " is not a multiple of " +
+                         describe(a, "micro-batch", std::to_string(a.micro_batch)) +
+                         " (each step runs --batch / --micro-batch micro-batches of equal size)");
     if (a.kv_heads > 0 && a.heads % a.kv_heads != 0)
         throw UsageError(describe(a, "heads", std::to_string(a.heads)) + " is not divisible by " +
                          describe(a, "kv-heads", std::to_string(a.kv_heads)));

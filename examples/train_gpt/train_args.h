@@ -37,10 +37,14 @@ struct Args {
     int64_t eval_every = 0;       // evaluate every this many steps (0: after the last step only)
     int64_t eval_batches = 20;    // held-out batches per evaluation
     bool save_best = false;       // --save writes the checkpoint of the best validation loss instead
-    // Memory settings of the run, not of the model (they change no result bit, so --resume does not
-    // compare them): GPTConfig::offload and checkpoint_blocks, and the printing of the
-    // saved-tensor report after each run's first forward.
-    std::string offload = "off", checkpoint = "none";
+    // Memory settings of the run, not of the model (they change no result beyond rounding, and
+    // micro_batch with dropout which elements are dropped, so --resume does not compare them;
+    // Note [Resuming a run]): GPTConfig::offload, checkpoint_blocks and fused_head_loss, the
+    // sequences of each forward and backward (micro_batch: the gradients of batch / micro_batch
+    // micro-batches are summed before one optimizer step; 0: the whole batch), and the printing
+    // of the saved-tensor report after each run's first forward.
+    std::string offload = "off", checkpoint = "none", fused_loss = "off";
+    int64_t micro_batch = 0;
     bool memory_report = false;
     // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name
     // the checkpoint, not a flag, as their source.
@@ -63,11 +67,16 @@ std::string describe(const Args& a, const std::string& key, const std::string& v
 int64_t warmup_steps(const Args& a);
 double min_lr(const Args& a);
 
+// The sequences of one forward and backward: --micro-batch, or --batch without it (0). A checked
+// `a` (check_args) has batch a multiple of it.
+int64_t micro_batch(const Args& a);
+
 // Checks every value of `a` once --preset and --resume have filled in what the flags left out:
 // the ranges and choices that --help lists, and the values that must go together (--embd
-// divisible by --heads, --warmup below --steps, --min-lr at most --lr, --vocab only with --data random, --save-every with --save, one policy
-// with --resume, --stop-at and --save-every, --stop-at <= --steps, --eval-every and --save-best
-// only with held-out text, --save-best with --save and without --save-every). Throws UsageError naming the
+// divisible by --heads, --batch a multiple of --micro-batch, --warmup below --steps, --min-lr at
+// most --lr, --vocab only with --data random, --save-every with --save, one policy with --resume,
+// --stop-at and --save-every, --stop-at <= --steps, --eval-every and --save-best only with
+// held-out text, --save-best with --save and without --save-every). Throws UsageError naming the
 // value's source (describe()), what was expected and what was found.
 void check_args(const Args& a);
 

@@ -16,6 +16,12 @@ void add_flags(CLI::App& app, Args& a) {
         ->type_name("FILE");
     app.add_option("--steps", a.steps, "training steps per policy, 1 to 2^40")->check(integer);
     app.add_option("--batch", a.batch, "sequences per batch (B), 1 to 2^20")->check(integer);
+    app.add_option("--micro-batch", a.micro_batch,
+                   "sequences per forward and backward, dividing --batch: each step draws the batch, runs its "
+                   "--batch / N micro-batches of N rows in turn, adding their gradients, then takes one optimizer step "
+                   "(a forward saves one micro-batch's tensors; the gradients change by summation order, and dropout "
+                   "draws its masks per micro-batch) (0, the default: --batch)")
+        ->check(integer);
     app.add_option("--seq", a.seq, "sequence length (T), 1 to 2^20")->check(integer);
     app.add_option("--layers", a.layers, "transformer blocks (L), 1 to 1024")->check(integer);
     app.add_option("--heads", a.heads, "attention heads (NH), 1 to 1024")->check(integer);
@@ -40,6 +46,10 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--checkpoint", a.checkpoint,
                    "blocks: each block saves only its input and runs its forward again in backward (activation "
                    "checkpointing); none: every block saves what its ops need");
+    app.add_option("--fused-loss", a.fused_loss,
+                   "on: the loss runs lm_head and the cross-entropy as one op (GPTConfig::fused_head_loss), which "
+                   "stores no [B, T, V] logits, only their log-sum-exp per position, and makes them again in backward; "
+                   "off: lm_head's logits, then the cross-entropy");
     app.add_flag("--memory-report", a.memory_report,
                  "after each run's first forward, print the largest saved tensors and the saved bytes by part of the "
                  "model (norms, attention, MLP, ...) (default: off)");
@@ -100,8 +110,8 @@ void add_flags(CLI::App& app, Args& a) {
         ->check(integer);
     app.add_option("--resume", a.resume,
                    "continue the run saved in this checkpoint (flags left out take its values; others must match, except "
-                   "--recompute-activation, --offload and --checkpoint, which change no result) "
-                   "(default: none)")
+                   "the memory settings --recompute-activation, --offload, --checkpoint, --fused-loss and "
+                   "--micro-batch) (default: none)")
         ->check(kFileName)
         ->type_name("FILE");
     app.add_option("--on-nan", a.on_nan,

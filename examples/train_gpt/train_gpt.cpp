@@ -16,6 +16,10 @@
 // and its bytes put by part of the model (examples/train_gpt/saved_categories.h) for the JSON and the chart;
 // --memory-report prints it. --offload on keeps what the forward and the loss save in host memory (SaveOnCpu),
 // --checkpoint blocks keeps only the blocks' inputs (checkpoint()); neither changes a result bit.
+// --fused-loss on computes the loss without storing the logits (GPTConfig::fused_head_loss);
+// --micro-batch N runs each step's batch as --batch / N forwards and backwards of N sequences,
+// summing their gradients before one optimizer step (Note [Micro-batches]), so that a forward
+// saves N sequences' tensors.
 //
 // Nothing is lost (examples/train_gpt/train_args.h): every value, the data and each output file are checked
 // before the first step; a step whose loss or gradient norm is NaN or Inf stops the run
@@ -78,6 +82,7 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     c.device = device_of(a);
     c.offload = a.offload == "on";
     c.checkpoint_blocks = a.checkpoint == "blocks";
+    c.fused_head_loss = a.fused_loss == "on";
     return c;
 }
 
@@ -154,6 +159,28 @@ void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
     generate(model, {'\n'}, bytes, options, [](int64_t token) { std::putchar(static_cast<int>(token)); });
     std::printf("\n");
     model.train();
+}
+
+// Note [Micro-batches]
+// With --micro-batch N (B_micro = N, n = B / N) a step draws the whole batch as without it
+// (batcher.next(): the data stream, and so a resumed run, does not depend on N), then for k = 0 ..
+// n - 1 runs model.loss on rows [k N, (k + 1) N) of idx and targets, each copied into storage of
+// its own (a view would keep the whole batch's ids saved), and backward() from that loss times
+// N / B: the parameters' grads add up (+=, Note [Gradient accumulation] in core/autograd.h) to
+// the gradient of the mean of the micro-batches' mean losses, which is the whole batch's mean loss.
+// Only then come the gradient clipping, the learning rate, the AdamW step and zero_grad, once.
+// The step's loss is the mean of the micro-batches' losses (summed in double, rounded to f32).
+// What changes against the whole batch: the order in which the gradients are summed (results
+// agree to rounding); with --dropout, which elements are dropped (each micro-batch's forward
+// draws its own masks from the stream, in turn); in bf16 the factor N / B, unless a power of two,
+// is rounded to bf16 where backward seeds it. What one forward saves is a micro-batch's
+// (predicted_saved_bytes at B_micro); the step's peak is about one micro-batch's graph, plus the
+// batch's ids and the gradients. With n == 1 the step is the one without the flag, op for op.
+
+// Rows [k * micro, (k + 1) * micro) of a [B, T] batch `t`, in storage of their own; `t` itself
+// when micro is B (Note [Micro-batches]).
+Tensor micro_rows(const Tensor& t, int64_t k, int64_t micro) {
+    return micro == t.size(0) ? t : t.narrow(0, k * micro, micro).clone();
 }
 
 // One run of one policy; with `sample`, --sample bytes drawn from the trained model are printed.
@@ -240,37 +267,43 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
 
     r.policy = policy;
     r.first_step = start;
-    r.predicted_saved_bytes = a.checkpoint == "blocks" ? predicted_checkpoint_saved_bytes(model.config(), a.batch, a.seq)
-                                                       : predicted_saved_bytes(model.config(), a.batch, a.seq);
+    const int64_t micro = micro_batch(a), n_micro = a.batch / micro;  // Note [Micro-batches]
+    r.predicted_saved_bytes = a.checkpoint == "blocks" ? predicted_checkpoint_saved_bytes(model.config(), micro, a.seq)
+                                                       : predicted_saved_bytes(model.config(), micro, a.seq);
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
-    PhaseTimer phases(dev);
+    PhaseTimer phases(dev, n_micro);
     r.phase_timing = phases.method();
     for (int64_t step = start; step < end; ++step) {
-        auto [idx, targets] = batcher.next();
-        // activation recompute's saving, measured on the first batch before the step's peak is reset
-        // (not with checkpointed blocks, which keep only their inputs either way).
+        auto [idx, targets] = batcher.next();  // the whole batch, micro-batches or not
+        // activation recompute's saving, measured on the first (micro-)batch before the step's peak
+        // is reset (not with checkpointed blocks, which keep only their inputs either way).
         if (step == start && recompute_saving_measured(a))
-            r.recompute_saving_bytes = saved_bytes_without_recompute(model, idx, targets);
+            r.recompute_saving_bytes =
+                saved_bytes_without_recompute(model, micro_rows(idx, 0, micro), micro_rows(targets, 0, micro));
         synchronize(dev);
         reset_peak_memory_stats(dev);
         int64_t allocs_at_start = memory_stats(dev).num_allocs;
         double ms = 0, grad_norm = 0;
-        Tensor loss;
+        std::vector<Tensor> losses;  // each micro-batch's loss, detached, read after the step
         try {
             MemoryTraceScope trace(dev, step == trace_step ? &r.memory_trace : nullptr);
             auto t0 = clock::now();
-            phases.mark(PhaseTimer::kStart);
-            loss = model.loss(idx, targets);
-            phases.mark(PhaseTimer::kForwardDone);
-            if (step == trace_step) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
-            if (step == start) {
-                r.saved_report = saved_tensors_report();  // a walk over the nodes: no data is read
-                r.saved_activation_bytes = r.saved_report.total_bytes;  // saved_bytes(), to the byte
-                r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
-                if (recompute_saving_measured(a)) r.recompute_saving_bytes -= r.saved_activation_bytes;
+            phases.mark_start();
+            for (int64_t k = 0; k < n_micro; ++k) {  // Note [Micro-batches]
+                Tensor loss = model.loss(micro_rows(idx, k, micro), micro_rows(targets, k, micro));
+                phases.mark_forward_done(k);
+                if (step == trace_step && k == 0) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
+                if (step == start && k == 0) {  // one micro-batch's graph is alive
+                    r.saved_report = saved_tensors_report();  // a walk over the nodes: no data is read
+                    r.saved_activation_bytes = r.saved_report.total_bytes;  // saved_bytes(), to the byte
+                    r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
+                    if (recompute_saving_measured(a)) r.recompute_saving_bytes -= r.saved_activation_bytes;
+                }
+                if (n_micro == 1) loss.backward();
+                else scale(loss, static_cast<double>(micro) / static_cast<double>(a.batch)).backward();
+                phases.mark_backward_done(k);
+                losses.push_back(loss.detach());
             }
-            loss.backward();
-            phases.mark(PhaseTimer::kBackwardDone);
             Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
             optimizer.set_lr(schedule.lr(step));
             // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
@@ -278,7 +311,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             if (a.on_nan == "continue") optimizer.step();
             else optimizer.step_if_finite(norm);
             optimizer.zero_grad();
-            phases.mark(PhaseTimer::kOptimizerDone);
+            phases.mark_optimizer_done();
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
             grad_norm = norm.item<double>();
@@ -294,7 +327,9 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         MemoryStats m = memory_stats(dev);
         r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, m.peak_allocated_bytes);
         r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
-        r.losses.push_back(loss.item<float>());
+        double loss_sum = 0;  // the micro-batches' mean, in double; the step's loss as an f32
+        for (const Tensor& loss : losses) loss_sum += loss.item<double>();
+        r.losses.push_back(static_cast<float>(loss_sum / static_cast<double>(n_micro)));
         r.step_ms.push_back(ms);
         const bool save_now = !a.save.empty() && !a.save_best &&
                               (step + 1 == end || (a.save_every > 0 && (step + 1) % a.save_every == 0));
@@ -365,13 +400,14 @@ int run(const Args& a, ResumeState* resume) {
     check_outputs(a, data_file(a));
     if (a.threads > 0) set_num_threads(static_cast<int>(a.threads));
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
-    std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld T=%lld, %lld steps, lr %g, "
+    std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld%s T=%lld, %lld steps, lr %g, "
                 "%s on %s\n",
                 a.norm.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.heads),
                 static_cast<long long>(a.embd), static_cast<long long>(a.vocab), with_commas(params).c_str(),
-                static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.steps), a.lr,
-                a.dtype.c_str(), a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
-                                                   : a.device.c_str());
+                static_cast<long long>(a.batch), micro_batches_of(a).c_str(), static_cast<long long>(a.seq),
+                static_cast<long long>(a.steps), a.lr, a.dtype.c_str(),
+                a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
+                                  : a.device.c_str());
     std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
 
     std::vector<SavePolicy> policies;  // both: input, output; all: the three
@@ -385,9 +421,11 @@ int run(const Args& a, ResumeState* resume) {
         if (runs.back().nonfinite_step > 0 && a.on_nan == "stop") break;
     }
 
+    // What one forward saves: a micro-batch's (Note [Micro-batches]).
     const GPTConfig config = make_config(a, SavePolicy::Input);
-    const Predicted predicted{predicted_saving_bytes(config, a.batch, a.seq),
-                              recompute_saving_measured(a) ? predicted_recompute_saving_bytes(config, a.batch, a.seq) : 0};
+    const int64_t micro = micro_batch(a);
+    const Predicted predicted{predicted_saving_bytes(config, micro, a.seq),
+                              recompute_saving_measured(a) ? predicted_recompute_saving_bytes(config, micro, a.seq) : 0};
     print_preset_reference(a, runs, predicted.norm_policy);
     print_recompute(a, runs, predicted.recompute);
     if (runs.size() < 2) print_saved_bytes(a, runs);  // with two or more, the table shows them
@@ -431,9 +469,10 @@ int run(const Args& a, ResumeState* resume) {
 // A run that ran out of host or GPU memory (`what`: the allocator's message): one line naming the
 // sizes that set the memory, and exit status 1.
 int out_of_memory(const Args& a, const char* what) {
-    std::fprintf(stderr, "train_gpt: error: %s, for B=%lld T=%lld C=%lld L=%lld V=%lld: try a smaller --batch, --seq or model\n",
-                 what, static_cast<long long>(a.batch), static_cast<long long>(a.seq), static_cast<long long>(a.embd),
-                 static_cast<long long>(a.layers), static_cast<long long>(a.vocab));
+    std::fprintf(stderr, "train_gpt: error: %s, for B=%lld%s T=%lld C=%lld L=%lld V=%lld: try a smaller --batch or "
+                 "--micro-batch, --seq or model\n",
+                 what, static_cast<long long>(a.batch), micro_batches_of(a).c_str(), static_cast<long long>(a.seq),
+                 static_cast<long long>(a.embd), static_cast<long long>(a.layers), static_cast<long long>(a.vocab));
     return 1;
 }
 
