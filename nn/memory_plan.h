@@ -8,9 +8,11 @@
 //
 // Note [The step replayed]
 // A training step is train_gpt's loop (examples/train_gpt/train_gpt.cpp, train()): with the batch
-// idx, targets [B, T] i64 already allocated and the AdamW state made (AdamW's constructor makes it,
-// before any step), the peak statistics are reset; then, for each micro-batch of B_micro rows (views
-// of the batch), loss = model.loss(idx, targets), scaled by 1 / n_micro when there is more than one
+// idx, targets [B, T] i64 already allocated and the AdamW state made (its moments and masters by
+// AdamW's constructor, before any step; on CUDA its device table by the first step), the peak
+// statistics are reset; then, for each micro-batch of B_micro rows (views of the batch; train_gpt
+// has one, the whole batch, and tests/test_memory_plan.cpp runs the loop with more),
+// loss = model.loss(idx, targets), scaled by 1 / n_micro when there is more than one
 // (ops/elementwise.h scale), and loss.backward(); then clip_grad_norm_tensor_(params, 1.0),
 // AdamW::step_if_finite(norm), AdamW::zero_grad(). The peak is not a sum of a few terms: it falls
 // where the bytes alive at one allocation are highest, which moves with every setting (the logits'
@@ -60,8 +62,9 @@ struct MemoryPlan {
     int64_t gradients = 0;        // every parameter's gradient (config.dtype), alive after a backward
     int64_t peak = 0;             // memory_stats(config.device).peak_allocated_bytes over the step
     std::string peak_at;          // where the replay reached it: the micro-batch, phase and module
-    // allocated_bytes right after each allocation of the step, in order (the first two micro-batches:
-    // a third repeats the second), as MemoryEvent::allocated_bytes of set_memory_trace reads them.
+    // allocated_bytes right after each allocation of the step, in order (of the first two
+    // micro-batches, a third repeating the second, then of the optimizer), as the allocator's trace
+    // (set_memory_trace) gives MemoryEvent::allocated_bytes.
     std::vector<int64_t> allocations;
 };
 
@@ -95,13 +98,14 @@ MemoryPlan plan_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 // which the replay cannot time: it replays the step without offload, a bound the device's peak
 // stays under (every activation the device holds then, it holds without offload too), plus the
 // device copies of the saved ids and targets (2 E i64, held through the backward: the batch stays
-// resident besides); the pinned copies count on the cpu's counters. With fused_head_loss the head's loss is replayed from the contract
-// of linear_cross_entropy (ops/linear_cross_entropy.h), not yet measured.
+// resident besides); the pinned copies count on the cpu's counters. With fused_head_loss the
+// head's loss is replayed from the contract of linear_cross_entropy (ops/linear_cross_entropy.h),
+// not yet measured.
 // Assumes: dropout in training mode as config.dropout says (masks are drawn, never stored); no
 // Output forward fell back to saving its input (output_policy_fallbacks()); no other tensor on the
 // device (an evaluation's, a checkpoint's copies) is alive during the step.
 // Throws Error naming predict_peak for B, T or s.micro_batch out of range (B <= 0, T outside
-// [1, block_size], a micro-batch that does not divide B) and as check_config for a bad config.
+// [1, block_size], a micro-batch that does not divide B), and as with_settings and check_config.
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
 // saved_bytes() right after GPT::loss on a [B, T] batch with checkpoint_blocks set and any
