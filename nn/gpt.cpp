@@ -85,6 +85,8 @@ void check_config(const GPTConfig& c) {
     NT_CHECK_AS(ShapeError, c.pos_embedding != PosEmbedding::Rotary || (c.n_embd / c.n_head) % 2 == 0,
                 "GPTConfig: expected an even head size n_embd / n_head with rotary positions, got ",
                 c.n_embd / c.n_head);
+    NT_CHECK_AS(ShapeError, c.checkpoint_every >= 1, "GPTConfig: expected checkpoint_every >= 1 (1: every block), got ",
+                c.checkpoint_every);
     NT_CHECK_AS(DTypeError, is_floating(c.dtype), "GPTConfig: expected a floating dtype, got ", dtype_name(c.dtype));
     NT_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "GPTConfig: expected norm_eps > 0 and finite, got ",
              c.norm_eps);
@@ -252,11 +254,13 @@ Tensor GPT::blocks(const Tensor& idx) const {
     Tensor x = embed(idx);
     // Moving the residual into each block leaves the block the only handle, so the block's input
     // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
-    for (const auto& block : h) {
-        if (config_.checkpoint_blocks)  // Note [Activation checkpointing]: saves x only
-            x = checkpoint([b = block.get()](const Tensor& in) { return b->forward(in); }, x);
+    for (size_t i = 0; i < h.size(); ++i) {
+        const Block* b = h[i].get();
+        // Note [Activation checkpointing]: a checkpointed block saves x only; every checkpoint_every-th is.
+        if (config_.checkpoint_blocks && static_cast<int64_t>(i) % config_.checkpoint_every == 0)
+            x = checkpoint([b](const Tensor& in) { return b->forward(in); }, x);
         else
-            x = block->forward(std::move(x));
+            x = b->forward(std::move(x));
     }
     return x;
 }

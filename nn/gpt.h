@@ -58,6 +58,10 @@ struct GPTConfig {
     // Each block run through checkpoint() (core/activation_checkpoint.h): only the blocks' inputs
     // are saved, and each block's forward runs again in backward (predicted_checkpoint_saved_bytes).
     bool checkpoint_blocks = false;
+    // With checkpoint_blocks, block i (from 0) is checkpointed where i % checkpoint_every == 0: 1
+    // every block; k blocks 0, k, 2k, ... (ceil(L / k) of them). The others save as without
+    // checkpointing: memory traded for time block by block (nn/memory_plan.h). At least 1.
+    int64_t checkpoint_every = 1;
     // forward() and loss() under SaveOnCpu (core/save_on_cpu.h): what they save goes to pinned host
     // memory, and comes back to the GPU in backward. Nothing changes for cpu tensors.
     bool offload = false;
@@ -104,7 +108,8 @@ GPTConfig gpt_config(const std::string& arch);
 std::string arch_name(const GPTConfig& config);
 
 // Throws, naming GPTConfig: ShapeError when a size is not positive, n_embd % n_head != 0,
-// n_kv_head does not divide n_head, mlp_hidden < 0, or rotary positions meet an odd head size;
+// n_kv_head does not divide n_head, mlp_hidden < 0, rotary positions meet an odd head size, or
+// checkpoint_every < 1;
 // DTypeError for a non-floating dtype; Error for norm_eps <= 0 or not finite, dropout outside
 // [0, 1), rope_theta <= 0, logit_softcap < 0 (or either not finite), or GELU without bias.
 void check_config(const GPTConfig& config);

@@ -221,6 +221,23 @@ TEST_CASE("checkpoint: gradients bit-identical to a run without it, each norm an
                 }
 }
 
+TEST_CASE("checkpoint: every k-th block (checkpoint_every), gradients bit-identical to a run without it") {
+    for (SavePolicy policy : kSavePolicies)
+        for (int64_t every : {2, 3}) {
+            INFO("policy ", static_cast<int>(policy), " checkpoint_every ", every);
+            GPTConfig c = hooks_config(DType::F64, NormKind::Layer, policy);
+            c.n_layer = 4;  // blocks 0, 2 (every 2) or 0, 3 (every 3) checkpointed, the others not
+            c.dropout = 0.2;
+            Grads plain = gradients(c, plain_loss);
+            c.checkpoint_blocks = true;
+            c.checkpoint_every = every;
+            CHECK(gradients(c, plain_loss) == plain);
+        }
+    GPTConfig c = hooks_config(DType::F64, NormKind::Layer, SavePolicy::Input);
+    c.checkpoint_every = 0;
+    check_throws<ShapeError>([&] { GPT model(c); }, {"GPTConfig", "checkpoint_every >= 1", "got 0"});
+}
+
 TEST_CASE("checkpoint: a GPT saves the block inputs and what the outside of the blocks saves, to the byte") {
     for (DType dtype : {DType::F64, DType::F32, DType::BF16})
         for (NormKind norm : {NormKind::Layer, NormKind::RMS})
