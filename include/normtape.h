@@ -39,6 +39,7 @@
 #include "nn/gpt.h"
 #include "nn/hf.h"
 #include "nn/lr_scheduler.h"
+#include "nn/memory_budget.h"
 #include "nn/memory_plan.h"
 #include "nn/module.h"
 #include "nn/norm.h"

@@ -274,9 +274,13 @@ Tensor GPT::forward(const Tensor& idx) const {
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
     std::optional<SaveOnCpu> offload;  // the loss too: the logits are the largest tensor saved outside the blocks
     if (config_.offload) offload.emplace();
-    Tensor x = blocks(idx);
-    if (!config_.fused_head_loss) return cross_entropy(head(x), targets, config_.logit_softcap);
-    x = ln_f->forward(x);
+    // The last block's output is a temporary of the first statement below: it is freed before the
+    // loss runs (under Output and Normalized nothing saves it).
+    if (!config_.fused_head_loss) {
+        Tensor logits = head(blocks(idx));
+        return cross_entropy(logits, targets, config_.logit_softcap);
+    }
+    Tensor x = ln_f->forward(blocks(idx));  // lm_head's input, which the loss saves
     ModuleScope scope(*lm_head);  // lm_head's product runs inside the loss, chunk by chunk
     LinearCrossEntropyOptions options;
     options.softcap = config_.logit_softcap;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "ops/linear_cross_entropy.h"
 
 namespace normtape {
 
@@ -82,7 +83,7 @@ struct Edge {
 
 struct Node {
     uint64_t seq = 0;
-    std::string where;  // module path and node name, for MemoryPlan::peak_at
+    std::string where;  // module path and node name, for StepMemory::peak_at
     std::vector<Edge> edges;
     std::vector<Saved> saved;
     std::function<std::vector<Ten>(const Ten& grad)> apply;
@@ -361,8 +362,10 @@ public:
         lm_head_.weight = c.tie_embeddings ? wte_ : param(V_ * C_);
     }
 
-    // The batch's ids or targets for one micro-batch: views of resident storage.
-    Ten batch() const {
+    // The batch's ids or targets for one micro-batch: the resident batch itself, or with several
+    // micro-batches rows copied into storage of their own (train_gpt's micro_rows).
+    Ten batch(bool copied) const {
+        if (copied) return r_.fresh(E_ * 8);
         Ten t;
         t.defined = true;
         t.bytes = E_ * 8;
@@ -773,38 +776,52 @@ private:
         return linear(norm(x, ln_f_, E_, C_), lm_head_, E_, "lm_head");
     }
 
-    // UNTESTED: GPT::loss under fused_head_loss, replayed from the contract of linear_cross_entropy
-    // (ops/linear_cross_entropy.h; the op is not in this tree yet), assuming loss() calls
-    // linear_cross_entropy(ln_f(x), lm_head.weight, targets) with x the blocks' output alive through
-    // it. Forward: lse [E] stat, the loss, and transients one [chunk_rows, V] chunk of logits (x's
-    // dtype; on the cpu in bf16 with its product's f32 copies) and [E] f32 row losses, taken as
-    // alive together. Saves x (ln_f's output), the weight, lse and the targets. Backward: dx [E, C],
-    // dweight [V, C], for bf16 an f32 [V, C] accumulator, one chunk, and (cpu bf16) each chunk
-    // product's f32 copies. To be checked against the op once it is merged.
+    // GPT::loss under fused_head_loss: ln_f of the blocks' output (freed once ln_f has read it),
+    // then linear_cross_entropy (ops/linear_cross_entropy.cpp). Forward: lse [E] and the 0-dim
+    // loss; then the [E] row losses and one [rows, V] chunk buffer, each chunk's logits made into
+    // it (on the cpu in bf16 through its product's f32 copies), the buffer dropped before the row
+    // losses. Saves ln_f's output, the weight (resident), lse and the targets. Backward: the saved
+    // input unpacked (made again under Normalized), dx [E, C], dweight's accumulator [V, C] of the
+    // stat dtype (dweight itself unless bf16), one chunk buffer, and per chunk its logits again,
+    // dx's rows and dweight's sum (cpu bf16: each product's f32 copies); the buffer goes, then a
+    // bf16 dweight is rounded from the accumulator, which goes on return.
     Ten fused_loss(const Ten& idx, const Ten& targets) {
-        Ten x = body(idx);
-        Scope scope(r_, "head");
-        Ten y = norm(x, ln_f_, E_, C_);
-        // linear_cross_entropy_chunk_rows's rule (its contract): E cut into ceil(V / C) chunks, at
-        // least 1 and at most E.
-        const int64_t chunks = std::clamp<int64_t>((V_ + C_ - 1) / C_, 1, E_);
-        const int64_t rows = (E_ + chunks - 1) / chunks;
+        Ten y;
+        {
+            Ten x = body(idx);
+            Scope scope(r_, "head");
+            y = norm(x, ln_f_, E_, C_);
+        }
+        Scope scope(r_, "lm_head");
+        const int64_t rows = linear_cross_entropy_chunk_rows(E_, V_, C_);
         Ten lse = r_.fresh(E_ * ss_), loss = r_.fresh(es_);
         {
-            Buf chunk = r_.alloc(rows * V_ * es_), row_losses = r_.alloc(E_ * 4);
-            gemm(rows * V_, rows * C_, V_ * C_);
+            Buf row_losses = r_.alloc(E_ * ss_);
+            Buf chunk = r_.alloc(std::min(rows, E_) * V_ * es_);
+            for (int64_t r0 = 0; r0 < E_; r0 += rows) {
+                const int64_t n = std::min(rows, E_ - r0);
+                gemm(n * V_, n * C_, V_ * C_);
+            }
         }
         auto node = std::make_shared<Node>();
         node->saved = {r_.save(y), r_.save(lse), r_.save(targets)};
         Node* self = node.get();
         node->apply = [this, self, rows](const Ten&) -> std::vector<Ten> {
             Buf xs = self->saved[0].unpack(r_), s = self->saved[1].unpack(r_), t = self->saved[2].unpack(r_);
-            Ten dx = r_.fresh(E_ * C_ * es_), dweight = r_.fresh(V_ * C_ * es_);
-            Buf accumulator = c_.dtype == DType::BF16 ? r_.alloc(V_ * C_ * 4) : nullptr;
-            Buf chunk = r_.alloc(rows * V_ * es_);
-            gemm(rows * V_, rows * C_, V_ * C_);  // the chunk's logits again
-            gemm(rows * C_, rows * V_, V_ * C_);  // dx[chunk] = dz @ weight
-            gemm(V_ * C_, rows * V_, rows * C_);  // dweight += dz^T @ x[chunk]
+            Ten dx = r_.fresh(E_ * C_ * es_), accumulator = r_.fresh(V_ * C_ * ss_);
+            {
+                Buf chunk = r_.alloc(std::min(rows, E_) * V_ * es_);
+                for (int64_t r0 = 0; r0 < E_; r0 += rows) {
+                    const int64_t n = std::min(rows, E_ - r0);
+                    gemm(n * V_, n * C_, V_ * C_);  // the chunk's logits again
+                    gemm(n * C_, n * V_, V_ * C_);  // dx[chunk] = dz @ weight
+                    if (!cuda_ && c_.dtype == DType::BF16) {  // dweight += dz^T @ x[chunk], on f32 copies
+                        Buf x32 = r_.alloc(n * C_ * 4), dz32 = r_.alloc(n * V_ * 4);
+                    }
+                }
+            }
+            if (c_.dtype != DType::BF16) return {dx, accumulator, Ten()};
+            Ten dweight = r_.fresh(V_ * C_ * es_);
             return {dx, dweight, Ten()};
         };
         r_.record(node, loss, {&y, &lm_head_.weight, &targets}, "LinearCrossEntropyBackward");
@@ -854,7 +871,7 @@ GPTConfig with_settings(GPTConfig config, const MemorySettings& s) {
     return config;
 }
 
-MemoryPlan plan_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
+StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
     const GPTConfig c = with_settings(config, s);
     check_config(c);
     check_sizes(c, s, B, T);
@@ -869,7 +886,7 @@ MemoryPlan plan_memory(const GPTConfig& config, const MemorySettings& s, int64_t
         for (int64_t bytes : sizes.gradient_bytes)
             numels.push_back(bytes / static_cast<int64_t>(element_size(c.dtype)));
     }
-    MemoryPlan plan;
+    StepMemory plan;
     int64_t elements = 0;
     for (int64_t n : numels) elements += n;
     plan.parameters = elements * static_cast<int64_t>(element_size(c.dtype));
@@ -884,18 +901,22 @@ MemoryPlan plan_memory(const GPTConfig& config, const MemorySettings& s, int64_t
         GptReplay model(r, c, rows, T);
         // The first micro-batch makes the gradients; a later one finds them all (the third and on
         // repeat the second).
+        // Each micro-batch's loss, detached, is kept until the step ends (train_gpt reads them then):
+        // one 0-dim tensor each, the later ones' as the second's.
+        std::vector<Buf> losses;
         for (int64_t k = 0; k < std::min<int64_t>(n_micro, 2); ++k) {
             const std::string which = n_micro == 1 ? ""
                                       : k == 0     ? " of the first micro-batch"
                                                    : " of a later micro-batch";
             r.phase = "forward" + which;
-            Ten loss = model.loss(model.batch(), model.batch());
-            if (n_micro > 1) loss = model.scale(loss);
+            Ten loss = model.loss(model.batch(n_micro > 1), model.batch(n_micro > 1));
             r.phase = "backward" + which;
             // Under offload on CUDA the saved ids and targets (resident on the device anyway) come
             // back as copies, the ids maybe prefetched early: a bound holds both through the backward.
             Buf copies = c.offload && c.device.is_cuda() ? r.alloc(2 * rows * T * 8) : nullptr;
-            r.backward(loss);
+            if (n_micro > 1) r.backward(model.scale(loss));
+            else r.backward(loss);
+            losses.push_back(loss.buf);
         }
         // clip_grad_norm_tensor_: the norm, 0-dim f64 (on CUDA after its partial sums, one f64 per
         // 65536-element chunk of every gradient, and the clip coefficient); AdamW::step allocates
@@ -919,7 +940,7 @@ MemoryPlan plan_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 }
 
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
-    return plan_memory(config, s, B, T).peak;
+    return step_memory(config, s, B, T).peak;
 }
 
 int64_t predicted_checkpoint_every_saved_bytes(const GPTConfig& config, int64_t B, int64_t T) {

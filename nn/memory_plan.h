@@ -54,7 +54,7 @@ GPTConfig with_settings(GPTConfig config, const MemorySettings& s);
 
 // The bytes of one training step on `config.device`, each in bytes as the allocator counts them
 // (numel * element size, core/allocator.h).
-struct MemoryPlan {
+struct StepMemory {
     int64_t parameters = 0;       // num_parameters(config) elements of config.dtype
     int64_t optimizer_state = 0;  // AdamW's m and v (stat_dtype), f32 masters of bf16 parameters;
                                   // on CUDA also its device table of the multi-tensor step
@@ -70,7 +70,7 @@ struct MemoryPlan {
 
 // predict_peak's replay with its parts (Note [The step replayed]); B rows of T positions, cut into
 // micro-batches of s.micro_batch rows. Throws as predict_peak.
-MemoryPlan plan_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
+StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
 // memory_stats(config.device).peak_allocated_bytes over one training step of the GPT
 // with_settings(config, s) on a [B, T] batch (Note [The step replayed]), in bytes: the resident
@@ -98,9 +98,7 @@ MemoryPlan plan_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 // which the replay cannot time: it replays the step without offload, a bound the device's peak
 // stays under (every activation the device holds then, it holds without offload too), plus the
 // device copies of the saved ids and targets (2 E i64, held through the backward: the batch stays
-// resident besides); the pinned copies count on the cpu's counters. With fused_head_loss the
-// head's loss is replayed from the contract of linear_cross_entropy (ops/linear_cross_entropy.h),
-// not yet measured.
+// resident besides); the pinned copies count on the cpu's counters.
 // Assumes: dropout in training mode as config.dropout says (masks are drawn, never stored); no
 // Output forward fell back to saving its input (output_policy_fallbacks()); no other tensor on the
 // device (an evaluation's, a checkpoint's copies) is alive during the step.

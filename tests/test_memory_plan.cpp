@@ -51,11 +51,16 @@ Measured measure(const GPTConfig& config, const MemorySettings& s, int64_t B, in
     AdamW optimizer(groups, AdamWOptions{});
     TokenBatch b = token_batch(c, B, T);
     const int64_t rows = s.micro_batch > 0 ? s.micro_batch : B, n = B / rows;
+    // train_gpt's step (Note [Micro-batches], examples/train_gpt/train_gpt.cpp): each micro-batch's
+    // rows copied, its loss scaled by 1/n and kept, detached, until the step ends.
+    auto rows_of = [&](const Tensor& t, int64_t k) { return n == 1 ? t : t.narrow(0, k * rows, rows).clone(); };
     auto step = [&] {
+        std::vector<Tensor> losses;
         for (int64_t k = 0; k < n; ++k) {
-            Tensor loss = model.loss(b.idx.narrow(0, k * rows, rows), b.targets.narrow(0, k * rows, rows));
-            if (n > 1) loss = scale(loss, 1.0 / static_cast<double>(n));
-            loss.backward();
+            Tensor loss = model.loss(rows_of(b.idx, k), rows_of(b.targets, k));
+            if (n == 1) loss.backward();
+            else scale(loss, 1.0 / static_cast<double>(n)).backward();
+            losses.push_back(loss.detach());
         }
         Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);
         optimizer.set_lr(1e-3);
@@ -111,10 +116,9 @@ struct Setting {
     int64_t vocab = 0;  // 0: small_config's
 };
 
-// The grid: every preset, dtype, policy and checkpoint_every (3 x 2 x 3 x 3 = 54), the four
-// switches (recompute, offload, micro-batch B or B/2, tied embeddings) drawn per setting from a
-// fixed sequence in which both values of each meet every preset, dtype, policy and
-// checkpoint_every; and a few more (dropout, f64, checkpoint every 3, a large vocabulary).
+// The grid: every preset, dtype, policy and checkpoint_every (3 x 2 x 3 x 3 = 54), the five
+// switches (recompute, offload, micro-batch B or B/2, tied embeddings, fused head loss) drawn per
+// setting from a fixed sequence; and a few more (dropout, f64, checkpoint every 3, a large vocabulary).
 std::vector<Setting> grid() {
     std::vector<Setting> g;
     uint32_t draw = 12345;
@@ -130,6 +134,7 @@ std::vector<Setting> grid() {
                     t.s.recompute_activation = (bits & 1) != 0;
                     t.s.offload = (bits & 2) != 0;
                     t.s.micro_batch = (bits & 4) != 0 ? 4 : 0;  // of B = 8
+                    t.s.fused_head_loss = (bits & 16) != 0;
                     g.push_back(t);
                 }
     Setting dropout{"gpt2", DType::F32, {}, false, 0.1};
@@ -169,11 +174,11 @@ TEST_CASE("memory_plan: predict_peak holds the measured peak of a training step,
         c.dropout = t.dropout;
         if (t.vocab > 0) c.vocab_size = t.vocab;
         INFO(t.arch, " ", std::string(dtype_name(t.dtype)), " policy ", std::string(policy_name(t.s.policy)),
-             " recompute ", t.s.recompute_activation, " checkpoint_every ", t.s.checkpoint_every, " offload ",
-             t.s.offload, " micro_batch ", t.s.micro_batch, " tie ", t.tie, " dropout ", t.dropout, " V ",
-             c.vocab_size);
+             " recompute ", t.s.recompute_activation, " fused ", t.s.fused_head_loss, " checkpoint_every ",
+             t.s.checkpoint_every, " offload ", t.s.offload, " micro_batch ", t.s.micro_batch, " tie ", t.tie,
+             " dropout ", t.dropout, " V ", c.vocab_size);
         const Measured measured = measure(c, t.s, B, T);
-        const MemoryPlan plan = plan_memory(c, t.s, B, T);
+        const StepMemory plan = step_memory(c, t.s, B, T);
         INFO("measured ", measured.peak, ", predicted ", plan.peak, " at ", plan.peak_at);
         CHECK(plan.parameters == num_parameters(c) * static_cast<int64_t>(element_size(t.dtype)));
         CHECK(plan.peak == predict_peak(c, t.s, B, T));
@@ -197,9 +202,9 @@ TEST_CASE("memory_plan: on CUDA the replay adds the kernels' temporaries and Ada
             MemorySettings s;
             s.checkpoint_every = every;
             s.offload = every == 1;
-            const MemoryPlan cpu = plan_memory(c, s, 4, 24);
+            const StepMemory cpu = step_memory(c, s, 4, 24);
             c.device = Device::CUDA;
-            const MemoryPlan cuda = plan_memory(c, s, 4, 24);
+            const StepMemory cuda = step_memory(c, s, 4, 24);
             CHECK(cuda.peak >= cpu.peak);
             CHECK(cuda.optimizer_state > cpu.optimizer_state);
             CHECK(cuda.parameters == cpu.parameters);

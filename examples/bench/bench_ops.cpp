@@ -14,6 +14,9 @@
 //                  the rows, the same kernel as linear's bias gradient (column_sum_cuda)
 //   linear bias    out[r, :] += bias, [16384, 4096] (add_bias_rows_cuda, linear's forward without
 //                  cuBLASLt)
+//   head loss      lm_head and cross-entropy, forward and backward, [16384, 1024] @ [32768, 1024]^T:
+//                  linear + cross_entropy against linear_cross_entropy at several chunk sizes (ms
+//                  only: product-bound)
 // A node's apply() is called directly, under NoGradGuard, on a node recorded once: it times the
 // backward's own work, without the engine's copy of a leaf's first gradient.
 // Each case is timed with CUDA events on normtape's stream: 3 warm-up runs, then 20 runs queued
@@ -190,8 +193,37 @@ void bench_elementwise(Bench& b, int64_t rows) {
     }
 }
 
+// lm_head and its loss at [rows, 1024] @ [32768, 1024]^T: forward and backward (loss.backward()
+// from leaves x and weight), the unfused pair linear + cross_entropy, then linear_cross_entropy
+// with chunks of 512 .. 8192 rows and its own choice (chunk_rows 0). A product-bound op: its
+// rows give ms only (GB/s and % copy 0).
+template <class T>
+void bench_head_loss(std::vector<Row>& out, const std::string& dtype, int64_t rows) {
+    const int64_t C = 1024, V = 32768;
+    TensorOptions o = TensorOptions().dtype(dtype_of<T>()).device(Device::CUDA);
+    Tensor x = scale(randn({rows, C}, o), 1.0).requires_grad_(true);
+    Tensor w = scale(randn({V, C}, o), 0.02).requires_grad_(true), targets = targets_for(rows, V);
+    const std::string shape = shape_of(rows, C) + " @ " + shape_of(V, C) + "^T";
+    auto run = [&](const std::string& op, const std::function<Tensor()>& loss) {
+        const double ms = time_ms([&] {
+            loss().backward();
+            x.zero_grad();
+            w.zero_grad();
+        });
+        out.push_back({op, dtype, shape, ms, 0.0, 0.0});
+    };
+    run("head loss fwd+bwd, linear + cross_entropy", [&] { return cross_entropy(linear(x, w), targets); });
+    for (int64_t chunk : {512, 1024, 2048, 4096, 8192, 0}) {
+        LinearCrossEntropyOptions options;
+        options.chunk_rows = chunk;
+        run("head loss fwd+bwd, fused, chunk " + (chunk ? std::to_string(chunk) : std::string("auto")),
+            [&] { return linear_cross_entropy(x, w, targets, options); });
+    }
+}
+
 template <class T>
 void bench_dtype(const std::string& dtype, int64_t rows, std::vector<Row>& out) {
+    bench_head_loss<T>(out, dtype, rows);
     Bench b(dtype, out);
     bench_cross_entropy<T>(b, rows, 32768);
     bench_cross_entropy<T>(b, rows, 256);

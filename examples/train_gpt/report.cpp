@@ -261,6 +261,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"saved_activation_bytes", r.saved_activation_bytes},
                               {"recompute_saving_bytes", r.recompute_saving_bytes},
                               {"peak_allocated_bytes", r.peak_allocated_bytes},
+                              {"predicted_peak_bytes", r.predicted_peak_bytes},
                               {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
                               {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
                               {"train_seconds", r.train_seconds},

@@ -27,6 +27,9 @@ struct RunResult {
     // What the first forward saves by nn/gpt.h's formula: predicted_checkpoint_saved_bytes() of the
     // run's config with --checkpoint blocks, else predicted_saved_bytes(), at B = micro_batch(a).
     int64_t predicted_saved_bytes = 0;
+    // The step's peak by predict_peak (nn/memory_plan.h) for the run's settings, bytes: never below
+    // peak_allocated_bytes where the replay is exact.
+    int64_t predicted_peak_bytes = 0;
     // With --recompute-activation on: saved_activation_bytes of the first (micro-)batch with it off,
     // minus with it on (0 when off).
     int64_t recompute_saving_bytes = 0;

@@ -1,4 +1,4 @@
-// examples/train_gpt/svg_chart.cpp: the SVG writer behind train_gpt's chart: line and stacked bar panels.
+// examples/train_gpt/svg_chart.cpp: the SVG writer behind train_gpt's chart: line, scatter and stacked bar panels.
 #include "svg_chart.h"
 
 #include <algorithm>
@@ -90,12 +90,23 @@ void render_panel(std::ostringstream& svg, const ChartPanel& p, double ox, int w
     }
     double ly = y0 + 14;
     for (const ChartSeries& s : p.series) {
-        svg << "<polyline fill='none' stroke='" << s.color << "' stroke-width='1.6'"
-            << (s.dashed ? " stroke-dasharray='6,3'" : "") << " points='";
-        for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) svg << px(s.x[i]) << "," << py(s.y[i]) << " ";
-        svg << "'/>\n";
-        svg << "<line x1='" << x1 - 150 << "' y1='" << ly << "' x2='" << x1 - 128 << "' y2='" << ly << "' stroke='"
-            << s.color << "' stroke-width='2'" << (s.dashed ? " stroke-dasharray='6,3'" : "") << "/>";
+        if (s.points) {
+            for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+                svg << "<circle cx='" << px(s.x[i]) << "' cy='" << py(s.y[i]) << "' r='3.5' fill='" << s.color << "'/>";
+                if (i < s.labels.size() && !s.labels[i].empty())
+                    svg << "<text x='" << px(s.x[i]) + 6 << "' y='" << py(s.y[i]) - 4 << "' font-size='9' fill='"
+                        << s.color << "'>" << escape(s.labels[i]) << "</text>";
+                svg << "\n";
+            }
+            svg << "<circle cx='" << x1 - 139 << "' cy='" << ly << "' r='3.5' fill='" << s.color << "'/>";
+        } else {
+            svg << "<polyline fill='none' stroke='" << s.color << "' stroke-width='1.6'"
+                << (s.dashed ? " stroke-dasharray='6,3'" : "") << " points='";
+            for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) svg << px(s.x[i]) << "," << py(s.y[i]) << " ";
+            svg << "'/>\n";
+            svg << "<line x1='" << x1 - 150 << "' y1='" << ly << "' x2='" << x1 - 128 << "' y2='" << ly << "' stroke='"
+                << s.color << "' stroke-width='2'" << (s.dashed ? " stroke-dasharray='6,3'" : "") << "/>";
+        }
         svg << "<text x='" << x1 - 122 << "' y='" << ly + 4 << "' font-size='11'>" << escape(s.name) << "</text>\n";
         ly += 16;
     }

@@ -12,6 +12,8 @@ struct ChartSeries {
     std::string color;  // any SVG color
     std::vector<double> x, y;  // finite values
     bool dashed = false;
+    bool points = false;              // a circle at each point instead of a line through them
+    std::vector<std::string> labels = {};  // with points: text beside each point ("" or missing: none)
 };
 
 struct ChartMarker {

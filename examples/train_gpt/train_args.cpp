@@ -39,6 +39,7 @@ const IntRange kIntRanges[] = {
     {"steps", &Args::steps, 1, int64_t{1} << 40, "training steps"},
     {"batch", &Args::batch, 1, int64_t{1} << 20, "sequences per batch"},
     {"micro-batch", &Args::micro_batch, 0, int64_t{1} << 20, "sequences per micro-batch (0: --batch)"},
+    {"checkpoint-every", &Args::checkpoint_every, 1, 1024, "blocks per checkpointed block"},
     {"seq", &Args::seq, 1, kMaxSeq, "a sequence length"},
     {"layers", &Args::layers, 1, kMaxLayers, "transformer blocks"},
     {"heads", &Args::heads, 1, kMaxHeads, "attention heads"},
@@ -128,6 +129,31 @@ double min_lr(const Args& a) { return std::isnan(a.min_lr) ? a.lr / 10 : a.min_l
 
 int64_t micro_batch(const Args& a) { return a.micro_batch > 0 ? a.micro_batch : a.batch; }
 
+int64_t parse_budget(const std::string& text) {
+    if (text == "auto") return -1;
+    const auto bad = [&] {
+        return UsageError("--memory-budget " + text +
+                          ": expected auto or a size: a number of bytes with an optional unit B, KB, MB, GB, KiB, MiB "
+                          "or GiB (6GiB, 512MiB, 2.5e9)");
+    };
+    size_t end = 0;
+    double value = 0;
+    try {
+        value = std::stod(text, &end);
+    } catch (const std::exception&) {
+        throw bad();
+    }
+    const std::string unit = text.substr(end);
+    double scale = 0;
+    for (auto [name, factor] : std::initializer_list<std::pair<const char*, double>>{
+             {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0},
+             {"GiB", 1073741824.0}})
+        if (unit == name) scale = factor;
+    const double bytes = value * scale;
+    if (scale == 0 || !std::isfinite(bytes) || bytes < 1 || bytes > 9e18) throw bad();
+    return static_cast<int64_t>(bytes);
+}
+
 void check_args(const Args& a) {
     for (const IntRange& r : kIntRanges) {
         int64_t v = a.*r.field;
@@ -156,6 +182,14 @@ void check_args(const Args& a) {
     check_choice(a, "offload", a.offload, {"on", "off"});
     check_choice(a, "checkpoint", a.checkpoint, {"none", "blocks"});
     check_choice(a, "fused-loss", a.fused_loss, {"on", "off"});
+    if (!a.memory_budget.empty()) parse_budget(a.memory_budget);
+    if (!a.sweep_reference.empty() && !a.memory_sweep) throw UsageError("--sweep-reference needs --memory-sweep");
+    if (a.checkpoint_every != 1 && a.checkpoint != "blocks")
+        throw UsageError(describe(a, "checkpoint-every", std::to_string(a.checkpoint_every)) +
+                         " needs --checkpoint blocks");
+    if ((!a.memory_budget.empty() || a.memory_sweep) && (!a.resume.empty() || !a.save.empty()))
+        throw UsageError(std::string(a.memory_sweep ? "--memory-sweep" : "--memory-budget") +
+                         " trains runs of its own choosing: leave out --save and --resume");
     if (a.data != "random" && a.vocab != 256)
         throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) +
                          " needs --data random (text is read as 256 byte values)");

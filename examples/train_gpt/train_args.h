@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 struct Args {
     std::string data;  // empty: kDefaultData (examples/train_gpt/train_data.h); "random": random tokens
@@ -44,8 +45,16 @@ struct Args {
     // micro-batches are summed before one optimizer step; 0: the whole batch), and the printing
     // of the saved-tensor report after each run's first forward.
     std::string offload = "off", checkpoint = "none", fused_loss = "off";
+    int64_t checkpoint_every = 1;  // with checkpoint "blocks": GPTConfig::checkpoint_every
     int64_t micro_batch = 0;
     bool memory_report = false;
+    // --memory-budget: "" (none), "auto" (memory_available_bytes of the device) or a size ("6GiB");
+    // the planner (nn/memory_budget.h) then sets the memory settings above and the policy.
+    // --memory-sweep: every setting of memory_settings_grid (within the budget, if one is given)
+    // trained for a few steps instead of one run, timed and measured.
+    std::string memory_budget;
+    bool memory_sweep = false;
+    std::vector<std::string> sweep_reference;  // bench_torch_gpt.py JSON files drawn beside the sweep
     // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name
     // the checkpoint, not a flag, as their source.
     std::set<std::string> from_checkpoint;
@@ -70,6 +79,11 @@ double min_lr(const Args& a);
 // The sequences of one forward and backward: --micro-batch, or --batch without it (0). A checked
 // `a` (check_args) has batch a multiple of it.
 int64_t micro_batch(const Args& a);
+
+// The bytes of --memory-budget SIZE: an integer or decimal count with an optional unit B, KB, MB,
+// GB (powers of 1000), KiB, MiB, GiB (powers of 1024); "auto" gives -1. Throws UsageError naming
+// --memory-budget, the value and the forms it takes.
+int64_t parse_budget(const std::string& text);
 
 // Checks every value of `a` once --preset and --resume have filled in what the flags left out:
 // the ranges and choices that --help lists, and the values that must go together (--embd

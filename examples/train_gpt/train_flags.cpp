@@ -46,6 +46,25 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--checkpoint", a.checkpoint,
                    "blocks: each block saves only its input and runs its forward again in backward (activation "
                    "checkpointing); none: every block saves what its ops need");
+    app.add_option("--checkpoint-every", a.checkpoint_every,
+                   "with --checkpoint blocks: checkpoint blocks 0, K, 2K, ... only, 1 to 1024 (1: every block)")
+        ->check(integer);
+    app.add_option("--memory-budget", a.memory_budget,
+                   "bytes a step may allocate on the device (6GiB, 512MiB, 8e9; auto: what the device has free): the "
+                   "planner picks the fastest policy, activation recompute, fused loss, checkpointing, offload and "
+                   "micro-batch whose predicted peak fits, prints it, trains with it, and exits 1 if the measured "
+                   "peak exceeds the budget (leave those flags out) (default: none)")
+        ->type_name("SIZE");
+    app.add_flag("--memory-sweep", a.memory_sweep,
+                 "instead of training, time every memory setting (within --memory-budget, if given) for --steps "
+                 "steps and write each one's predicted and measured peak and step time to --json and the Pareto front "
+                 "(step time against peak) to --chart (default: off)");
+    app.add_option("--sweep-reference", a.sweep_reference,
+                   "with --memory-sweep: scripts/bench_torch_gpt.py --json files whose step time and peak are drawn "
+                   "beside the sweep's points (default: none)")
+        ->check(CLI::ExistingFile)
+        ->type_name("FILE")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     app.add_option("--fused-loss", a.fused_loss,
                    "on: the loss runs lm_head and the cross-entropy as one op (GPTConfig::fused_head_loss), which "
                    "stores no [B, T, V] logits, only their log-sum-exp per position, and makes them again in backward; "

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "../common/checkpoint_checks.h"
+#include "memory_sweep.h"
 #include "normtape.h"
 #include "phase_timer.h"
 #include "report.h"
@@ -82,6 +83,7 @@ GPTConfig make_config(const Args& a, SavePolicy policy) {
     c.device = device_of(a);
     c.offload = a.offload == "on";
     c.checkpoint_blocks = a.checkpoint == "blocks";
+    c.checkpoint_every = a.checkpoint_every;
     c.fused_head_loss = a.fused_loss == "on";
     return c;
 }
@@ -177,6 +179,28 @@ void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
 // (predicted_saved_bytes at B_micro); the step's peak is about one micro-batch's graph, plus the
 // batch's ids and the gradients. With n == 1 the step is the one without the flag, op for op.
 
+// The memory settings the flags of `a` ask for under `policy` (nn/memory_plan.h), and the flags
+// that ask for `s` (its policy becomes --policy).
+MemorySettings settings_of(const Args& a, SavePolicy policy) {
+    MemorySettings s;
+    s.policy = policy;
+    s.recompute_activation = a.recompute_activation == "on";
+    s.fused_head_loss = a.fused_loss == "on";
+    s.checkpoint_every = a.checkpoint == "blocks" ? a.checkpoint_every : 0;
+    s.offload = a.offload == "on";
+    s.micro_batch = micro_batch(a);
+    return s;
+}
+void set_settings(Args& a, const MemorySettings& s) {
+    a.policy = policy_name(s.policy);
+    a.recompute_activation = s.recompute_activation ? "on" : "off";
+    a.fused_loss = s.fused_head_loss ? "on" : "off";
+    a.checkpoint = s.checkpoint_every > 0 ? "blocks" : "none";
+    a.checkpoint_every = std::max<int64_t>(s.checkpoint_every, 1);
+    a.offload = s.offload ? "on" : "off";
+    a.micro_batch = s.micro_batch;
+}
+
 // Rows [k * micro, (k + 1) * micro) of a [B, T] batch `t`, in storage of their own; `t` itself
 // when micro is B (Note [Micro-batches]).
 Tensor micro_rows(const Tensor& t, int64_t k, int64_t micro) {
@@ -268,8 +292,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     r.policy = policy;
     r.first_step = start;
     const int64_t micro = micro_batch(a), n_micro = a.batch / micro;  // Note [Micro-batches]
-    r.predicted_saved_bytes = a.checkpoint == "blocks" ? predicted_checkpoint_saved_bytes(model.config(), micro, a.seq)
-                                                       : predicted_saved_bytes(model.config(), micro, a.seq);
+    r.predicted_saved_bytes = a.checkpoint == "blocks"
+                                  ? predicted_checkpoint_every_saved_bytes(model.config(), micro, a.seq)
+                                  : predicted_saved_bytes(model.config(), micro, a.seq);
+    r.predicted_peak_bytes = predict_peak(make_config(a, policy), settings_of(a, policy), a.batch, a.seq);
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
     PhaseTimer phases(dev, n_micro);
     r.phase_timing = phases.method();
@@ -379,6 +405,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     }
     r.phase_median_steps = static_cast<int64_t>(r.phase_ms.size() - skip);
     print_phase_times(r);
+    std::printf("[%-6s] peak allocated in a step %s bytes, predicted %s (predict_peak): %.4f of the prediction\n",
+                policy_name(policy), with_commas(r.peak_allocated_bytes).c_str(),
+                with_commas(r.predicted_peak_bytes).c_str(),
+                static_cast<double>(r.peak_allocated_bytes) / static_cast<double>(std::max<int64_t>(r.predicted_peak_bytes, 1)));
     if (!r.val_losses.empty())
         std::printf("[%-6s] validation: best loss %.4f at step %lld (%zu evaluation%s of %lld held-out batches)\n",
                     policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
@@ -393,7 +423,58 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     return r;
 }
 
-int run(const Args& a, ResumeState* resume) {
+// --memory-sweep: every setting of memory_settings_grid whose predicted peak fits `budget` (0:
+// any) trained for --steps steps, then the report (examples/train_gpt/memory_sweep.h). Exits 1
+// when a measured peak exceeds its prediction.
+int sweep(const Args& a, const std::string& text, int64_t budget) {
+    const GPTConfig config = make_config(a, SavePolicy::Input);
+    const std::vector<SweepReference> refs = read_sweep_references(a.sweep_reference);
+    const StepCostModel costs = calibrate_step_costs(config, a.batch, a.seq);
+    std::optional<MemoryBudgetPlan> plan;
+    if (budget > 0) plan = plan_memory(config, budget, a.batch, a.seq, costs);
+    std::vector<SweepPoint> points;
+    for (const MemorySettings& s : memory_settings_grid(config, a.batch)) {
+        SweepPoint p{s, settings_label(s), predict_peak(config, s, a.batch, a.seq), 0,
+                     predict_step_ms(config, s, a.batch, a.seq, costs), 0, false, false};
+        if (budget > 0 && p.predicted_peak > budget) continue;
+        Args run = a;
+        set_settings(run, s);
+        run.log_every = run.steps;  // the last step's line only
+        run.sample = 0;
+        std::printf("--- memory sweep %zu: %s\n", points.size() + 1, p.label.c_str());
+        const RunResult r = train(run, text, s.policy, nullptr, false);
+        p.peak = r.peak_allocated_bytes;
+        p.step_ms = r.step_ms_median;
+        p.pick = plan && plan->fits && settings_label(plan->settings) == p.label;
+        points.push_back(p);
+    }
+    mark_pareto(points);
+    report_sweep(a, points, refs, budget);
+    for (const SweepPoint& p : points)
+        if (p.peak > p.predicted_peak) {
+            std::fprintf(stderr, "train_gpt: the measured peak of %s, %lld bytes, exceeds its prediction %lld\n",
+                         p.label.c_str(), static_cast<long long>(p.peak), static_cast<long long>(p.predicted_peak));
+            return 1;
+        }
+    return 0;
+}
+
+// --memory-budget: the planner's settings for `budget` bytes, printed, set into `a`. Throws
+// UsageError with the planner's advice when nothing fits.
+void plan_budget(Args& a, int64_t budget) {
+    const MemoryBudgetPlan plan = plan_memory(make_config(a, SavePolicy::Input), budget, a.batch, a.seq);
+    if (!plan.fits) throw UsageError("--memory-budget " + a.memory_budget + ": " + plan.advice);
+    set_settings(a, plan.settings);
+    std::printf("memory plan for %s bytes (--memory-budget %s): %s; predicted peak %s bytes, predicted step %.1f ms\n",
+                with_commas(budget).c_str(), a.memory_budget.c_str(), settings_label(plan.settings).c_str(),
+                with_commas(plan.predicted_peak).c_str(), plan.predicted_step_ms);
+}
+
+int run(const Args& a_in, ResumeState* resume) {
+    Args a = a_in;
+    const int64_t budget = a.memory_budget.empty()      ? 0
+                           : a.memory_budget == "auto" ? memory_available_bytes(device_of(a))
+                                                       : parse_budget(a.memory_budget);
     std::string desc;
     std::string text = load_text(a, &desc);
     if (resume) check_resume_data(*resume, text, desc);
@@ -409,6 +490,9 @@ int run(const Args& a, ResumeState* resume) {
                 a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
                                   : a.device.c_str());
     std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
+
+    if (a.memory_sweep) return sweep(a, text, budget);
+    if (budget > 0) plan_budget(a, budget);
 
     std::vector<SavePolicy> policies;  // both: input, output; all: the three
     const bool several = a.policy == "both" || a.policy == "all";
@@ -454,6 +538,15 @@ int run(const Args& a, ResumeState* resume) {
                          policy_name(r.policy));
             return 1;
         }
+    if (budget > 0) {
+        const int64_t peak = runs.back().peak_allocated_bytes;
+        std::printf("memory budget %s bytes: measured peak %s bytes (%s)\n", with_commas(budget).c_str(),
+                    with_commas(peak).c_str(), peak <= budget ? "within it" : "OVER IT");
+        if (peak > budget) {
+            std::fprintf(stderr, "train_gpt: the measured peak exceeds --memory-budget %s\n", a.memory_budget.c_str());
+            return 1;
+        }
+    }
     if (runs.size() < 2) return 0;
     print_table(a, runs, predicted.norm_policy);
     if (a.checkpoint == "blocks") return 0;
@@ -493,6 +586,14 @@ int main(int argc, char** argv) {
             apply_resume_config(app, a, *resume);
         }
         apply_preset(app, a);
+        if (!a.memory_budget.empty() || a.memory_sweep) {  // the planner or the sweep sets these
+            for (const char* flag : {"--policy", "--recompute-activation", "--fused-loss", "--checkpoint",
+                                     "--checkpoint-every", "--offload", "--micro-batch"})
+                if (app.count(flag))
+                    throw UsageError(std::string(a.memory_sweep ? "--memory-sweep" : "--memory-budget") +
+                                     " chooses " + flag + ": leave it out");
+            a.policy = "input";  // replaced by the plan's, or each setting's
+        }
         if (a.device.empty()) a.device = cuda_is_available() ? "cuda" : "cpu";
         if (a.dtype.empty()) a.dtype = a.device == "cuda" ? "bf16" : "f32";
         if (a.norm.empty()) a.norm = a.arch == "gpt2" ? "layer" : "rms";
