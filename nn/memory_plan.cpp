@@ -904,11 +904,14 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
         // Each micro-batch's loss, detached, is kept until the step ends (train_gpt reads them then):
         // one 0-dim tensor each, the later ones' as the second's.
         std::vector<Buf> losses;
+        const int64_t model_loss_bytes = static_cast<int64_t>(element_size(c.dtype));
         for (int64_t k = 0; k < std::min<int64_t>(n_micro, 2); ++k) {
             const std::string which = n_micro == 1 ? ""
                                       : k == 0     ? " of the first micro-batch"
                                                    : " of a later micro-batch";
             r.phase = "forward" + which;
+            // The later micro-batch stands for the last: the losses of those between are kept too.
+            if (k == 1 && n_micro > 2) losses.push_back(r.alloc((n_micro - 2) * model_loss_bytes));
             Ten loss = model.loss(model.batch(n_micro > 1), model.batch(n_micro > 1));
             r.phase = "backward" + which;
             // Under offload on CUDA the saved ids and targets (resident on the device anyway) come

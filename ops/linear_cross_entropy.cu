@@ -140,11 +140,11 @@ __global__ void rows_backward_kernel(T* logits, const acc_t<T>* lse, const int64
     }
 }
 
-// Whether every row of logits [rows, V] is whole 16-byte vectors on 16-byte boundaries.
+// Whether every row of logits [rows, V] is whole 16-byte vectors on 16-byte boundaries (f32 and
+// bf16: the vector kernels' types).
 template <class T>
 bool vector_rows(const T* logits, int64_t V) {
-    if constexpr (std::is_same_v<T, double>) return false;
-    else return reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (V * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+    return reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (V * static_cast<int64_t>(sizeof(T))) % 16 == 0;
 }
 
 }  // namespace
@@ -155,7 +155,9 @@ void linear_cross_entropy_rows_cuda(acc_t<T>* lse, acc_t<T>* loss, const T* logi
                                     int device) {
     if (rows == 0) return;
     using A = acc_t<T>;
-    auto kernel = vector_rows(logits, V) ? rows_forward_kernel<T, true> : rows_forward_kernel<T, false>;
+    auto kernel = rows_forward_kernel<T, false>;
+    if constexpr (!std::is_same_v<T, double>)
+        if (vector_rows(logits, V)) kernel = rows_forward_kernel<T, true>;
     kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, cuda::stream(device)>>>(
         lse, loss, logits, targets, V, static_cast<A>(softcap), static_cast<A>(smoothing), ignore_index);
     CUDA_LAUNCH_CHECK();
@@ -167,7 +169,9 @@ void linear_cross_entropy_grad_cuda(T* logits, const acc_t<T>* lse, const int64_
                                     int64_t ignore_index, int device) {
     if (rows == 0) return;
     using A = acc_t<T>;
-    auto kernel = vector_rows(logits, V) ? rows_backward_kernel<T, true> : rows_backward_kernel<T, false>;
+    auto kernel = rows_backward_kernel<T, false>;
+    if constexpr (!std::is_same_v<T, double>)
+        if (vector_rows(logits, V)) kernel = rows_backward_kernel<T, true>;
     kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, cuda::stream(device)>>>(
         logits, lse, targets, grad, static_cast<A>(scale), V, static_cast<A>(softcap), static_cast<A>(smoothing),
         ignore_index);

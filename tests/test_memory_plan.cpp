@@ -1,7 +1,8 @@
 // tests/test_memory_plan.cpp: predict_peak (nn/memory_plan.h) against the allocator's peak over a
 // training step as train_gpt runs it, on a grid of presets, sizes, dtypes and memory settings; and
-// the saved bytes of partial checkpointing (predicted_checkpoint_every_saved_bytes). CPU only: the
-// CUDA terms of the replay are read from the code, not measured here.
+// the saved bytes of partial checkpointing (predicted_checkpoint_every_saved_bytes); the planner
+// (nn/memory_budget.h). CPU only: the CUDA terms of the replay are read from the code, not
+// measured here (scripts/gpu_check.sh budget measures them with train_gpt --memory-sweep).
 #include "test_util.h"
 
 using namespace normtape;
@@ -255,6 +256,66 @@ TEST_CASE("memory_plan: partial checkpointing saves predicted_checkpoint_every_s
                 if (every == 1)
                     CHECK(predicted_checkpoint_every_saved_bytes(c, 2, 9) == predicted_checkpoint_saved_bytes(c, 2, 9));
             }
+}
+
+TEST_CASE("memory_plan: with 4 micro-batches predict_peak holds the measured peak, the later losses kept") {
+    OneThread one_thread;
+    for (const char* arch : {"gpt2", "llama"}) {
+        INFO(arch);
+        GPTConfig c = small_config(arch);
+        MemorySettings s;
+        s.micro_batch = 2;  // of B = 8
+        const int64_t measured = measure(c, s, 8, 32).peak, predicted = predict_peak(c, s, 8, 32);
+        CHECK(measured <= predicted);
+        CHECK(static_cast<double>(predicted) <= 1.02 * static_cast<double>(measured));
+    }
+}
+
+TEST_CASE("memory_plan: plan_memory picks the fastest setting predicted to fit, or says what would fit") {
+    GPTConfig c = small_config("gpt2");
+    const int64_t B = 8, T = 32;
+    StepCostModel costs;  // fixed rates: the plan is a function of the config alone
+    costs.flops_per_ms = 1e9;
+    costs.small_flops_per_ms = 2e8;
+    costs.bytes_per_ms = 1e8;
+    costs.pass_ms = 0.5;
+    int64_t smallest = INT64_MAX, largest = 0;
+    for (const MemorySettings& s : memory_settings_grid(c, B)) {
+        CHECK(!s.offload);  // not on the cpu
+        smallest = std::min(smallest, predict_peak(c, s, B, T));
+        largest = std::max(largest, predict_peak(c, s, B, T));
+    }
+    REQUIRE(smallest < largest);
+    for (int64_t budget : {smallest, (smallest + largest) / 2, largest, 2 * largest}) {
+        INFO("budget ", budget);
+        const MemoryBudgetPlan plan = plan_memory(c, budget, B, T, costs);
+        REQUIRE(plan.fits);
+        CHECK(plan.predicted_peak == predict_peak(c, plan.settings, B, T));
+        CHECK(plan.predicted_peak <= budget);
+        CHECK(plan.smallest_peak == smallest);
+        CHECK(plan.predicted_step_ms == predict_step_ms(c, plan.settings, B, T, costs));
+        for (const MemorySettings& s : memory_settings_grid(c, B))  // nothing that fits is faster
+            if (predict_peak(c, s, B, T) <= budget) CHECK(predict_step_ms(c, s, B, T, costs) >= plan.predicted_step_ms);
+    }
+    // The largest budget buys the plain step: Input, no recompute, no fused loss, no checkpoint, one batch.
+    const MemoryBudgetPlan roomy = plan_memory(c, 2 * largest, B, T, costs);
+    CHECK(settings_label(roomy.settings) == "input, micro 8");
+    const MemoryBudgetPlan tight = plan_memory(c, smallest - 1, B, T, costs);
+    CHECK(!tight.fits);
+    CHECK(tight.predicted_peak == smallest);
+    CHECK(tight.advice.find("the least budget that fits is " + std::to_string(smallest)) != std::string::npos);
+    check_throws<Error>([&] { plan_memory(c, 0, B, T, costs); }, {"plan_memory", "budget", "0"});
+}
+
+TEST_CASE("memory_plan: calibrate_step_costs measures positive rates on the cpu, once") {
+    GPTConfig c = small_config("gpt2");
+    const StepCostModel a = calibrate_step_costs(c, 4, 16), b = calibrate_step_costs(c, 4, 16);
+    CHECK(a.flops_per_ms > 0);
+    CHECK(a.small_flops_per_ms > 0);
+    CHECK(a.bytes_per_ms > 0);
+    CHECK(a.pass_ms > 0);
+    CHECK(a.host_bytes_per_ms == 0);
+    CHECK(b.flops_per_ms == a.flops_per_ms);  // the cached measurement
 }
 
 }  // TEST_SUITE
