@@ -10,7 +10,7 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget]   (default all)
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget|sweep]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
@@ -22,17 +22,20 @@
 #     memory: the gpt2-medium-ish preset under each policy
 #     with --memory-report, plain, with --offload on and with --checkpoint blocks (the saved bytes
 #     left on the GPU and the step time of each); budget: the fused head loss's tests, the preset
-#     under Normalized with --fused-loss off and on, PyTorch eager's and torch.compile's step, and
-#     train_gpt --memory-sweep (every feasible setting timed, the planner's pick marked). None of
-#     profile, nanogpt, decoders, memory and budget is part of all.
+#     under Normalized with --fused-loss off and on, the head loss alone (bench_ops --head-loss),
+#     PyTorch eager's and torch.compile's step; sweep: PyTorch's two steps, then train_gpt
+#     --memory-sweep on the preset (every setting timed, measured peak against predict_peak) and
+#     scripts/memory_sweep_report.py (the planner's pick against the sweep's fastest for budgets of
+#     2, 4, 8 and 16 GiB). None of profile, nanogpt, decoders, memory, budget and sweep is part of
+#     all (default: all).
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget|sweep) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget|sweep]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -197,11 +200,26 @@ if [ "$MODE" = budget ]; then
             --log-every 4 --fused-loss $fused --json "$GPU_OUT/budget_fused_$fused.json" \
             --chart "$GPU_OUT/budget_fused_$fused.svg" > "$GPU_OUT/budget_fused_$fused.log" 2>&1
     done
+    step "bench_ops head loss" ./build-gpu/bench_ops --head-loss --dtype bf16 --json "$GPU_OUT/head_loss.json" \
+        > "$GPU_OUT/head_loss.log" 2>&1
+fi
+
+# PyTorch eager's and torch.compile's step of the preset (budget and sweep), then (sweep) every
+# memory setting of the preset timed for 3 steps, their peaks against predict_peak, the Pareto chart
+# with PyTorch's two points.
+if [ "$MODE" = budget ] || [ "$MODE" = sweep ]; then
     for mode in eager compile; do
         step "bench_torch_gpt $mode" env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py \
-            --ours "$GPU_OUT/budget_fused_on.json" $([ $mode = compile ] && echo --compile) \
-            --json "$GPU_OUT/torch_gpt_$mode.json" > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
+            $([ -f "$GPU_OUT/budget_fused_on.json" ] && echo --ours "$GPU_OUT/budget_fused_on.json") \
+            $([ $mode = compile ] && echo --compile) --json "$GPU_OUT/torch_gpt_$mode.json" \
+            > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
     done
+fi
+if [ "$MODE" = sweep ]; then
+    step "memory sweep" ./build-gpu/train_gpt --preset gpt2-medium-ish --steps 3 --memory-sweep \
+        --sweep-reference "$GPU_OUT/torch_gpt_eager.json" --sweep-reference "$GPU_OUT/torch_gpt_compile.json" \
+        --json "$GPU_OUT/sweep.json" --chart "$GPU_OUT/sweep.svg" > "$GPU_OUT/sweep.log" 2>&1
+    python3 scripts/memory_sweep_report.py "$GPU_OUT/sweep.json" > "$GPU_OUT/sweep_report.txt" 2>&1
 fi
 
 if [ "$MODE" = profile ]; then
@@ -221,6 +239,9 @@ done
 [ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
 [ -f "$GPU_OUT/torch_gpt.log" ] && { echo "--- medium preset beside PyTorch eager"; tail -8 "$GPU_OUT/torch_gpt.log"; }
 [ -f "$GPU_OUT/profile.log" ] && { echo "--- kernel time by category"; head -14 "$GPU_OUT/profile.log"; }
+[ -f "$GPU_OUT/head_loss.log" ] && { echo "--- head loss, ms"; grep -E "head loss" "$GPU_OUT/head_loss.log"; }
+[ -f "$GPU_OUT/sweep.log" ] && { echo "--- memory sweep"; grep -E "^.\*|memory sweep:|exceeds" "$GPU_OUT/sweep.log" | tail -40; }
+[ -f "$GPU_OUT/sweep_report.txt" ] && cat "$GPU_OUT/sweep_report.txt"
 for f in "$GPU_OUT"/budget_fused_*.log "$GPU_OUT"/torch_gpt_*.log; do
     [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -12; }
 done

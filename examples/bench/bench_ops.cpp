@@ -31,8 +31,9 @@
 // [16384, 256] ones (8 or 16 MiB) are not, and their runs of a few microseconds are as much launch
 // as transfer.
 //
-//   bench_ops [--quick] [--dtype bf16|f32...] [--json FILE]
+//   bench_ops [--quick] [--head-loss] [--dtype bf16|f32...] [--json FILE]
 //   --quick: 1024 rows instead of 16384 (a smoke test; CI compiles this program, it has no GPU)
+//   --head-loss: only the head loss's rows
 // Exit status: 0 done, 2 a bad flag or no GPU, 1 an error while measuring.
 #include <cuda_runtime.h>
 
@@ -222,8 +223,9 @@ void bench_head_loss(std::vector<Row>& out, const std::string& dtype, int64_t ro
 }
 
 template <class T>
-void bench_dtype(const std::string& dtype, int64_t rows, std::vector<Row>& out) {
+void bench_dtype(const std::string& dtype, int64_t rows, bool head_loss_only, std::vector<Row>& out) {
     bench_head_loss<T>(out, dtype, rows);
+    if (head_loss_only) return;
     Bench b(dtype, out);
     bench_cross_entropy<T>(b, rows, 32768);
     bench_cross_entropy<T>(b, rows, 256);
@@ -238,6 +240,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> dtypes = {"bf16", "f32"};
     std::string json;
     app.add_flag("--quick", quick, "1024 rows instead of 16384: a smoke test");
+    bool head_loss_only = false;
+    app.add_flag("--head-loss", head_loss_only, "the head loss's rows only");
     app.add_option("--dtype", dtypes, "dtypes")->check(CLI::IsMember({"bf16", "f32"}));
     app.add_option("--json", json, "write the rows as JSON here");
     try {
@@ -253,8 +257,8 @@ int main(int argc, char** argv) {
         const int64_t rows = quick ? 1024 : 16384;
         std::vector<Row> out;
         for (const std::string& d : dtypes) {
-            if (d == "bf16") bench_dtype<bf16>("bf16", rows, out);
-            else bench_dtype<float>("f32", rows, out);
+            if (d == "bf16") bench_dtype<bf16>("bf16", rows, head_loss_only, out);
+            else bench_dtype<float>("f32", rows, head_loss_only, out);
             empty_cache(Device::CUDA);
         }
         cudaDeviceProp prop{};
