@@ -19,9 +19,17 @@
 
 namespace normtape {
 
+namespace {
+// The least elements of a chunk's dx product [rows, C] (its output has K = V behind each element):
+// with fewer, a GPU's product leaves most of its multiprocessors idle (docs/PERFORMANCE.md, the
+// head loss's chunk sizes).
+constexpr int64_t kChunkProductElements = int64_t{1} << 22;
+}  // namespace
+
 int64_t linear_cross_entropy_chunk_rows(int64_t M, int64_t V, int64_t C) {
     const int64_t chunks = std::clamp<int64_t>((V + C - 1) / std::max<int64_t>(C, 1), 1, std::max<int64_t>(M, 1));
-    return (M + chunks - 1) / chunks;
+    const int64_t fill = (kChunkProductElements + C - 1) / std::max<int64_t>(C, 1);  // dx's rows of a full product
+    return std::min(std::max<int64_t>(M, 1), std::max((M + chunks - 1) / chunks, fill));
 }
 
 namespace {

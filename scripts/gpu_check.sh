@@ -209,6 +209,7 @@ fi
 # with PyTorch's two points.
 if [ "$MODE" = budget ] || [ "$MODE" = sweep ]; then
     for mode in eager compile; do
+        [ "$MODE" = sweep ] && [ -f "$GPU_OUT/torch_gpt_$mode.json" ] && continue  # given, from the same GPU
         step "bench_torch_gpt $mode" env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py \
             $([ -f "$GPU_OUT/budget_fused_on.json" ] && echo --ours "$GPU_OUT/budget_fused_on.json") \
             $([ $mode = compile ] && echo --compile) --json "$GPU_OUT/torch_gpt_$mode.json" \
