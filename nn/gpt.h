@@ -246,8 +246,9 @@ int64_t predicted_saved_bytes(const GPTConfig& config, int64_t B, int64_t T);
 // QK-norm (L * B*T*(NH + NKV)*hs), plus, for LayerNorm, the norms' means (B*T each).
 int64_t predicted_saving_bytes(const GPTConfig& config, int64_t B, int64_t T);
 
-// saved_bytes() right after GPT::loss on a [B, T] batch with checkpoint_blocks set (and
-// offload off), in bytes: the L blocks' inputs (B*T*C elements each), and what the ops
+// saved_bytes() right after GPT::loss on a [B, T] batch with checkpoint_blocks set, every block
+// checkpointed (checkpoint_every 1; any k: predicted_checkpoint_every_saved_bytes, nn/memory_plan.h),
+// and offload off, in bytes: the L blocks' inputs (B*T*C elements each), and what the ops
 // outside the blocks save: wte's ids and the targets (B*T i64 each); emb_norm's input under Input
 // (its output is the first block's input) and its statistics; ln_f's x, y or x_hat (with
 // the y that lm_head saves under Input) and its statistics (B*T each: rstd, and mean under Input

@@ -107,7 +107,7 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
 // saved_bytes() right after GPT::loss on a [B, T] batch with checkpoint_blocks set and any
-// checkpoint_every k (offload off, no fused head loss), in bytes: predicted_saved_bytes less, for
+// checkpoint_every k (offload off), in bytes: predicted_saved_bytes less, for
 // each of the ceil(L / k) checkpointed blocks, what the block saves (the difference that one more
 // layer makes to predicted_saved_bytes), plus its input (B*T*C elements of config.dtype), which
 // its checkpoint keeps, except where that input is already saved: block 0's input is emb_norm's

@@ -95,6 +95,9 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
              Case{"--batch 4 --micro-batch 3", "--batch 4 is not a multiple of --micro-batch 3"},
              Case{"--batch 4 --micro-batch 8", "--batch 4 is not a multiple of --micro-batch 8"},
              Case{"--micro-batch -1", "--micro-batch -1: expected sequences per micro-batch (0: --batch) from 0 to"},
+             Case{"--checkpoint-every 2", "--checkpoint-every 2 needs --checkpoint blocks"},
+             Case{"--checkpoint blocks --checkpoint-every 0", "--checkpoint-every 0: expected blocks per checkpointed"},
+             Case{"--sweep-reference " + (dir / "short.txt"), "--sweep-reference needs --memory-sweep"},
              Case{"--vocab 100 --data " + (dir / "short.txt"), "--vocab 100 needs --data random"},
              Case{"--data /nonexistent/file.txt",
                   "--data /nonexistent/file.txt: cannot read the data file: No such file"},
@@ -474,6 +477,57 @@ TEST_CASE("train_gpt: --offload on the cpu keeps the saved tensors where they ar
         CHECK(b["runs"][k]["saved_activation_bytes"] == a["runs"][k]["saved_activation_bytes"]);
         CHECK(b["runs"][k]["saved_bytes_on_device"] == b["runs"][k]["saved_activation_bytes"]);
     }
+}
+
+TEST_CASE("train_gpt: --memory-budget trains with the planner's pick within the budget, and --memory-sweep measures every setting") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli");
+    const std::string tiny = "--data random --device cpu --steps 1 --seq 8 --layers 2 --heads 2 --embd 16 --batch 4 "
+                             "--log-every 10 --chart " + (dir / "c.svg");
+    // The budget between the least and the plain step's peak: the plan must trade something.
+    RunResult plain = run_train_gpt(dir, tiny + " --policy input --recompute-activation off --json " + (dir / "p.json"));
+    REQUIRE(plain.code == 0);
+    const int64_t peak = nlohmann::json::parse(slurp(dir / "p.json"))["runs"][0]["peak_allocated_bytes"].get<int64_t>();
+    const int64_t budget = peak - 1;
+    RunResult planned = run_train_gpt(dir, tiny + " --memory-budget " + std::to_string(budget) + " --json " +
+                                               (dir / "b.json"));
+    CAPTURE(planned.out);
+    CAPTURE(planned.err);
+    REQUIRE(planned.code == 0);
+    CHECK(planned.out.find("memory plan for ") != std::string::npos);
+    CHECK(planned.out.find("(within it)") != std::string::npos);
+    const nlohmann::json b = nlohmann::json::parse(slurp(dir / "b.json"));
+    CHECK(b["runs"][0]["peak_allocated_bytes"].get<int64_t>() <= budget);
+    CHECK(b["runs"][0]["peak_allocated_bytes"] == b["runs"][0]["predicted_peak_bytes"]);
+
+    // Refused before training (exit 2, one line): bad sizes, the flags the plan sets, outputs of
+    // one run, and a budget nothing fits (the message says what would).
+    for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+             {"--memory-budget lots", "--memory-budget lots: expected auto or a size"},
+             {"--memory-budget 6XB", "--memory-budget 6XB: expected auto or a size"},
+             {"--memory-budget -1GiB", "--memory-budget -1GiB: expected auto or a size"},
+             {"--memory-budget 1GiB --policy input", "--memory-budget chooses --policy: leave it out"},
+             {"--memory-sweep --micro-batch 2", "--memory-sweep chooses --micro-batch: leave it out"},
+             {"--memory-budget 1GiB --save x.safetensors", "--memory-budget trains runs of its own choosing"},
+             {"--memory-budget 100kB", "--memory-budget 100kB: expected auto or a size"},
+             {"--memory-budget 100KB", "--memory-budget 100KB: nothing fits in 100000 bytes: the least budget that fits is"}}) {
+        CAPTURE(args);
+        check_refused(run_train_gpt(dir, tiny + " " + args), {says});
+    }
+
+    RunResult sweep = run_train_gpt(dir, tiny + " --memory-sweep --json " + (dir / "s.json"));
+    CAPTURE(sweep.err);
+    REQUIRE(sweep.code == 0);
+    const nlohmann::json j = nlohmann::json::parse(slurp(dir / "s.json"));
+    CHECK(j["sweep"].size() == 3 * 2 * 2 * 3 * 3);  // policies, recompute, fused, checkpoint 0/1/2, micro 4/2/1
+    int64_t pareto = 0;
+    for (const nlohmann::json& row : j["sweep"]) {
+        CAPTURE(row["label"]);
+        CHECK(row["peak_allocated_bytes"] == row["predicted_peak_bytes"]);  // exact on the cpu
+        pareto += row["pareto"].get<bool>() ? 1 : 0;
+    }
+    CHECK(pareto >= 1);
+    CHECK(slurp(dir / "c.svg").find("Pareto front") != std::string::npos);
 }
 
 TEST_CASE("train_gpt: --micro-batch 2 trains as the whole batch to rounding, and a forward saves a micro-batch's bytes") {
