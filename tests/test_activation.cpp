@@ -110,11 +110,6 @@ void check_recompute_without_recording(const ActFn& act, const Shape& shape) {
     CHECK(a.grad_fn() == nullptr);
 }
 
-struct ThreadCountGuard {
-    int saved = get_num_threads();
-    ~ThreadCountGuard() { set_num_threads(saved); }
-};
-
 // Forward and backward bytes at 1 and at 3 threads agree.
 void check_thread_bits(const ActFn& act, const Shape& shape) {
     ThreadCountGuard guard;

@@ -97,17 +97,6 @@ int64_t first_difference(const std::vector<int64_t>& a, const std::vector<int64_
     return -1;
 }
 
-// One thread for the measured steps: the allocations do not depend on the thread count (Note
-// [Deterministic parallel cpu kernels]), and the tiny kernels of this grid run 30 times slower on
-// threads that wait for a core when the machine is busy (as CI's 2 cores are, running tests beside).
-struct OneThread {
-    int saved = get_num_threads();
-    OneThread() { set_num_threads(1); }
-    ~OneThread() { set_num_threads(saved); }
-    OneThread(const OneThread&) = delete;
-    OneThread& operator=(const OneThread&) = delete;
-};
-
 struct Setting {
     std::string arch;
     DType dtype;
@@ -167,7 +156,9 @@ TEST_SUITE("memory_plan") {
 
 TEST_CASE("memory_plan: predict_peak holds the measured peak of a training step, at most 2% above it") {
     const int64_t B = 8, T = 32;
-    OneThread one_thread;
+    // One thread: the allocations do not depend on the thread count (Note [Deterministic parallel
+    // cpu kernels]), and the grid's tiny kernels run far slower on threads that wait for a busy core.
+    ThreadCountGuard one_thread(1);
     for (const Setting& t : grid()) {
         GPTConfig c = small_config(t.arch);
         c.dtype = t.dtype;
@@ -237,7 +228,9 @@ TEST_CASE("memory_plan: with_settings sets the model's fields, and bad sizes are
 }
 
 TEST_CASE("memory_plan: partial checkpointing saves predicted_checkpoint_every_saved_bytes, to the byte") {
-    OneThread one_thread;
+    // One thread: the allocations do not depend on the thread count (Note [Deterministic parallel
+    // cpu kernels]), and the grid's tiny kernels run far slower on threads that wait for a busy core.
+    ThreadCountGuard one_thread(1);
     for (const char* arch : {"gpt2", "nanochat", "llama"})
         for (SavePolicy policy : kSavePolicies)
             for (int64_t every : {1, 2, 3}) {
@@ -259,7 +252,9 @@ TEST_CASE("memory_plan: partial checkpointing saves predicted_checkpoint_every_s
 }
 
 TEST_CASE("memory_plan: with 4 micro-batches predict_peak holds the measured peak, the later losses kept") {
-    OneThread one_thread;
+    // One thread: the allocations do not depend on the thread count (Note [Deterministic parallel
+    // cpu kernels]), and the grid's tiny kernels run far slower on threads that wait for a busy core.
+    ThreadCountGuard one_thread(1);
     for (const char* arch : {"gpt2", "llama"}) {
         INFO(arch);
         GPTConfig c = small_config(arch);

@@ -22,12 +22,6 @@ namespace {
 
 using detail::kGrain;
 
-// Restores the thread count a test case found.
-struct ThreadCountGuard {
-    int saved = get_num_threads();
-    ~ThreadCountGuard() { set_num_threads(saved); }
-};
-
 #define REQUIRE_THREADS_OR_SKIP()                                                           \
     do {                                                                                    \
         ThreadCountGuard probe_;                                                            \

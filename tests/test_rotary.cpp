@@ -70,11 +70,6 @@ std::vector<float> rotary_as_transformers(const std::vector<float>& x, const Sha
     return out;
 }
 
-struct ThreadCountGuard {
-    int saved = get_num_threads();
-    ~ThreadCountGuard() { set_num_threads(saved); }
-};
-
 }  // namespace
 
 TEST_SUITE("rotary_embedding") {

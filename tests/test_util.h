@@ -129,6 +129,17 @@ void check_throws(F&& fn, const std::vector<std::string>& words, KindMatch match
     ::normtape::testing::check_throws<Kind>([&] { (void)(expr); }, {__VA_ARGS__})
 
 // Shorthands of the op and tensor tests.
+// Sets the cpu thread count back to what it was when the guard goes; with a count, sets that
+// count meanwhile (set_num_threads in a test).
+struct ThreadCountGuard {
+    int saved = get_num_threads();
+    ThreadCountGuard() = default;
+    explicit ThreadCountGuard(int threads) { set_num_threads(threads); }
+    ~ThreadCountGuard() { set_num_threads(saved); }
+    ThreadCountGuard(const ThreadCountGuard&) = delete;
+    ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+};
+
 inline constexpr DType kFloatTypes[] = {DType::F64, DType::F32};
 inline int64_t cpu_allocated() { return memory_stats(Device::CPU).allocated_bytes; }
 inline TensorOptions opts(DType dtype) { return TensorOptions().dtype(dtype); }
