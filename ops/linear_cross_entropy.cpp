@@ -99,7 +99,7 @@ void rows_backward_cpu(T* logits, const acc_t<T>* lse, const int64_t* targets, a
     });
 }
 
-// rows_forward_cpu, or its CUDA twin, on rows [r0, r0 + n) of the [n, V] chunk `logits`.
+// rows_forward_cpu, or its CUDA twin, on a chunk's logits [n, V] and its rows' lse, loss and targets.
 void rows_forward(const Tensor& lse, const Tensor& loss, const Tensor& logits, const Tensor& targets,
                   const RowOptions& o) {
     dispatch_floating(logits.dtype(), "linear_cross_entropy", [&](auto tag) {

@@ -98,6 +98,7 @@ void render_panel(std::ostringstream& svg, const ChartPanel& p, double ox, int w
                         << s.color << "'>" << escape(s.labels[i]) << "</text>";
                 svg << "\n";
             }
+            if (s.name.empty()) continue;  // drawn, but not in the legend
             svg << "<circle cx='" << x1 - 139 << "' cy='" << ly << "' r='3.5' fill='" << s.color << "'/>";
         } else {
             svg << "<polyline fill='none' stroke='" << s.color << "' stroke-width='1.6'"

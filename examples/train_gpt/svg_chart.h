@@ -8,7 +8,7 @@
 #include <vector>
 
 struct ChartSeries {
-    std::string name;
+    std::string name;   // in the legend; "" for points: none
     std::string color;  // any SVG color
     std::vector<double> x, y;  // finite values
     bool dashed = false;
