@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "ops/attention.h"
 #include "ops/linear_cross_entropy.h"
 
 namespace normtape {
@@ -628,8 +629,17 @@ private:
         return out;
     }
 
+    // The attention backward's own allocations, alive together (ops/attention.h): on CUDA our
+    // kernels' row sums D [B, NH, T] acc_t, or cuDNN's row sums, dq accumulator and workspace.
+    void attention_scratch(bool packed) {
+        std::vector<Buf> held;
+        for (int64_t n : detail::attention_backward_allocations(B_, T_, NH_, NKV_, hs_, packed, c_.dtype,
+                                                                c_.dropout > 0, c_.device))
+            held.push_back(r_.alloc(n));
+    }
+
     // causal_self_attention on GPT-2's packed qkv: out [E, C] and lse [B, NH, T]; saves qkv, out,
-    // lse; backward dqkv (and on CUDA the row sums D [B, NH, T] acc_t).
+    // lse; backward dqkv and the scratch above.
     Ten attention_packed(const Ten& qkv) {
         Ten out = r_.fresh(E_ * C_ * es_), lse = r_.fresh(B_ * NH_ * T_ * ss_);
         auto node = std::make_shared<Node>();
@@ -638,14 +648,15 @@ private:
         node->apply = [this, self](const Ten&) -> std::vector<Ten> {
             Buf x = self->saved[0].unpack(r_), o = self->saved[1].unpack(r_), l = self->saved[2].unpack(r_);
             Ten dqkv = r_.fresh(3 * E_ * C_ * es_);
-            if (cuda_) r_.transient(B_ * NH_ * T_ * ss_);
+            attention_scratch(true);
             return {dqkv};
         };
         r_.record(node, out, {&qkv}, "CausalSelfAttentionBackward");
         return out;
     }
 
-    // causal_attention (grouped): out [E, NH hs], lse; saves q, k, v, out, lse; dq, dk, dv (+ D).
+    // causal_attention (grouped): out [E, NH hs], lse; saves q, k, v, out, lse; dq, dk, dv and the
+    // scratch above.
     Ten attention(const Ten& q, const Ten& k, const Ten& v) {
         Ten out = r_.fresh(E_ * NH_ * hs_ * es_), lse = r_.fresh(B_ * NH_ * T_ * ss_);
         auto node = std::make_shared<Node>();
@@ -656,7 +667,7 @@ private:
             Buf qs = self->saved[0].unpack(r_), ks = self->saved[1].unpack(r_), vs = self->saved[2].unpack(r_);
             Buf o = self->saved[3].unpack(r_), l = self->saved[4].unpack(r_);
             Ten dq = r_.fresh(qb), dk = r_.fresh(kb), dv = r_.fresh(vb);
-            if (cuda_) r_.transient(B_ * NH_ * T_ * ss_);
+            attention_scratch(false);
             return {dq, dk, dv};
         };
         r_.record(node, out, {&q, &k, &v}, "CausalAttentionBackward");

@@ -15,6 +15,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "ops/attention_cudnn.h"
 #include "ops/attention_layout.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
@@ -273,7 +274,39 @@ void check_inference_only(const char* op, const Tensor& x, const char* name) {
              " that requires grad with grad mode on");
 }
 
+AttentionBackend& chosen_backend() {
+    static AttentionBackend backend =
+        detail::cudnn_attention_built() ? AttentionBackend::Cudnn : AttentionBackend::Kernels;
+    return backend;
+}
+
 }  // namespace
+
+AttentionBackend attention_backend() { return chosen_backend(); }
+
+void set_attention_backend(AttentionBackend backend) {
+    NT_CHECK(backend != AttentionBackend::Cudnn || detail::cudnn_attention_built(),
+             "set_attention_backend: expected Kernels in a library built without cuDNN (NORMTAPE_CUDNN), got Cudnn");
+    chosen_backend() = backend;
+}
+
+const char* attention_backend_name(AttentionBackend backend) {
+    return backend == AttentionBackend::Cudnn ? "cudnn" : "kernels";
+}
+
+std::vector<int64_t> detail::attention_backward_allocations(int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
+                                                            int64_t hs, bool packed, DType dtype, bool dropout,
+                                                            Device device) {
+    if (!device.is_cuda()) return {};
+    if (dtype == DType::BF16 && !dropout && attention_backend() == AttentionBackend::Cudnn) {
+        const int64_t C = n_head * hs;
+        const AttentionLayout L = packed ? AttentionLayout{B, T, n_head, n_head, hs, T * 3 * C, 3 * C, 3 * C, 0}
+                                         : AttentionLayout{B, T, n_head, n_kv_head, hs, T * C, C, n_kv_head * hs, 0};
+        std::vector<int64_t> bytes = cudnn_attention_backward_allocations(L, device.index);
+        if (!bytes.empty()) return bytes;
+    }
+    return {B * n_head * T * static_cast<int64_t>(element_size(stat_dtype(dtype)))};
+}
 
 Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p) {
     const char* op = "causal_self_attention";

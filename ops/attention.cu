@@ -13,6 +13,7 @@
 #include "core/device_ptr.h"
 #include "core/tensor.h"
 #include "ops/attention.h"
+#include "ops/attention_cudnn.h"
 #include "ops/attention_flash.cuh"
 #include "ops/cuda_common.cuh"
 #include "ops/cuda_launchers.h"
@@ -232,6 +233,10 @@ void launch_rows(Kernel kernel, int vectors, int hs, int64_t rows, int device, A
     CUDA_LAUNCH_CHECK();
 }
 
+// cuDNN runs bf16 attention where it is built and chosen (attention_backend()), without dropout:
+// its dropout mask is not ours (ops/attention.h numbers the mask), so our kernels draw it.
+bool cudnn_runs(const DropoutMask& drop) { return !drop.active() && attention_backend() == AttentionBackend::Cudnn; }
+
 }  // namespace
 
 template <class T>
@@ -239,6 +244,8 @@ void attention_forward_cuda(T* out, acc_t<T>* lse, const T* q, const T* k, const
                             const DropoutMask& drop, int device) {
     using A = acc_t<T>;
     if constexpr (std::is_same_v<T, bf16>) {
+        if (L.first_row == 0 && lse && cudnn_runs(drop) && cudnn_attention_forward(out, lse, q, k, v, L, device))
+            return;
         if (L.first_row == 0 && lse && flash_attention_applies(L, false, device, {out, q, k, v}))
             return flash_attention_forward(out, lse, q, k, v, L, drop, device);
     }
@@ -251,6 +258,9 @@ template <class T>
 void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                              const acc_t<T>* lse, const AttentionLayout& L, const DropoutMask& drop, int device) {
     using A = acc_t<T>;
+    if constexpr (std::is_same_v<T, bf16>) {
+        if (cudnn_runs(drop) && cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, L, device)) return;
+    }
     const int hs = static_cast<int>(L.hs);
     const int64_t rows = L.B * L.NH * L.T;
     Tensor D = empty({L.B, L.NH, L.T}, TensorOptions().dtype(dtype_of<A>()).device(Device::cuda(device)));

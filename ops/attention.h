@@ -5,6 +5,8 @@
 #include "core/philox.h"
 #include "core/tensor.h"
 
+#include <vector>
+
 namespace normtape {
 
 // causal_self_attention(qkv, n_head, dropout_p): for each batch b, head h and position t,
@@ -78,7 +80,31 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
 // does, and Error when grad mode is on and an input requires grad (call it under NoGradGuard).
 Tensor causal_attention_rows(const Tensor& q, const Tensor& k, const Tensor& v);
 
+// Which implementation runs causal attention (every op above but the _rows ones) in bf16 on
+// CUDA without dropout: cuDNN's fused flash attention (Cudnn, the default where the library was
+// built with cuDNN 9: CMake's NORMTAPE_CUDNN) or normtape's own kernels (Kernels: the default
+// without cuDNN, and what runs f32, f64, dropout, the CPU and any layout cuDNN offers no engine
+// for, which is said once on stderr). Both save the same tensors (q, k, v, out, lse), so memory
+// and the saved-bytes formulas do not depend on it; cuDNN's backward adds dq up in f32 with
+// atomics, so its dq may differ in the last bits from run to run, where our kernels' do not.
+enum class AttentionBackend { Kernels, Cudnn };
+AttentionBackend attention_backend();
+// Chooses the implementation for every later call (process-wide, not thread-safe). Throws Error
+// naming set_attention_backend when Cudnn is asked of a library built without cuDNN.
+void set_attention_backend(AttentionBackend backend);
+// "kernels" or "cudnn".
+const char* attention_backend_name(AttentionBackend backend);
+
 namespace detail {
+// The device allocations causal attention's backward makes besides its outputs on `device`, in
+// bytes, in the order it makes them, all alive together: on CUDA the row sums dout . out (our
+// kernels), or cuDNN's row sums, f32 dq accumulator and workspace (its plan is built to know);
+// none on the CPU. packed: causal_self_attention's qkv [B, T, 3C]; else causal_attention's
+// separate q, k, v. For nn/memory_plan.h's prediction of a step's peak.
+std::vector<int64_t> attention_backward_allocations(int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
+                                                    int64_t head_size, bool packed, DType dtype, bool dropout,
+                                                    Device device);
+
 // Attention's dropout factor z of query t and key s in (batch, head) bh = b * n_head + h: keep /
 // (1 - p) for element (bh * T + t) * T + s of the mask (the numbering above), 1 without dropout.
 // One definition for the cpu loops and the CUDA kernels, so both draw the same mask.

@@ -23,8 +23,8 @@ FLOPs count the causal half (forward 4 B NH T^2 hs / 2, fwd+bwd 3.5 times that),
 Memory: saved bytes, the unique storages the graph of one forward saves, without qkv's (ours does
 not count qkv either: a leaf that requires grad); peak bytes over the base during one fwd+bwd.
 --ours FILE: bench_attention --json output; its shapes are used, and the table printed (and
-written by --markdown) puts ours beside each backend, with ours / flash and ours / default (fwd+bwd
-times: below 1 is faster).
+written by --markdown) puts each of our backends (cuDNN, our kernels) beside each of PyTorch's, with
+ours / flash, ours / cudnn and ours / default (fwd+bwd times: below 1 is faster).
 """
 import argparse
 import contextlib
@@ -163,27 +163,28 @@ def fmt(x, spec):
 
 
 def markdown_table(ours, theirs):
-    """One row per shape: ours, each backend's fwd+bwd, ours / flash and ours / default."""
+    """One row per shape and backend of ours: its times, each PyTorch backend's fwd+bwd, and ours / flash,
+    ours / cudnn and ours / default (fwd+bwd)."""
     by = {(r["backend"], r["B"], r["NH"], r["T"], r["hs"]): r for r in theirs}
-    lines = ["| B, NH, T, hs | ours fwd ms | ours fwd+bwd ms | ours fwd+bwd TFLOP/s | default fwd+bwd ms "
-             "| flash fwd+bwd ms | cudnn fwd+bwd ms | ours / flash | ours / default | ours / flash kernels "
+    lines = ["| B, NH, T, hs | ours | ours fwd ms | ours fwd+bwd ms | ours fwd+bwd TFLOP/s | default fwd+bwd ms "
+             "| flash fwd+bwd ms | cudnn fwd+bwd ms | ours / flash | ours / cudnn | ours / default "
              "| saved MiB ours / flash |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in ours:
         key = (o["B"], o["NH"], o["T"], o["hs"])
         t = {b: by.get((b,) + key, {}) for b in BACKENDS}
 
-        def ratio(backend, field="fwd_bwd_ms"):
-            return o["fwd_bwd_ms"] / t[backend][field] if field in t[backend] else None
+        def ratio(backend):
+            return o["fwd_bwd_ms"] / t[backend]["fwd_bwd_ms"] if "fwd_bwd_ms" in t[backend] else None
 
         mib = lambda r: fmt(r.get("saved_bytes") / 2**20 if "saved_bytes" in r else None, ".1f")
         default = fmt(t["default"].get("fwd_bwd_ms"), ".3f")
         if "picks" in t["default"]:
             default += f" ({t['default']['picks']})"
-        lines.append(f"| {', '.join(map(str, key))} | {o['fwd_ms']:.3f} | {o['fwd_bwd_ms']:.3f} "
-                     f"| {o['fwd_bwd_tflops']:.0f} | {default} | {fmt(t['flash'].get('fwd_bwd_ms'), '.3f')} "
-                     f"| {fmt(t['cudnn'].get('fwd_bwd_ms'), '.3f')} | {fmt(ratio('flash'), '.2f')} "
-                     f"| {fmt(ratio('default'), '.2f')} | {fmt(ratio('flash', 'kernels_ms'), '.2f')} "
+        lines.append(f"| {', '.join(map(str, key))} | {o.get('backend', 'kernels')} | {o['fwd_ms']:.3f} "
+                     f"| {o['fwd_bwd_ms']:.3f} | {o['fwd_bwd_tflops']:.0f} | {default} "
+                     f"| {fmt(t['flash'].get('fwd_bwd_ms'), '.3f')} | {fmt(t['cudnn'].get('fwd_bwd_ms'), '.3f')} "
+                     f"| {fmt(ratio('flash'), '.2f')} | {fmt(ratio('cudnn'), '.2f')} | {fmt(ratio('default'), '.2f')} "
                      f"| {mib(o)} / {mib(t['flash'])} |")
     notes = [f"- {r['backend']} skipped at {r['B']}, {r['NH']}, {r['T']}, {r['hs']}: {r['skipped']}"
              for r in theirs if "skipped" in r]
@@ -208,7 +209,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("bench_torch_attention.py: torch sees no CUDA device")
     ours = json.load(open(args.ours))["rows"] if args.ours else []
-    shapes = [(r["B"], r["NH"], r["T"], r["hs"]) for r in ours] or args.shapes or DEFAULT_SHAPES
+    shapes = list(dict.fromkeys((r["B"], r["NH"], r["T"], r["hs"]) for r in ours)) or args.shapes or DEFAULT_SHAPES
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, median of {args.repeat} CUDA-event "
           f"timings after {args.warmup} warm-ups")
     print(f"{'B':>3} {'NH':>3} {'T':>5} {'hs':>4} {'backend':8} {'fwd ms':>8} {'fwd+bwd ms':>10} {'kernels ms':>10} "

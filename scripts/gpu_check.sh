@@ -10,7 +10,7 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget|sweep]
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|profile|nanogpt|decoders|memory|budget|sweep]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
@@ -34,8 +34,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget|sweep) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|profile|nanogpt|decoders|memory|budget|sweep]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|profile|nanogpt|decoders|memory|budget|sweep) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|profile|nanogpt|decoders|memory|budget|sweep]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -85,7 +85,7 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
     SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
     for tool in memcheck racecheck; do
         if [ $tool = memcheck ]; then filter=(-ts=cuda,nn,cross_entropy "-tce=*running out of memory*"); else
-            filter=(-ts=cuda,nn,cross_entropy "-tc=*match the cpu*,*every shape class*,*AdamW step*,* on CUDA*"); fi
+            filter=(-ts=cuda,nn,cross_entropy "-tc=*match the cpu*,*every shape class*,*AdamW step*,* on CUDA*,*cuDNN*"); fi
         log="$GPU_OUT/sanitizer-$tool.log"
         start=$SECONDS
         timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "${filter[@]}" > "$log" 2>&1
@@ -109,16 +109,34 @@ step() {
     [ $rc -eq 0 ] || failed=1
 }
 
+# Attention alone: its tests on the GPU (cuDNN's backend against our kernels, both against the
+# cpu), compute-sanitizer over the cuDNN case, and the benchmark beside PyTorch's SDPA.
+if [ "$MODE" = attention ]; then
+    step "attention tests" ./build-gpu/normtape_tests "-tc=*attention*,*cuDNN*,memory: every preset*" \
+        > "$GPU_OUT/attention_tests.log" 2>&1
+    summary+=("attention tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/attention_tests.log")")
+    SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+    for tool in memcheck racecheck; do
+        timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "-tc=*cuDNN*" \
+            > "$GPU_OUT/attention-$tool.log" 2>&1
+        rc=$?
+        summary+=("compute-sanitizer $tool, cuDNN attention: exit $rc ($(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" \
+            "$GPU_OUT/attention-$tool.log" | tail -1))")
+        [ $rc -eq 0 ] || failed=1
+    done
+fi
+if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = attention ]; then
+    step bench_attention ./build-gpu/bench_attention --json "$GPU_OUT/attention.json" > "$GPU_OUT/attention.log" 2>&1
+    step bench_torch_attention env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_attention.py \
+        --ours "$GPU_OUT/attention.json" --out "$GPU_OUT/torch_attention.json" --markdown "$GPU_OUT/attention.md" \
+        > "$GPU_OUT/torch_attention.log" 2>&1
+fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     step bench_norms ./build-gpu/bench_norms --reference --json "$GPU_OUT/bench.json" --csv "$GPU_OUT/bench.csv" \
         > "$GPU_OUT/bench.log" 2>&1
     step bench_torch_norms env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" \
         --out "$GPU_OUT/compare.json" --markdown "$GPU_OUT/table.md" > "$GPU_OUT/compare.log" 2>&1
     step bench_ops ./build-gpu/bench_ops --json "$GPU_OUT/ops.json" > "$GPU_OUT/ops.log" 2>&1
-    step bench_attention ./build-gpu/bench_attention --json "$GPU_OUT/attention.json" > "$GPU_OUT/attention.log" 2>&1
-    step bench_torch_attention env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_attention.py \
-        --ours "$GPU_OUT/attention.json" --out "$GPU_OUT/torch_attention.json" --markdown "$GPU_OUT/attention.md" \
-        > "$GPU_OUT/torch_attention.log" 2>&1
     # 12 steps: the phase medians (forward, backward, optimizer) leave out the first two.
     # The three policies with GELU recompute (the default), then without it.
     step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all --steps 12 --log-every 1 \

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/attention_cudnn.h"
 #include "test_util.h"
 
 using namespace normtape;
@@ -158,6 +159,23 @@ TEST_SUITE("causal_self_attention") {
             sum(mul(out, g)).backward();
             for (float v : qkv.grad().to(DType::F32).to_vector<float>()) REQUIRE(std::isfinite(v));
         }
+    }
+
+    TEST_CASE("attention_backend: cuDNN where the library has it, else normtape's kernels, which can be chosen") {
+        const AttentionBackend before = attention_backend();
+        CHECK(before == (detail::cudnn_attention_built() ? AttentionBackend::Cudnn : AttentionBackend::Kernels));
+        set_attention_backend(AttentionBackend::Kernels);
+        CHECK(attention_backend() == AttentionBackend::Kernels);
+        CHECK(std::string(attention_backend_name(AttentionBackend::Kernels)) == "kernels");
+        if (detail::cudnn_attention_built()) {
+            set_attention_backend(AttentionBackend::Cudnn);
+            CHECK(attention_backend() == AttentionBackend::Cudnn);
+        } else {
+            CHECK_THROWS_KIND_WITH(set_attention_backend(AttentionBackend::Cudnn), normtape::Error,
+                                   "set_attention_backend", "without cuDNN");
+            CHECK(attention_backend() == AttentionBackend::Kernels);
+        }
+        set_attention_backend(before);
     }
 
     TEST_CASE("causal_self_attention: bad input") {

@@ -10,6 +10,7 @@
 
 #include "core/device_ptr.h"
 #include "norm_test_cases.h"
+#include "ops/attention_cudnn.h"
 #include "ops/cuda_launchers.h"
 #include "ops/norm/norm.h"
 #include "test_util.h"
@@ -248,6 +249,66 @@ TEST_CASE("cuda: attention at head sizes 64 and 128 and every T, gradients inclu
                 check_cuda_matches_cpu(d, {normal({B, T, 3 * nh * hs}, 2.0)},
                                        [](auto& in) { return causal_self_attention(in[0], 2); });
             }
+}
+
+// cuDNN's fused attention against normtape's kernels, both ways round: each backend's forward
+// with each backend's backward (so the row log-sum-exp one writes is the one the other reads),
+// packed and grouped heads, head sizes 64 and 128, T odd, below, at and past a 64-row tile.
+// Normwise bf16 tolerance (2^-7): both round the probabilities to bf16 before the product with v.
+TEST_CASE("cuda: cuDNN's attention matches normtape's kernels, outputs and gradients, either direction") {
+    REQUIRE_CUDA_OR_SKIP();
+    if (!detail::cudnn_attention_built()) {
+        MESSAGE("skipped: the library was built without cuDNN");
+        return;
+    }
+    struct Restore {
+        AttentionBackend before = attention_backend();
+        ~Restore() { set_attention_backend(before); }
+    } restore;
+    manual_seed(9);
+    const TensorOptions o = TensorOptions().dtype(DType::BF16).device(Device::CUDA);
+    struct Shape4 {
+        int64_t B, T, NH, NKV, hs;
+    };
+    for (Shape4 sh : {Shape4{3, 1, 2, 2, 64}, {2, 37, 4, 4, 64}, {2, 64, 2, 2, 128}, {2, 65, 4, 2, 64},
+                      {1, 200, 4, 1, 128}, {2, 513, 8, 2, 64}}) {
+        CAPTURE(sh.B);
+        CAPTURE(sh.T);
+        CAPTURE(sh.NH);
+        CAPTURE(sh.NKV);
+        CAPTURE(sh.hs);
+        const bool packed = sh.NH == sh.NKV;  // GPT-2's qkv, else separate q, k, v
+        Tensor qkv = scale(randn({sh.B, sh.T, 3 * sh.NH * sh.hs}, o), 1.5);
+        Tensor q = scale(randn({sh.B, sh.T, sh.NH, sh.hs}, o), 1.5);
+        Tensor k = randn({sh.B, sh.T, sh.NKV, sh.hs}, o), v = randn({sh.B, sh.T, sh.NKV, sh.hs}, o);
+        Tensor u = randn({sh.B, sh.T, sh.NH * sh.hs}, o);
+        // out and the inputs' gradients with `forward` running the forward and `backward` the backward.
+        auto run = [&](AttentionBackend forward, AttentionBackend backward) {
+            set_attention_backend(forward);
+            std::vector<Tensor> in = packed ? std::vector<Tensor>{qkv.detach().requires_grad_(true)}
+                                            : std::vector<Tensor>{q.detach().requires_grad_(true),
+                                                                  k.detach().requires_grad_(true),
+                                                                  v.detach().requires_grad_(true)};
+            Tensor out = packed ? causal_self_attention(in[0], sh.NH)
+                                : causal_attention(in[0], in[1], in[2]).reshape({sh.B, sh.T, -1});
+            set_attention_backend(backward);
+            sum(mul(out, u)).backward();
+            std::vector<Tensor> result{out.detach()};
+            for (Tensor& t : in) result.push_back(t.grad());
+            return result;
+        };
+        const auto kernels = AttentionBackend::Kernels, cudnn = AttentionBackend::Cudnn;
+        const std::vector<Tensor> reference = run(kernels, kernels);
+        for (auto [forward, backward] : {std::pair{cudnn, cudnn}, {cudnn, kernels}, {kernels, cudnn}}) {
+            CAPTURE(attention_backend_name(forward));
+            CAPTURE(attention_backend_name(backward));
+            const std::vector<Tensor> got = run(forward, backward);
+            for (size_t i = 0; i < got.size(); ++i) {
+                CAPTURE(i);
+                CHECK_NORMWISE(got[i], reference[i], normwise_tolerance(DType::BF16));
+            }
+        }
+    }
 }
 
 TEST_CASE("cuda: layer_norm and rms_norm match the cpu in both policies over every shape class") {

@@ -1,5 +1,6 @@
 // examples/bench/bench_attention.cpp: the speed of causal_self_attention (ops/attention.h) on a GPU, in
-// bf16, as time and as TFLOP/s, with the bytes it saves for backward.
+// bf16, as time and as TFLOP/s, with the bytes it saves for backward, under each attention backend:
+// cuDNN's fused flash attention (where the library has cuDNN) and normtape's own kernels.
 //
 // For each shape (B, NH, T, hs), C = NH * hs: qkv [B, T, 3C] bf16 on cuda, N(0, 1), requiring grad,
 // and a gradient dout [B, T, C] bf16, N(0, 1). Two things are timed:
@@ -17,8 +18,10 @@
 // leaf that requires grad, so it is not counted, as saved_bytes() never counts such leaves), and
 // the allocator's peak over its base during one forward+backward.
 //
-//   bench_attention [--shapes B,NH,T,hs ...] [--warmup N] [--repeat N] [--json FILE]
+//   bench_attention [--shapes B,NH,T,hs ...] [--backend both|cudnn|kernels] [--warmup N] [--repeat N]
+//                   [--json FILE]
 //   default shapes: 16,16,1024,64  8,16,2048,64  4,16,4096,64  16,8,1024,128
+//   default backend: both where the library has cuDNN (set_attention_backend before each), else kernels
 // Exit status: 0 done, 2 a bad flag or no GPU, 1 an error while measuring.
 #include <cuda_runtime.h>
 
@@ -48,6 +51,7 @@ struct Shape4 {
 
 struct Row {
     Shape4 s;
+    AttentionBackend backend;
     double fwd_ms, fwd_bwd_ms, fwd_tflops, fwd_bwd_tflops;
     int64_t saved_bytes, peak_bytes;
 };
@@ -80,12 +84,13 @@ double forward_flops(const Shape4& s) {
            static_cast<double>(s.hs) / 2.0;
 }
 
-Row bench_shape(const Shape4& s, int warmup, int repeats) {
+Row bench_shape(const Shape4& s, AttentionBackend backend, int warmup, int repeats) {
+    set_attention_backend(backend);
     const int64_t C = s.NH * s.hs;
     TensorOptions o = TensorOptions().dtype(DType::BF16).device(Device::CUDA);
     Tensor qkv = randn({s.B, s.T, 3 * C}, o).requires_grad_(true);
     Tensor dout = randn({s.B, s.T, C}, o);
-    Row r{s, 0, 0, 0, 0, 0, 0};
+    Row r{s, backend, 0, 0, 0, 0, 0, 0};
     r.fwd_ms = time_ms([&] { Tensor out = causal_self_attention(qkv, s.NH); }, warmup, repeats);
     auto fwd_bwd = [&] {
         qkv.zero_grad();
@@ -116,7 +121,7 @@ int main(int argc, char** argv) {
     CLI::App app{"bench_attention: causal_self_attention's forward and forward+backward in bf16 on a GPU"};
     std::vector<std::string> shape_args = {"16,16,1024,64", "8,16,2048,64", "4,16,4096,64", "16,8,1024,128"};
     int warmup = 3, repeats = 20;
-    std::string json;
+    std::string json, backend = "both";
     std::string shapes_default;
     for (const std::string& s : shape_args) shapes_default += (shapes_default.empty() ? "" : " ") + s;
     app.add_option("--shapes", shape_args, "shapes as B,NH,T,hs (C = NH * hs)")->default_str(shapes_default);
@@ -126,6 +131,9 @@ int main(int argc, char** argv) {
     app.add_option("--repeat", repeats, "timed runs; the median is reported")
         ->capture_default_str()
         ->check(CLI::Range(1, 10000));
+    app.add_option("--backend", backend, "the attention backends to time")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"both", "cudnn", "kernels"}));
     app.add_option("--json", json, "write the rows as JSON here");
     try {
         app.parse(argc, argv);
@@ -145,20 +153,30 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_attention: no CUDA GPU is visible\n");
         return 2;
     }
+    const bool has_cudnn = attention_backend() == AttentionBackend::Cudnn;
+    if (backend == "cudnn" && !has_cudnn) {
+        std::fprintf(stderr, "bench_attention: --backend cudnn: this build has no cuDNN\n");
+        return 2;
+    }
+    std::vector<AttentionBackend> backends;
+    if (backend != "kernels" && has_cudnn) backends.push_back(AttentionBackend::Cudnn);
+    if (backend != "cudnn") backends.push_back(AttentionBackend::Kernels);
     try {
         manual_seed(0);
         std::vector<Row> rows;
-        for (const Shape4& s : shapes) rows.push_back(bench_shape(s, warmup, repeats));
+        for (const Shape4& s : shapes)
+            for (AttentionBackend b : backends) rows.push_back(bench_shape(s, b, warmup, repeats));
         cudaDeviceProp prop{};
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("%s, causal_self_attention in bf16, median of %d CUDA-event timings after %d warm-ups\n",
                     prop.name, repeats, warmup);
-        std::printf("%4s %4s %6s %4s %10s %10s %12s %12s %12s %12s\n", "B", "NH", "T", "hs", "fwd ms", "fwd TF/s",
+        std::printf("%4s %4s %6s %4s %8s %10s %10s %12s %12s %12s %12s\n", "B", "NH", "T", "hs", "backend", "fwd ms",
+                    "fwd TF/s",
                     "fwd+bwd ms", "fwd+bwd TF/s", "saved MiB", "peak MiB");
         for (const Row& r : rows)
-            std::printf("%4lld %4lld %6lld %4lld %10.4f %10.1f %12.4f %12.1f %12.1f %12.1f\n",
+            std::printf("%4lld %4lld %6lld %4lld %8s %10.4f %10.1f %12.4f %12.1f %12.1f %12.1f\n",
                         static_cast<long long>(r.s.B), static_cast<long long>(r.s.NH), static_cast<long long>(r.s.T),
-                        static_cast<long long>(r.s.hs), r.fwd_ms, r.fwd_tflops, r.fwd_bwd_ms, r.fwd_bwd_tflops,
+                        static_cast<long long>(r.s.hs), attention_backend_name(r.backend), r.fwd_ms, r.fwd_tflops, r.fwd_bwd_ms, r.fwd_bwd_tflops,
                         static_cast<double>(r.saved_bytes) / (1 << 20), static_cast<double>(r.peak_bytes) / (1 << 20));
         if (!json.empty()) {
             nlohmann::json out;
@@ -168,7 +186,7 @@ int main(int argc, char** argv) {
             out["repeat"] = repeats;
             out["rows"] = nlohmann::json::array();
             for (const Row& r : rows)
-                out["rows"].push_back({{"B", r.s.B}, {"NH", r.s.NH}, {"T", r.s.T}, {"hs", r.s.hs},
+                out["rows"].push_back({{"backend", attention_backend_name(r.backend)}, {"B", r.s.B}, {"NH", r.s.NH}, {"T", r.s.T}, {"hs", r.s.hs},
                                        {"C", r.s.NH * r.s.hs}, {"fwd_ms", r.fwd_ms}, {"fwd_bwd_ms", r.fwd_bwd_ms},
                                        {"fwd_tflops", r.fwd_tflops}, {"fwd_bwd_tflops", r.fwd_bwd_tflops},
                                        {"saved_bytes", r.saved_bytes}, {"peak_bytes", r.peak_bytes}});
