@@ -298,7 +298,7 @@ cudnnBackendDescriptor_t build_forward(Graph& g, const AttentionLayout& L, cudnn
 
 // Backward: D = rowsum(dO * O) (kept in memory: kRowSum); P = exp(S - stats) with S as in
 // forward; dV = P^T dO; dS = scale P (dO V^T - D); dK = dS^T Q; dQ = dS K, added up in f32
-// (kdQAccum, zeroed first) and rounded to bf16. With grouped heads dK and dV are formed per query
+// (kdQAccum, zero before it runs) and rounded to bf16. With grouped heads dK and dV are formed per query
 // head and summed over each group.
 cudnnBackendDescriptor_t build_backward(Graph& g, const AttentionLayout& L, cudnnHandle_t h, int64_t& workspace) {
     const int64_t B = L.B, NH = L.NH, NKV = L.NKV, T = L.T, hs = L.hs;
@@ -431,7 +431,10 @@ bool cudnn_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
     if (!plan.plan) return false;
     normtape::Tensor row_sum = scratch(L.B * L.NH * L.T * 4, device);
     normtape::Tensor dq_accum = scratch(L.B * L.NH * L.T * L.hs * 4, device);
-    CUDA_CHECK(cudaMemsetAsync(device_ptr<float>(dq_accum), 0, dq_accum.numel() * sizeof(float), cuda::stream(device)));
+    // cuDNN 9.6 and later zero the accumulator themselves (the frontend zeroes it only before).
+    if (cudnnGetVersion() < 90600)
+        CUDA_CHECK(cudaMemsetAsync(device_ptr<float>(dq_accum), 0, dq_accum.numel() * sizeof(float),
+                                   cuda::stream(device)));
     float scale = 1.0f / std::sqrt(static_cast<float>(L.hs)), lowest = std::numeric_limits<float>::lowest(), one = 1;
     auto in = [](const void* p) { return const_cast<void*>(p); };
     execute(plan, {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kRowSum, kdQAccum, kScale, kMaskValue, kOne},

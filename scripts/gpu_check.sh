@@ -120,8 +120,13 @@ if [ "$MODE" = attention ]; then
         timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "-tc=*cuDNN*" \
             > "$GPU_OUT/attention-$tool.log" 2>&1
         rc=$?
+        # racecheck does not follow the asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma)
+        # and reports hazards inside them: a hazard counts against us only outside cuDNN's kernels.
+        ours=$(grep -E "Race reported" "$GPU_OUT/attention-$tool.log" | grep -vc "cudnn_generated")
+        [ $tool = racecheck ] && [ $rc -ne 0 ] && [ "$ours" -eq 0 ] &&
+            grep -q "Status: SUCCESS" "$GPU_OUT/attention-$tool.log" && rc=0
         summary+=("compute-sanitizer $tool, cuDNN attention: exit $rc ($(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" \
-            "$GPU_OUT/attention-$tool.log" | tail -1))")
+            "$GPU_OUT/attention-$tool.log" | tail -1); outside cuDNN's own kernels: $ours)")
         [ $rc -eq 0 ] || failed=1
     done
 fi
