@@ -10,7 +10,7 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|profile|nanogpt|decoders|memory|budget|sweep]
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
@@ -34,8 +34,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|profile|nanogpt|decoders|memory|budget|sweep) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|profile|nanogpt|decoders|memory|budget|sweep]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -149,8 +149,11 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     step "medium preset, no GELU recompute" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all \
         --recompute-activation off --steps 12 --log-every 1 --json "$GPU_OUT/medium_saved_gelu.json" \
         --chart "$GPU_OUT/medium_saved_gelu.svg" > "$GPU_OUT/medium_saved_gelu.log" 2>&1
-    step bench_torch_gpt env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py --ours "$GPU_OUT/medium.json" \
-        --json "$GPU_OUT/torch_gpt.json" > "$GPU_OUT/torch_gpt.log" 2>&1
+    for mode in eager compile; do
+        step "bench_torch_gpt $mode" env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py \
+            --ours "$GPU_OUT/medium.json" $([ $mode = compile ] && echo --compile) \
+            --json "$GPU_OUT/torch_gpt_$mode.json" > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
+    done
     # The saved bytes at a fixed number of tokens do not depend on T (nothing T x T is saved).
     fixed_tokens() {
         local a b
@@ -196,6 +199,20 @@ if [ "$MODE" = decoders ]; then
             --json "$GPU_OUT/decoders_${arch}_torch.json" > "$GPU_OUT/decoders_${arch}_torch.log" 2>&1
         summary+=("$arch ours:    $(grep -E 'validation: best loss' "$GPU_OUT/decoders_$arch.log" | tr '\n' ' ')")
         summary+=("$arch PyTorch: $(tail -1 "$GPU_OUT/decoders_${arch}_torch.log")")
+    done
+fi
+
+# The preset's step beside PyTorch eager's and torch.compile's (the same model, batch and AdamW).
+if [ "$MODE" = step ]; then
+    step "preset, normalized" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy normalized --steps 12 \
+        --log-every 4 --json "$GPU_OUT/step_normalized.json" > "$GPU_OUT/step_normalized.log" 2>&1
+    step "preset, input, no GELU recompute" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy input \
+        --recompute-activation off --steps 12 --log-every 4 --json "$GPU_OUT/step_input.json" \
+        > "$GPU_OUT/step_input.log" 2>&1
+    for mode in eager compile; do
+        step "bench_torch_gpt $mode" env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py \
+            --ours "$GPU_OUT/step_normalized.json" $([ $mode = compile ] && echo --compile) \
+            --json "$GPU_OUT/torch_gpt_$mode.json" > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
     done
 fi
 
@@ -261,12 +278,11 @@ done
 [ -f "$GPU_OUT/ops.log" ] && { echo "--- cross-entropy, gelu, add: % of copy"; grep -E "%|copy" "$GPU_OUT/ops.log" | tail -30; }
 [ -f "$GPU_OUT/fixed_tokens.log" ] && { echo "--- saved bytes at a fixed number of tokens"; cat "$GPU_OUT/fixed_tokens.log"; }
 [ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
-[ -f "$GPU_OUT/torch_gpt.log" ] && { echo "--- medium preset beside PyTorch eager"; tail -8 "$GPU_OUT/torch_gpt.log"; }
 [ -f "$GPU_OUT/profile.log" ] && { echo "--- kernel time by category"; head -14 "$GPU_OUT/profile.log"; }
 [ -f "$GPU_OUT/head_loss.log" ] && { echo "--- head loss, ms"; grep -E "head loss" "$GPU_OUT/head_loss.log"; }
 [ -f "$GPU_OUT/sweep.log" ] && { echo "--- memory sweep"; grep -E "^.\*|memory sweep:|exceeds" "$GPU_OUT/sweep.log" | tail -40; }
 [ -f "$GPU_OUT/sweep_report.txt" ] && cat "$GPU_OUT/sweep_report.txt"
-for f in "$GPU_OUT"/budget_fused_*.log "$GPU_OUT"/torch_gpt_*.log; do
+for f in "$GPU_OUT"/budget_fused_*.log "$GPU_OUT"/step_*.log "$GPU_OUT"/torch_gpt_*.log; do
     [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -12; }
 done
 for f in "$GPU_OUT"/memory_*.log; do
