@@ -278,7 +278,7 @@ done
 [ -f "$GPU_OUT/ops.log" ] && { echo "--- cross-entropy, gelu, add: % of copy"; grep -E "%|copy" "$GPU_OUT/ops.log" | tail -30; }
 [ -f "$GPU_OUT/fixed_tokens.log" ] && { echo "--- saved bytes at a fixed number of tokens"; cat "$GPU_OUT/fixed_tokens.log"; }
 [ -f "$GPU_OUT/attention.md" ] && { echo "--- attention, ms (ours / torch below 1: ours faster)"; cat "$GPU_OUT/attention.md"; }
-[ -f "$GPU_OUT/profile.log" ] && { echo "--- kernel time by category"; head -14 "$GPU_OUT/profile.log"; }
+[ -f "$GPU_OUT/profile.log" ] && { echo "--- kernel time by category"; head -16 "$GPU_OUT/profile.log"; }
 [ -f "$GPU_OUT/head_loss.log" ] && { echo "--- head loss, ms"; grep -E "head loss" "$GPU_OUT/head_loss.log"; }
 [ -f "$GPU_OUT/sweep.log" ] && { echo "--- memory sweep"; grep -E "^.\*|memory sweep:|exceeds" "$GPU_OUT/sweep.log" | tail -40; }
 [ -f "$GPU_OUT/sweep_report.txt" ] && cat "$GPU_OUT/sweep_report.txt"
