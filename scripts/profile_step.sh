@@ -19,10 +19,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$OUT"
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
 [ -n "$NCU" ] || { echo "profile_step: ncu not found" >&2; exit 2; }
-ncu_times() {  # ncu_times CSV COMMAND...: every kernel's duration, in launch order
-    local csv=$1; shift
-    timeout 420 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
-        --print-kernel-base function "$@" > "$csv" 2> "${csv%.csv}.err"
+ncu_times() {  # ncu_times CSV [NCU FLAGS] COMMAND...: every kernel's duration, in launch order
+    local csv=$1 flags=(); shift
+    [ "$1" = --target-processes ] && { flags=("$1" "$2"); shift 2; }
+    timeout 420 "$NCU" --clock-control none "${flags[@]}" --metrics gpu__time_duration.sum --csv --page raw \
+        --print-units base --print-kernel-base function "$@" > "$csv" 2> "${csv%.csv}.err"
 }
 ours=("$BUILD/train_gpt" --preset gpt2-medium-ish --layers "$LAYERS" --policy "$POLICY" --log-every 1)
 torch=(python3 "$ROOT/scripts/bench_torch_gpt.py" --layers "$LAYERS")
@@ -30,7 +31,8 @@ ncu_times "$OUT/profile_ours.csv" "${ours[@]}" --steps 2 ||
     { echo "profile_step: ncu on train_gpt failed"; tail -5 "$OUT/profile_ours.err"; exit 1; }
 ncu_times "$OUT/profile_eager.csv" "${torch[@]}" --steps 1 ||
     { echo "profile_step: ncu on bench_torch_gpt.py failed"; tail -5 "$OUT/profile_eager.err"; exit 1; }
-ncu_times "$OUT/profile_compile.csv" "${torch[@]}" --steps 1 --compile ||
+# Inductor's compile workers are processes of their own: ncu follows only the one that trains.
+ncu_times "$OUT/profile_compile.csv" --target-processes application-only "${torch[@]}" --steps 1 --compile ||
     { echo "profile_step: ncu on bench_torch_gpt.py --compile failed"; tail -5 "$OUT/profile_compile.err"; exit 1; }
 # The step times by CUDA events, without ncu.
 "${ours[@]}" --steps 12 > "$OUT/profile_ours_events.log" 2>&1
@@ -50,7 +52,7 @@ CATEGORIES = [
                     r"single_block_sum"),
 ]
 ORDER = [c for c, _ in CATEGORIES] + ["other"]
-STEP_START = r"embedding_forward_kernel|vectorized_gather_kernel|fused_add_embedding|fused_embedding"
+STEP_START = r"embedding_forward_kernel|vectorized_gather_kernel|fused_add_embedding_native"
 
 def last_step(path):
     text = open(path).read()

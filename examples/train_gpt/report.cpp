@@ -57,6 +57,9 @@ void print_phase_times(const RunResult& r) {
                 policy_name(r.policy), static_cast<long long>(r.phase_median_steps),
                 r.phase_median_steps == 1 ? "" : "s", r.phase_ms_median[0], r.phase_ms_median[1], r.phase_ms_median[2],
                 r.phase_timing.c_str());
+    if (r.phase_timing == "cuda events")  // where the host takes as long, the GPU waits for it
+        std::printf("[%-6s] the host queued them in: forward %.2f ms | backward %.2f ms | optimizer %.2f ms\n",
+                    policy_name(r.policy), r.host_ms_median[0], r.host_ms_median[1], r.host_ms_median[2]);
 }
 
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
@@ -267,6 +270,8 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"train_seconds", r.train_seconds},
                               {"forward_ms", r.phase_ms_median[0]}, {"backward_ms", r.phase_ms_median[1]},
                               {"optimizer_ms", r.phase_ms_median[2]}, {"phase_median_steps", r.phase_median_steps},
+                              {"host_forward_ms", r.host_ms_median[0]}, {"host_backward_ms", r.host_ms_median[1]},
+                              {"host_optimizer_ms", r.host_ms_median[2]},
                               {"phase_timing", r.phase_timing}, {"val_steps", r.val_steps},
                               {"val_losses", r.val_losses}, {"best_val_loss", r.best_val_loss},
                               {"best_val_step", r.best_val_step}};

@@ -42,6 +42,9 @@ struct RunResult {
     // how many steps that is.
     std::vector<std::array<double, 3>> phase_ms;
     std::array<double, 3> phase_ms_median{};
+    // The host's time to queue each phase (PhaseTimer::host_read), and its medians as above.
+    std::vector<std::array<double, 3>> host_ms;
+    std::array<double, 3> host_ms_median{};
     int64_t phase_median_steps = 0;
     std::string phase_timing;  // PhaseTimer::method(): "cuda events", "host clock", ...
     std::vector<normtape::MemoryEvent> memory_trace;  // allocator events of one step (step 2)

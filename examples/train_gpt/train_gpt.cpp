@@ -343,6 +343,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             grad_norm = norm.item<double>();
             if (!std::isfinite(grad_norm) && a.on_nan != "continue") optimizer.set_step_count(optimizer.step_count() - 1);
             r.phase_ms.push_back(phases.read());  // the step is done: reading its events waits for nothing
+            r.host_ms.push_back(phases.host_read());
         } catch (const AnomalyError& e) {  // say when, beside what and where
             throw AnomalyError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + " of the " +
                                policy_name(policy) + " run)");
@@ -400,8 +401,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     const size_t skip = r.phase_ms.size() > 2 ? 2 : 0;
     for (int k = 0; k < 3; ++k) {
         std::vector<double> v;
-        for (size_t i = skip; i < r.phase_ms.size(); ++i) v.push_back(r.phase_ms[i][k]);
+        std::vector<double> h;
+        for (size_t i = skip; i < r.phase_ms.size(); ++i) v.push_back(r.phase_ms[i][k]), h.push_back(r.host_ms[i][k]);
         r.phase_ms_median[k] = median(v);
+        r.host_ms_median[k] = median(h);
     }
     r.phase_median_steps = static_cast<int64_t>(r.phase_ms.size() - skip);
     print_phase_times(r);
