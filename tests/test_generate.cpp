@@ -239,10 +239,15 @@ TEST_SUITE("generate") {
                 KVCache cache(model, B);
                 Tensor prefill = forward_cached(model, cache, idx.narrow(1, 0, 5).contiguous());
                 REQUIRE(prefill.device() == Device::CUDA);
-                CHECK_NORMWISE(prefill, full.narrow(1, 0, 5).contiguous(), normwise_tolerance(dt));
+                // cuDNN's attention (GPT::forward in bf16) rounds the probabilities to bf16 before
+                // their product with v, the cached rows' kernel does not: at weights scaled by 20,
+                // through the layers, that is up to twice bf16's tolerance.
+                const bool cudnn = dt == DType::BF16 && attention_backend() == AttentionBackend::Cudnn;
+                const double tol = (cudnn ? 2 : 1) * normwise_tolerance(dt);
+                CHECK_NORMWISE(prefill, full.narrow(1, 0, 5).contiguous(), tol);
                 for (int64_t t = 5; t < T; ++t)
                     CHECK_NORMWISE(forward_cached(model, cache, idx.narrow(1, t, 1).contiguous()),
-                                   full.narrow(1, t, 1).contiguous(), normwise_tolerance(dt));
+                                   full.narrow(1, t, 1).contiguous(), tol);
                 if (dt != DType::F64) continue;
                 const std::vector<int64_t> prompt{4, 5, 6};
                 for (double temperature : {0.0, 1.0})
