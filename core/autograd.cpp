@@ -9,6 +9,7 @@
 #include "core/activation_checkpoint_internal.h"
 #include "core/anomaly_internal.h"
 #include "core/saved_hooks.h"
+#include "core/tensor_internal.h"
 
 namespace normtape {
 
@@ -196,14 +197,20 @@ void detail::for_each_live_node(const std::function<void(Node&)>& fn) {
 namespace {
 
 // Adds `grad` into the slot: the first gradient is taken as is, later ones are summed into a
-// fresh tensor (the first may alias storage that a node still reads).
+// fresh tensor (the first may alias storage that a node still reads), in one pass.
 void accumulate(Tensor& slot, const Tensor& grad) {
     if (!slot.defined()) {
         slot = grad;
         return;
     }
-    Tensor sum = slot.clone();
-    sum.add_(grad);
+    NT_CHECK_AS(ShapeError, grad.shape() == slot.shape() && grad.dtype() == slot.dtype() && grad.device() == slot.device(),
+                "backward: expected the gradients of one input to share shape, dtype and device, got ",
+                shape_str(slot.shape()), " ", dtype_name(slot.dtype()), " and ", shape_str(grad.shape()), " ",
+                dtype_name(grad.dtype()));
+    Tensor sum = slot.is_contiguous() ? detail::empty_for("backward", slot.shape(),
+                                                          TensorOptions().dtype(slot.dtype()).device(slot.device()))
+                                      : slot.clone();
+    detail::add_scaled_into(sum, slot.is_contiguous() ? slot : sum, grad.contiguous(), 1.0);
     slot = sum;
 }
 

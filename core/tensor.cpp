@@ -366,22 +366,25 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
     check_inplace(*this, "add_");
     check_inplace_operand(*this, other, "add_", "other");
-    Tensor src = other.contiguous();
     storage()->bump_version();
-    if (device().is_cuda()) {
-        NT_CUDA(detail::add_scaled_cuda(*this, src, alpha));
-        return *this;
+    detail::add_scaled_into(*this, *this, other.contiguous(), alpha);
+    return *this;
+}
+
+void detail::add_scaled_into(const Tensor& out, const Tensor& a, const Tensor& b, double alpha) {
+    if (out.device().is_cuda()) {
+        NT_CUDA(detail::add_scaled_cuda(out, a, b, alpha));
+        return;
     }
-    dispatch_floating(dtype(), "add_", [&](auto tag) {
+    dispatch_floating(out.dtype(), "add_", [&](auto tag) {
         using T = decltype(tag);
-        T* a = data_ptr<T>();
-        const T* b = src.data_ptr<T>();
+        T* o = out.data_ptr<T>();
+        const T *x = a.data_ptr<T>(), *y = b.data_ptr<T>();
         acc_t<T> s = static_cast<acc_t<T>>(alpha);
-        parallel_for(0, numel(), kGrain, [&](int64_t i0, int64_t i1) {
-            for (int64_t i = i0; i < i1; ++i) a[i] = static_cast<T>(a[i] + s * b[i]);
+        parallel_for(0, out.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) o[i] = static_cast<T>(x[i] + s * y[i]);
         });
     });
-    return *this;
 }
 
 Tensor& Tensor::mul_(double value) {

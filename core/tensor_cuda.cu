@@ -101,10 +101,10 @@ struct MulScalarOp {
 };
 }  // namespace
 
-void add_scaled_cuda(const Tensor& a, const Tensor& b, double alpha) {
+void add_scaled_cuda(const Tensor& out, const Tensor& a, const Tensor& b, double alpha) {
     dispatch_floating(a.dtype(), "add_", [&](auto tag) {
         using T = decltype(tag);
-        map_cuda<T, 2>(device_ptr<T>(a), {{device_ptr<T>(a), device_ptr<T>(b)}, {0, 0}}, a.numel(),
+        map_cuda<T, 2>(device_ptr<T>(out), {{device_ptr<T>(a), device_ptr<T>(b)}, {0, 0}}, a.numel(),
                        AddScaledOp<acc_t<T>>{static_cast<acc_t<T>>(alpha)}, a.device().index);
     });
 }

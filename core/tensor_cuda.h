@@ -14,8 +14,8 @@ namespace normtape::detail {
 void copy_cuda(const Tensor& dst, const Tensor& src);
 // Every element of the contiguous CUDA tensor dst = value.
 void fill_cuda(const Tensor& dst, double value);
-// a += alpha * b; both contiguous, same shape, dtype and device.
-void add_scaled_cuda(const Tensor& a, const Tensor& b, double alpha);
+// out = a + alpha * b; all contiguous, same shape, dtype and device (out may be a).
+void add_scaled_cuda(const Tensor& out, const Tensor& a, const Tensor& b, double alpha);
 // a *= value; a contiguous.
 void mul_scalar_cuda(const Tensor& a, double value);
 // Standard normal samples from the device's cuRAND generator (Philox; manual_seed seeds it).

@@ -24,4 +24,8 @@ void check_strides_fit(const char* op, const Shape& shape);
 // allocator cannot give the bytes (the message gives the shape, dtype and bytes).
 Tensor empty_for(const char* op, const Shape& shape, TensorOptions options);
 
+// out = a + alpha * b elementwise, on their device; all contiguous, of one shape, dtype and device
+// (out may be a: Tensor::add_). Records nothing, checks nothing.
+void add_scaled_into(const Tensor& out, const Tensor& a, const Tensor& b, double alpha);
+
 }  // namespace normtape::detail
