@@ -89,7 +89,8 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 // backward), each replayed on [b, T]; the loss of each is scaled by 1/n (one more 0-dim tensor).
 // On the cpu the replay is exact to the byte over the tested grid (tests/test_memory_plan.cpp).
 // On CUDA (read from the code, not tested here) it adds the kernels' own temporaries: attention's
-// backward row sums D [B, NH, T] (f32; f64 for f64), cross-entropy's per-row losses [E], the
+// backward scratch (our kernels' row sums D [B, NH, T], f32 or f64; or, where cuDNN runs it, its row
+// sums, f32 dq accumulator and workspace, asked of its plan: ops/attention.h), cross-entropy's per-row losses [E], the
 // column sums' partial rows (bias gradients, positions), the norms' per-block partial dweight and
 // dbias (bounded: their row count depends on the GPU), the embedding backward's sort buffers
 // (CUB's scratch estimated), the gradient norm's partial sums, and AdamW's device table; cuBLAS and
