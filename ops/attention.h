@@ -2,10 +2,10 @@
 // separate q, k, v.
 #pragma once
 
+#include <vector>
+
 #include "core/philox.h"
 #include "core/tensor.h"
-
-#include <vector>
 
 namespace normtape {
 

@@ -73,30 +73,37 @@ if [ "$MODE" = all ] || [ "$MODE" = ptx80 ]; then
     grep -E "Failed|\*\*\*Exception|Not Run" "$GPU_OUT/ctest-ptx80.log" | head -20
 fi
 
+# sanitize TOOL LABEL FILTER...: the tests FILTER picks under compute-sanitizer's TOOL, capped at
+# 300 s (a timeout is reported, not counted as a failure). racecheck does not follow the
+# asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma) and reports hazards inside them
+# wherever cuDNN runs attention: a hazard counts only outside cuDNN's kernels.
+SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+sanitize() {
+    local tool=$1 label=$2; shift 2
+    local log="$GPU_OUT/sanitizer-$label-$tool.log" start=$SECONDS
+    timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "$@" > "$log" 2>&1
+    local rc=$? took=$((SECONDS - start))
+    local ours errors verdict
+    ours=$(grep -E "Race reported" "$log" | grep -vc "cudnn_generated")
+    [ $tool = racecheck ] && [ $rc -eq 1 ] && [ "$ours" -eq 0 ] && grep -q "Status: SUCCESS" "$log" && rc=0
+    errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)"
+    [ $tool = racecheck ] && errors+="; outside cuDNN's own kernels: $ours"
+    if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line})"
+    elif [ $rc -eq 124 ]; then verdict="timed out after 300 s (inconclusive)"
+    else verdict="FAILED, exit $rc (${errors:-no summary line}; a test failure if it says 0 errors)"; failed=1; fi
+    summary+=("compute-sanitizer $tool, $label: $verdict, ${took} s")
+}
+
 # compute-sanitizer: memcheck (out-of-bounds and misaligned device accesses, leaks, CUDA API
 # errors) over the cuda, nn and cross_entropy suites, without the out-of-memory test (its failing
 # cudaMalloc is the point, and memcheck reports it); racecheck (shared-memory hazards) over the
 # tests that launch our kernels on small shapes: the ops against the cpu, AdamW and cross-entropy
 # on CUDA, the norms over every shape class (racecheck takes minutes over the benchmark widths'
-# millions of rows). Each is capped at 300 s; a timeout is reported, not counted as a failure.
-# memcheck sees the caching allocator's blocks, not our tensors: an overrun that stays inside a
-# cached block is missed.
+# millions of rows). memcheck sees the caching allocator's blocks, not our tensors: an overrun that
+# stays inside a cached block is missed.
 if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
-    SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-    for tool in memcheck racecheck; do
-        if [ $tool = memcheck ]; then filter=(-ts=cuda,nn,cross_entropy "-tce=*running out of memory*"); else
-            filter=(-ts=cuda,nn,cross_entropy "-tc=*match the cpu*,*every shape class*,*AdamW step*,* on CUDA*,*cuDNN*"); fi
-        log="$GPU_OUT/sanitizer-$tool.log"
-        start=$SECONDS
-        timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "${filter[@]}" > "$log" 2>&1
-        rc=$?
-        took=$((SECONDS - start))
-        errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)"
-        if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line})"
-        elif [ $rc -eq 124 ]; then verdict="timed out after 300 s (inconclusive)"
-        else verdict="FAILED, exit $rc (${errors:-no summary line}; a test failure if it says 0 errors)"; failed=1; fi
-        summary+=("compute-sanitizer $tool: $verdict, ${took} s")
-    done
+    sanitize memcheck tests -ts=cuda,nn,cross_entropy "-tce=*running out of memory*"
+    sanitize racecheck tests -ts=cuda,nn,cross_entropy "-tc=*match the cpu*,*every shape class*,*AdamW step*,* on CUDA*"
 fi
 
 # step LABEL COMMAND...: runs the command, notes its exit status, and fails the script if it failed
@@ -115,20 +122,8 @@ if [ "$MODE" = attention ]; then
     step "attention tests" ./build-gpu/normtape_tests "-tc=*attention*,*cuDNN*,memory: every preset*" \
         > "$GPU_OUT/attention_tests.log" 2>&1
     summary+=("attention tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/attention_tests.log")")
-    SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-    for tool in memcheck racecheck; do
-        timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "-tc=*cuDNN*" \
-            > "$GPU_OUT/attention-$tool.log" 2>&1
-        rc=$?
-        # racecheck does not follow the asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma)
-        # and reports hazards inside them: a hazard counts against us only outside cuDNN's kernels.
-        ours=$(grep -E "Race reported" "$GPU_OUT/attention-$tool.log" | grep -vc "cudnn_generated")
-        [ $tool = racecheck ] && [ $rc -ne 0 ] && [ "$ours" -eq 0 ] &&
-            grep -q "Status: SUCCESS" "$GPU_OUT/attention-$tool.log" && rc=0
-        summary+=("compute-sanitizer $tool, cuDNN attention: exit $rc ($(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" \
-            "$GPU_OUT/attention-$tool.log" | tail -1); outside cuDNN's own kernels: $ours)")
-        [ $rc -eq 0 ] || failed=1
-    done
+    sanitize memcheck attention "-tc=*cuDNN*"
+    sanitize racecheck attention "-tc=*cuDNN*"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = attention ]; then
     step bench_attention ./build-gpu/bench_attention --json "$GPU_OUT/attention.json" > "$GPU_OUT/attention.log" 2>&1
