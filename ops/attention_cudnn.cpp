@@ -59,16 +59,17 @@ std::string cudnn_message(cudnnStatus_t status) {
         NT_CHECK(st_ == CUDNN_STATUS_SUCCESS, "cuDNN error: ", cudnn_message(st_), " in ", #call);            \
     } while (0)
 
-// The device's cuDNN handle, on cuda::stream(device); created on first use, kept (as the other
-// handles of core/cuda_context.h).
+// The device's cuDNN handle, on cuda::stream(device); created on first use (by cached_plan,
+// where a failure, e.g. a cuDNN the driver cannot run, means our kernels run attention), kept (as
+// the other handles of core/cuda_context.h).
 cudnnHandle_t handle(int device) {
     static std::map<int, cudnnHandle_t> handles;
     auto it = handles.find(device);
     if (it != handles.end()) return it->second;
     cudaStream_t stream = cuda::stream(device);  // makes `device` current
     cudnnHandle_t h = nullptr;
-    CUDNN_CHECK(cudnnCreate(&h));
-    CUDNN_CHECK(cudnnSetStream(h, stream));
+    CUDNN_BUILD(cudnnCreate(&h));
+    CUDNN_BUILD(cudnnSetStream(h, stream));
     return handles[device] = h;
 }
 
@@ -367,7 +368,7 @@ const Plan& cached_plan(const AttentionLayout& L, bool backward, int device) {
         plan.plan = backward ? build_backward(g, L, h, plan.workspace) : build_forward(g, L, h, plan.workspace);
     } catch (const Unsupported& e) {
         std::fprintf(stderr,
-                     "normtape: cuDNN has no %s attention engine for B=%lld T=%lld n_head=%lld n_kv_head=%lld hs=%lld "
+                     "normtape: cuDNN cannot run the %s attention of B=%lld T=%lld n_head=%lld n_kv_head=%lld hs=%lld "
                      "(%s); normtape's own kernels run it\n",
                      backward ? "backward" : "forward", static_cast<long long>(L.B), static_cast<long long>(L.T),
                      static_cast<long long>(L.NH), static_cast<long long>(L.NKV), static_cast<long long>(L.hs),
@@ -388,15 +389,21 @@ normtape::Tensor scratch(int64_t bytes, int device) {
     return empty({(bytes + 3) / 4}, TensorOptions().dtype(DType::F32).device(Device::cuda(device)));
 }
 
+// Runs `plan` on the tensors `uids` names at `pointers`; a cuDNN failure here is an Error (the plan
+// was built, so nothing falls back).
 void execute(const Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& pointers, int device) {
     normtape::Tensor workspace = plan.workspace > 0 ? scratch(plan.workspace, device) : normtape::Tensor();
-    Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
     void* ws = workspace.defined() ? device_ptr<float>(workspace) : nullptr;
-    pack.set_array(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids)
-        .set_array(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers)
-        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, ws)
-        .finalize();
-    CUDNN_CHECK(cudnnBackendExecute(handle(device), plan.plan, pack.get()));
+    try {
+        Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+        pack.set_array(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids)
+            .set_array(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers)
+            .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, ws)
+            .finalize();
+        CUDNN_CHECK(cudnnBackendExecute(handle(device), plan.plan, pack.get()));
+    } catch (const Unsupported& e) {
+        NT_CHECK(false, "cuDNN attention: ", e.what);
+    }
 }
 
 }  // namespace

@@ -17,8 +17,9 @@ bool cudnn_attention_built();
 
 // out [B, Tq, NH * hs] and lse [B, NH, T] (f32, the natural log-sum-exp of the scaled scores, as
 // our kernels write it) from q, k, v where `layout` puts them (first_row 0). Returns false, having
-// written nothing, where cuDNN has no engine for the layout (a message on stderr, once per
-// layout), the build has no cuDNN, or a pointer or row stride is not 16-byte aligned.
+// written nothing, where cuDNN has no engine for the layout or cannot start (a message on stderr,
+// once per layout), the build has no cuDNN, or a pointer or row stride is not 16-byte aligned.
+// Throws Error when cuDNN fails to run a plan it built.
 bool cudnn_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                              const AttentionLayout& layout, int device);
 
