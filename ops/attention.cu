@@ -244,10 +244,11 @@ void attention_forward_cuda(T* out, acc_t<T>* lse, const T* q, const T* k, const
                             const DropoutMask& drop, int device) {
     using A = acc_t<T>;
     if constexpr (std::is_same_v<T, bf16>) {
-        if (L.first_row == 0 && lse && cudnn_runs(drop) && cudnn_attention_forward(out, lse, q, k, v, L, device))
-            return;
-        if (L.first_row == 0 && lse && flash_attention_applies(L, false, device, {out, q, k, v}))
-            return flash_attention_forward(out, lse, q, k, v, L, drop, device);
+        if (L.first_row == 0 && lse) {
+            if (cudnn_runs(drop) && cudnn_attention_forward(out, lse, q, k, v, L, device)) return;
+            if (flash_attention_applies(L, false, device, {out, q, k, v}))
+                return flash_attention_forward(out, lse, q, k, v, L, drop, device);
+        }
     }
     const A scale = A(1) / std::sqrt(A(L.hs));
     launch_rows<T>(attention_forward_kernel<T>, 2, static_cast<int>(L.hs), L.B * L.NH * L.Tq(), device, out, lse, q, k,

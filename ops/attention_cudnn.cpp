@@ -384,10 +384,17 @@ bool aligned(const AttentionLayout& L, std::initializer_list<const void*> pointe
     return L.first_row == 0 && L.hs % 8 == 0 && L.q_row % 8 == 0 && L.kv_row % 8 == 0 && L.q_batch % 8 == 0;
 }
 
-// A device buffer of `bytes` from normtape's allocator (f32 elements, so 4-byte granular).
+// A device buffer of at least `bytes` from normtape's allocator: f32 elements, so it takes
+// scratch_bytes(bytes).
+int64_t scratch_bytes(int64_t bytes) { return (bytes + 3) / 4 * 4; }
 normtape::Tensor scratch(int64_t bytes, int device) {
-    return empty({(bytes + 3) / 4}, TensorOptions().dtype(DType::F32).device(Device::cuda(device)));
+    return empty({scratch_bytes(bytes) / 4}, TensorOptions().dtype(DType::F32).device(Device::cuda(device)));
 }
+
+// The backward's own buffers: the row sums dout . out [B, NH, T] and dq's accumulator
+// [B, NH, T, hs], f32.
+int64_t row_sum_bytes(const AttentionLayout& L) { return L.B * L.NH * L.T * 4; }
+int64_t dq_accum_bytes(const AttentionLayout& L) { return row_sum_bytes(L) * L.hs; }
 
 // Runs `plan` on the tensors `uids` names at `pointers`; a cuDNN failure here is an Error (the plan
 // was built, so nothing falls back).
@@ -425,8 +432,8 @@ std::vector<int64_t> cudnn_attention_backward_allocations(const AttentionLayout&
     if (!aligned(L, {})) return {};
     const Plan& plan = cached_plan(L, true, device);
     if (!plan.plan) return {};
-    std::vector<int64_t> bytes{L.B * L.NH * L.T * 4, L.B * L.NH * L.T * L.hs * 4};
-    if (plan.workspace > 0) bytes.push_back((plan.workspace + 3) / 4 * 4);
+    std::vector<int64_t> bytes{row_sum_bytes(L), dq_accum_bytes(L)};
+    if (plan.workspace > 0) bytes.push_back(scratch_bytes(plan.workspace));
     return bytes;
 }
 
@@ -436,8 +443,8 @@ bool cudnn_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
     if (!aligned(L, {dq, dk, dv, dout, q, k, v, out})) return false;
     const Plan& plan = cached_plan(L, true, device);
     if (!plan.plan) return false;
-    normtape::Tensor row_sum = scratch(L.B * L.NH * L.T * 4, device);
-    normtape::Tensor dq_accum = scratch(L.B * L.NH * L.T * L.hs * 4, device);
+    normtape::Tensor row_sum = scratch(row_sum_bytes(L), device);
+    normtape::Tensor dq_accum = scratch(dq_accum_bytes(L), device);
     // cuDNN 9.6 and later zero the accumulator themselves (the frontend zeroes it only before).
     if (cudnnGetVersion() < 90600)
         CUDA_CHECK(cudaMemsetAsync(device_ptr<float>(dq_accum), 0, dq_accum.numel() * sizeof(float),
