@@ -42,6 +42,7 @@
 #include "nn/memory_budget.h"
 #include "nn/memory_plan.h"
 #include "nn/module.h"
+#include "nn/muon.h"
 #include "nn/norm.h"
 #include "nn/safetensors.h"
 #include "ops/ops.h"

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 #include "core/autograd.h"
@@ -17,6 +16,7 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "nn/adamw_update.h"
+#include "nn/optimizer_checks.h"
 
 namespace normtape {
 
@@ -58,7 +58,7 @@ void build_table(AdamWPlan::Bucket& b, const std::vector<ParamGroup>& groups,
         const Tensor& p = groups[gi].params[i];
         const AdamW::ParamState& st = state[gi][i];
         entries.push_back({device_ptr<T>(p), device_ptr<A>(st.master), device_ptr<A>(st.m), device_ptr<A>(st.v),
-                           p.numel(), groups[gi].weight_decay});
+                           p.numel(), groups[gi].weight_decay, groups[gi].lr_scale});
         const int64_t n = detail::chunks_of(p.numel());
         for (int64_t c = 0; c < n; ++c) chunks.push_back({static_cast<int32_t>(k), static_cast<int32_t>(c)});
         b.chunk_begin.push_back(b.chunk_begin.back() + n);
@@ -172,60 +172,28 @@ Tensor clip_grad_norm_cuda(const std::vector<Tensor>& grads, double max_norm, De
 }
 #endif  // NORMTAPE_WITH_CUDA
 
-// The one rule for AdamW's hyperparameters, wherever they enter (the constructor, a group's
-// weight_decay, set_lr): finite, with torch.optim.AdamW's ranges (lr >= 0, betas in [0, 1),
+// AdamW's options: finite, with torch.optim.AdamW's ranges (lr >= 0, betas in [0, 1),
 // weight_decay >= 0) except eps, which must be > 0: with eps 0 an element whose gradient has
-// always been 0 (an embedding row never drawn) becomes 0 / 0. `op` names the caller, `where` the
-// group ("" for the options). A NaN fails every comparison, so is refused too.
-void check_lr(const char* op, double lr) {
-    NT_CHECK(std::isfinite(lr) && lr >= 0, op, ": expected lr >= 0 and finite, got lr ", lr);
-}
-
-void check_weight_decay(const char* op, const std::string& where, double weight_decay) {
-    NT_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, op, ": expected ", where,
-             "weight_decay >= 0 and finite, got weight_decay ", weight_decay);
-}
-
+// always been 0 (an embedding row never drawn) becomes 0 / 0.
 void check_options(const char* op, const AdamWOptions& o) {
-    check_lr(op, o.lr);
+    detail::check_lr(op, o.lr);
     NT_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, op, ": expected betas in [0, 1), got betas (",
              o.beta1, ", ", o.beta2, ")");
     NT_CHECK(std::isfinite(o.eps) && o.eps > 0, op, ": expected eps > 0 and finite, got eps ", o.eps);
-    check_weight_decay(op, "", o.weight_decay);
+    detail::check_weight_decay(op, "", o.weight_decay);
 }
 
 }  // namespace
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : options_(options) {
     check_options("AdamW", options);
-    for (size_t gi = 0; gi < groups.size(); ++gi)
-        check_weight_decay("AdamW", "group " + std::to_string(gi) + "'s ", groups[gi].weight_decay);
-    // Where each parameter was first seen: (group, index in the caller's list).
-    std::unordered_map<const TensorImpl*, std::pair<size_t, size_t>> first;
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-        groups_.push_back({{}, groups[gi].weight_decay});
+    groups_ = detail::checked_groups("AdamW", groups, 0);
+    for (const ParamGroup& g : groups_) {
         state_.emplace_back();
-        for (size_t i = 0; i < groups[gi].params.size(); ++i) {
-            const Tensor& p = groups[gi].params[i];
-            NT_CHECK(p.defined() && p.requires_grad() && p.is_leaf() && p.is_contiguous(),
-                     "AdamW: expected contiguous leaf parameters that require grad, got ",
-                     !p.defined()          ? "an undefined tensor"
-                     : !p.requires_grad()  ? "one that does not require grad"
-                     : !p.is_leaf()        ? "a non-leaf"
-                                           : "a non-contiguous one");
-            auto [seen, inserted] = first.try_emplace(&p.impl(), gi, i);
-            if (!inserted) {
-                // As torch.optim: a parameter in two groups is refused; listed twice in one group,
-                // it is kept once (torch warns), so that a step updates it once.
-                NT_CHECK(seen->second.first == gi, "AdamW: expected each parameter in one group only, got parameter ", i,
-                         " of group ", gi, " that is also parameter ", seen->second.second, " of group ",
-                         seen->second.first, " (some parameters appear in more than one parameter group)");
-                continue;
-            }
+        for (const Tensor& p : g.params) {
             TensorOptions opts = TensorOptions().dtype(stat_dtype(p.dtype())).device(p.device());
             ParamState st{zeros(p.shape(), opts), zeros(p.shape(), opts), Tensor()};
             if (p.dtype() == DType::BF16) st.master = p.detach().to(DType::F32);
-            groups_.back().params.push_back(p);
             state_.back().push_back(st);
         }
     }
@@ -235,7 +203,7 @@ AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
     : AdamW(std::vector<ParamGroup>{{params, options.weight_decay}}, options) {}
 
 void AdamW::set_lr(double lr) {
-    check_lr("AdamW::set_lr", lr);
+    detail::check_lr("AdamW::set_lr", lr);
     options_.lr = lr;
 }
 
@@ -245,30 +213,12 @@ void AdamW::step_if_finite(const Tensor& grad_norm) { step_impl(&grad_norm); }
 
 void AdamW::step_impl(const Tensor* grad_norm) {
     NoGradGuard no_grad;
-    if (grad_norm) {
-        NT_CHECK(grad_norm->defined(), "AdamW::step_if_finite: expected a gradient norm, got an undefined tensor");
-        NT_CHECK_AS(ShapeError, grad_norm->numel() == 1,
-                    "AdamW::step_if_finite: expected a one-element norm, got shape ", shape_str(grad_norm->shape()));
-        NT_CHECK_AS(DTypeError, is_floating(grad_norm->dtype()),
-                    "AdamW::step_if_finite: expected a floating norm, got ", dtype_name(grad_norm->dtype()));
-    }
+    if (grad_norm) detail::check_grad_norm("AdamW", *grad_norm);
     // Every parameter is checked before any is updated, so a failed step changes nothing.
     for (size_t gi = 0; gi < groups_.size(); ++gi)
         for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
             const Tensor& p = groups_[gi].params[i];
-            if (!p.grad().defined()) continue;
-            const ParamState& st = state_[gi][i];
-            NT_CHECK_AS(DeviceError, st.m.device() == p.device(), "AdamW: expected the parameter on ",
-                        device_name(st.m.device()), " (where its state is), got ", device_name(p.device()),
-                        ": it moved after the optimizer was built; build the optimizer after Module::to");
-            NT_CHECK_AS(DTypeError,
-                        st.m.dtype() == stat_dtype(p.dtype()) && (p.dtype() == DType::BF16) == st.master.defined(),
-                        "AdamW: expected a parameter of the dtype it had when the optimizer was built (state ",
-                        dtype_name(st.m.dtype()), "), got ", dtype_name(p.dtype()),
-                        "; build the optimizer after Module::to");
-            NT_CHECK_AS(DeviceError, !grad_norm || grad_norm->device() == p.device(),
-                        "AdamW::step_if_finite: expected the norm on ", device_name(p.device()),
-                        " (where the parameters are), got ", device_name(grad_norm->device()));
+            if (p.grad().defined()) detail::check_stepped("AdamW", p, state_[gi][i].m, state_[gi][i].master, grad_norm);
         }
     ++t_;
     const double bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t_));
@@ -285,8 +235,13 @@ void AdamW::step_impl(const Tensor* grad_norm) {
     // A norm on the cpu means every parameter stepped is on the cpu.
     const bool skip_on_cpu = grad_norm && !grad_norm->device().is_cuda() && !std::isfinite(grad_norm->item<double>());
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
-        detail::AdamWStep s{options_.lr,      options_.beta1,   options_.beta2,  options_.eps, groups_[gi].weight_decay,
-                            bias_correction1, bias_correction2};
+        detail::AdamWStep s{options_.lr * groups_[gi].lr_scale,
+                            options_.beta1,
+                            options_.beta2,
+                            options_.eps,
+                            groups_[gi].weight_decay,
+                            bias_correction1,
+                            bias_correction2};
         for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
             Tensor p = groups_[gi].params[i];
             Tensor g = p.grad();

@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(kThreads)
     const AdamWChunk c = chunks[blockIdx.x];
     const AdamWTensor<T> t = tensors[c.tensor];
     s.weight_decay = t.weight_decay;
+    s.lr *= t.lr_scale;
     const int64_t start = int64_t(c.index) * kMultiTensorChunk;
     const int n = static_cast<int>(min(kMultiTensorChunk, t.numel - start));
     T* p = t.p + start;

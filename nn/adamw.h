@@ -22,15 +22,17 @@ struct AdamWOptions {
     double weight_decay = 0.01;  // default for groups that do not set their own
 };
 
-// A set of parameters sharing a weight decay (e.g. no decay for biases and norm weights);
-// weight_decay finite and >= 0, as AdamWOptions'.
+// A set of parameters sharing a weight decay (e.g. no decay for biases and norm weights) and a
+// learning rate: the optimizer's lr times lr_scale (a schedule sets the one lr, each group keeps
+// its ratio: nanochat's embeddings and head). Both finite and >= 0, checked by the optimizer.
 struct ParamGroup {
     std::vector<Tensor> params;
     double weight_decay;
+    double lr_scale = 1.0;
 };
 
 // AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101; as torch.optim.AdamW): for each parameter p
-// with gradient g, at step t (from 1):
+// with gradient g, at step t (from 1), in a group of learning rate lr = lr() * lr_scale:
 //   p -= lr * weight_decay * p                         (decoupled weight decay)
 //   m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2
 //   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
@@ -55,7 +57,7 @@ public:
     };
 
     // Throw Error naming AdamW, the option, the range and the value for an option or a group's
-    // weight_decay that is not finite or out of range (torch.optim.AdamW's: lr >= 0, betas in
+    // weight_decay or lr_scale that is not finite or out of range (torch.optim.AdamW's: lr >= 0, betas in
     // [0, 1), weight_decay >= 0; and eps > 0, where torch allows 0), or a parameter that is undefined,
     // not a leaf, not contiguous or does not require grad, or one that appears in two groups (as
     // torch.optim, naming both places); OutOfMemoryError or DeviceError when the state cannot be

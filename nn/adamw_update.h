@@ -42,7 +42,7 @@ constexpr int64_t kMultiTensorChunk = 65536;
 inline int64_t chunks_of(int64_t n) { return (n + kMultiTensorChunk - 1) / kMultiTensorChunk; }
 
 // One parameter in the device table of a multi-tensor AdamW step: pointers on one device (the f32
-// master copy for bf16 only, else nullptr), its size and its group's weight decay.
+// master copy for bf16 only, else nullptr), its size and its group's weight decay and lr_scale.
 template <class T>
 struct AdamWTensor {
     T* p;
@@ -51,6 +51,7 @@ struct AdamWTensor {
     acc_t<T>* v;
     int64_t numel;
     double weight_decay;
+    double lr_scale;
 };
 
 // One block's work: elements [index * kMultiTensorChunk, min((index + 1) * kMultiTensorChunk, numel))
@@ -70,7 +71,8 @@ struct AdamWGrads {
 };
 
 // Updates the chunks chunks[0 .. num_chunks) of the table `tensors` (both in device memory) by
-// adamw_update with `s` (its weight_decay replaced by each entry's): one kernel launch. Every
+// adamw_update with `s` (its weight_decay replaced by each entry's, its lr scaled by the entry's
+// lr_scale): one kernel launch. Every
 // chunk's tensor must lie in grads' range. Where skip_if_nonfinite is not null and the value it
 // points to (on the device) is NaN or infinite, nothing is written.
 template <class T>

@@ -850,12 +850,12 @@ private:
 };
 
 // AdamW's device table of the multi-tensor CUDA step (nn/adamw.cpp build_table), built by the
-// first step and kept: per parameter an AdamWTensor (4 pointers, numel, weight decay: 48 bytes),
-// per 65536-element chunk 8 bytes, one more i64; one table for the one dtype.
+// first step and kept: per parameter an AdamWTensor (4 pointers, numel, weight decay, lr scale:
+// 56 bytes), per 65536-element chunk 8 bytes, one more i64; one table for the one dtype.
 int64_t adamw_table_bytes(const std::vector<int64_t>& numels) {
     int64_t chunks = 0;
     for (int64_t n : numels) chunks += (n + 65535) / 65536;
-    return 8 * ((static_cast<int64_t>(numels.size()) * 48 + chunks * 8) / 8 + 1);
+    return 8 * ((static_cast<int64_t>(numels.size()) * 56 + chunks * 8) / 8 + 1);
 }
 
 void check_sizes(const GPTConfig& c, const MemorySettings& s, int64_t B, int64_t T) {
