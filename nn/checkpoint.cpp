@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -17,21 +18,51 @@ namespace normtape {
 
 namespace {
 
+nlohmann::json groups_json(const std::vector<ParamGroup>& groups) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const ParamGroup& g : groups)
+        j.push_back({{"size", g.params.size()}, {"weight_decay", g.weight_decay}, {"lr_scale", g.lr_scale}});
+    return j;
+}
+
 std::string optimizer_json(const AdamW& optimizer) {
-    nlohmann::json j;
     const AdamWOptions& o = optimizer.options();
-    j["type"] = "AdamW";
-    j["step"] = optimizer.step_count();
-    j["beta1"] = o.beta1;
-    j["beta2"] = o.beta2;
-    j["eps"] = o.eps;
-    j["groups"] = nlohmann::json::array();
-    for (const ParamGroup& g : optimizer.groups())
-        j["groups"].push_back({{"size", g.params.size()}, {"weight_decay", g.weight_decay}});
+    nlohmann::json j = {{"type", "AdamW"}, {"step", optimizer.step_count()}, {"beta1", o.beta1},
+                        {"beta2", o.beta2},  {"eps", o.eps},                   {"groups", groups_json(optimizer.groups())}};
     return j.dump();
 }
 
-const std::string kExpAvg = "optimizer.exp_avg.", kExpAvgSq = "optimizer.exp_avg_sq.", kMaster = "optimizer.master.";
+std::string optimizer_json(const Muon& optimizer) {
+    const MuonOptions& o = optimizer.options();
+    nlohmann::json j = {{"type", "Muon"},         {"step", optimizer.step_count()}, {"momentum", o.momentum},
+                        {"nesterov", o.nesterov}, {"ns_steps", o.ns_steps},        {"groups", groups_json(optimizer.groups())}};
+    return j.dump();
+}
+
+const std::string kAdamWKey = "optimizer", kMuonKey = "optimizer.muon";
+
+// The parameters of an optimizer's groups (none for a null optimizer), by identity.
+template <class Optimizer>
+std::unordered_set<const TensorImpl*> members(const Optimizer* optimizer) {
+    std::unordered_set<const TensorImpl*> set;
+    if (optimizer)
+        for (const ParamGroup& g : optimizer->groups())
+            for (const Tensor& p : g.params) set.insert(&p.impl());
+    return set;
+}
+
+// Whether parameter `name` is AdamW's (else Muon's): Error naming the file when it is in neither
+// of the optimizers given or in both.
+bool owned_by_adamw(const char* op, const std::string& path, const std::string& name, const Tensor& p,
+                    const std::unordered_set<const TensorImpl*>& adamw, const std::unordered_set<const TensorImpl*>& muon) {
+    const bool a = adamw.count(&p.impl()) > 0, m = muon.count(&p.impl()) > 0;
+    NT_CHECK(a != m, op, ": ", path, ": expected parameter ", name, " in exactly one optimizer, it is in ",
+             a ? "both AdamW and Muon" : "none of those given");
+    return a;
+}
+
+const std::string kExpAvg = "optimizer.exp_avg.", kExpAvgSq = "optimizer.exp_avg_sq.", kMaster = "optimizer.master.",
+                  kMomentumBuffer = "optimizer.momentum_buffer.";
 
 // "parameter " or "optimizer state ", for messages about the file's tensor `name`.
 const char* kind_of(const std::string& name) { return name.rfind("optimizer.", 0) == 0 ? "optimizer state " : "parameter "; }
@@ -77,39 +108,101 @@ void check_values(const std::string& path, const std::string& name, const Tensor
                                      ": expected AdamW's second moment, a mean of squares, >= 0 (the file was modified?)");
 }
 
+// Whether `j` is an optimizer entry of the checkpoint format (nn/checkpoint.h) of its "type".
+bool well_formed(const nlohmann::json& j) {
+    if (!(j.is_object() && j.contains("type") && (j["type"] == "AdamW" || j["type"] == "Muon") && j.contains("step") &&
+          j["step"].is_number_unsigned() && j["step"].get<uint64_t>() <= uint64_t(INT64_MAX) && j.contains("groups") &&
+          j["groups"].is_array()))
+        return false;
+    const bool adamw = j["type"] == "AdamW";
+    for (const char* field : adamw ? std::vector<const char*>{"beta1", "beta2", "eps"}
+                                   : std::vector<const char*>{"momentum", "ns_steps"})
+        if (!j.contains(field) || !j[field].is_number()) return false;
+    if (!adamw && !(j.contains("nesterov") && j["nesterov"].is_boolean())) return false;
+    for (const nlohmann::json& g : j["groups"])
+        if (!(g.is_object() && g.contains("size") && g["size"].is_number_unsigned() && g.contains("weight_decay") &&
+              g["weight_decay"].is_number() && (!g.contains("lr_scale") || g["lr_scale"].is_number())))
+            return false;
+    return true;
+}
+
+// The hyperparameters of a well-formed entry, in words. Numbers in their shortest round-trip
+// decimal forms: equal strings mean equal values.
+std::string hyperparameters(const nlohmann::json& j) {
+    std::string s = j["type"] == "AdamW" ? "betas (" + j["beta1"].dump() + ", " + j["beta2"].dump() + "), eps " +
+                                               j["eps"].dump()
+                                         : "momentum " + j["momentum"].dump() + ", nesterov " + j["nesterov"].dump() +
+                                               ", ns_steps " + j["ns_steps"].dump();
+    s += ", groups";
+    for (const nlohmann::json& g : j["groups"])
+        s += " (" + g["size"].dump() + " params, weight decay " + g["weight_decay"].dump() + ", lr scale " +
+             (g.contains("lr_scale") ? g["lr_scale"] : nlohmann::json(1.0)).dump() + ")";
+    return s;
+}
+
+// The step count of the file's entry `key`, after checking it against the optimizer's own
+// entry `own` (optimizer_json): FormatError when absent or malformed, Error when the
+// hyperparameters differ.
+int64_t stored_step(const std::string& path, const std::map<std::string, std::string>& metadata, const std::string& key,
+                    const std::string& own) {
+    const nlohmann::json want = nlohmann::json::parse(own);
+    const std::string type = want["type"];
+    auto it = metadata.find(key);
+    NT_CHECK_AS(FormatError, it != metadata.end(), "load_checkpoint: ", path, ": holds no optimizer state for ", type,
+                " (no \"", key, "\" metadata; was it saved with the optimizer?)");
+    const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+    NT_CHECK_AS(FormatError, well_formed(j) && j["type"] == type, "load_checkpoint: ", path,
+                ": malformed optimizer metadata ", it->second, " (expected ", type, "'s entry)");
+    NT_CHECK(hyperparameters(want) == hyperparameters(j), "load_checkpoint: ", path, ": the ", type,
+             " optimizer's hyperparameters differ from the file's: expected ", hyperparameters(want),
+             ", the file has ", hyperparameters(j));
+    return static_cast<int64_t>(j["step"].get<uint64_t>());
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Module& module, const std::map<std::string, std::string>& metadata,
-                     const AdamW* optimizer) {
+                     const AdamW* optimizer, const Muon* muon) {
     NamedTensors tensors = module.named_parameters();
-    if (!optimizer) {
+    if (!optimizer && !muon) {
         save_safetensors(path, tensors, metadata);
         return;
     }
-    NT_CHECK(metadata.count("optimizer") == 0, "save_checkpoint: ", path,
-             ": the metadata key \"optimizer\" is reserved for the optimizer's state");
+    for (const std::string& key : {kAdamWKey, kMuonKey})
+        NT_CHECK(metadata.count(key) == 0, "save_checkpoint: ", path, ": the metadata key \"", key,
+                 "\" is reserved for the optimizers' state");
+    const auto in_adamw = members(optimizer), in_muon = members(muon);
     NamedTensors params = tensors;
     for (const auto& [name, p] : params) {
-        const AdamW::ParamState& st = optimizer->state(p);
-        tensors.emplace_back(kExpAvg + name, st.m);
-        tensors.emplace_back(kExpAvgSq + name, st.v);
-        if (st.master.defined()) tensors.emplace_back(kMaster + name, st.master);
+        Tensor master;
+        if (owned_by_adamw("save_checkpoint", path, name, p, in_adamw, in_muon)) {
+            const AdamW::ParamState& st = optimizer->state(p);
+            tensors.emplace_back(kExpAvg + name, st.m);
+            tensors.emplace_back(kExpAvgSq + name, st.v);
+            master = st.master;
+        } else {
+            const Muon::ParamState& st = muon->state(p);
+            tensors.emplace_back(kMomentumBuffer + name, st.momentum_buffer);
+            master = st.master;
+        }
+        if (master.defined()) tensors.emplace_back(kMaster + name, master);
     }
     std::map<std::string, std::string> meta = metadata;
-    meta["optimizer"] = optimizer_json(*optimizer);
+    if (optimizer) meta[kAdamWKey] = optimizer_json(*optimizer);
+    if (muon) meta[kMuonKey] = optimizer_json(*muon);
     save_safetensors(path, tensors, meta);
 }
 
-void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer, bool* checksummed) {
+void load_checkpoint(const std::string& path, Module& module, AdamW* optimizer, bool* checksummed, Muon* muon) {
     std::map<std::string, std::string> metadata;
     bool verified = false;
     NamedTensors file = load_safetensors(path, &metadata, &verified);
-    load_checkpoint(path, file, metadata, module, optimizer);
+    load_checkpoint(path, file, metadata, module, optimizer, muon);
     if (checksummed) *checksummed = verified;
 }
 
 void load_checkpoint(const std::string& path, const NamedTensors& file, const std::map<std::string, std::string>& metadata,
-                     Module& module, AdamW* optimizer) {
+                     Module& module, AdamW* optimizer, Muon* muon) {
     std::map<std::string, Tensor> by_name(file.begin(), file.end());
     // The file's tensor `name`, checked against the shape and dtype of `like`.
     auto find = [&](const std::string& name, const Shape& shape, DType dtype) -> const Tensor& {
@@ -131,54 +224,38 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
     std::vector<Copy> copies;
     for (const auto& [name, p] : params) copies.push_back({name, p, find(name, p.shape(), p.dtype())});
 
-    int64_t step = 0;
-    if (optimizer) {
-        auto it = metadata.find("optimizer");
-        NT_CHECK_AS(FormatError, it != metadata.end(), "load_checkpoint: ", path,
-                    ": holds no optimizer state (no \"optimizer\" metadata; was it saved with the optimizer?)");
-        nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-        const AdamWOptions& o = optimizer->options();
-        bool well_formed = j.is_object() && j.contains("type") && j["type"] == "AdamW" && j.contains("step") &&
-                           j["step"].is_number_unsigned() && j["step"].get<uint64_t>() <= uint64_t(INT64_MAX) &&
-                           j.contains("beta1") && j["beta1"].is_number() && j.contains("beta2") &&
-                           j["beta2"].is_number() && j.contains("eps") && j["eps"].is_number() && j.contains("groups") &&
-                           j["groups"].is_array();
-        if (well_formed)
-            for (const nlohmann::json& g : j["groups"])
-                well_formed = well_formed && g.is_object() && g.contains("size") && g["size"].is_number_unsigned() &&
-                              g.contains("weight_decay") && g["weight_decay"].is_number();
-        NT_CHECK_AS(FormatError, well_formed, "load_checkpoint: ", path, ": malformed optimizer metadata ", it->second);
-        // Shortest round-trip decimal forms: equal strings mean equal doubles.
-        auto num = [](double v) { return nlohmann::json(v).dump(); };
-        std::string want = "betas (" + num(o.beta1) + ", " + num(o.beta2) + "), eps " + num(o.eps) + ", groups";
-        std::string got = "betas (" + num(j["beta1"].get<double>()) + ", " + num(j["beta2"].get<double>()) + "), eps " +
-                          num(j["eps"].get<double>()) + ", groups";
-        for (const ParamGroup& g : optimizer->groups())
-            want += " (" + std::to_string(g.params.size()) + " params, weight decay " + num(g.weight_decay) + ")";
-        for (const nlohmann::json& g : j["groups"])
-            got += " (" + std::to_string(g["size"].get<uint64_t>()) + " params, weight decay " +
-                   num(g["weight_decay"].get<double>()) + ")";
-        NT_CHECK(want == got, "load_checkpoint: ", path, ": the optimizer's hyperparameters differ from the file's: expected ",
-                 want, ", the file has ", got);
-        step = static_cast<int64_t>(j["step"].get<uint64_t>());
-        for (const auto& [name, p] : params) {
+    // Each optimizer's metadata checked against it; the steps to restore.
+    int64_t adamw_step = 0, muon_step = 0;
+    if (optimizer) adamw_step = stored_step(path, metadata, kAdamWKey, optimizer_json(*optimizer));
+    if (muon) muon_step = stored_step(path, metadata, kMuonKey, optimizer_json(*muon));
+    const auto in_adamw = members(optimizer), in_muon = members(muon);
+    for (const auto& [name, p] : params) {
+        if (!optimizer && !muon) break;
+        Tensor master;
+        if (owned_by_adamw("load_checkpoint", path, name, p, in_adamw, in_muon)) {
             const AdamW::ParamState& st = optimizer->state(p);
             copies.push_back({kExpAvg + name, st.m, find(kExpAvg + name, st.m.shape(), st.m.dtype())});
             copies.push_back({kExpAvgSq + name, st.v, find(kExpAvgSq + name, st.v.shape(), st.v.dtype())});
-            if (st.master.defined())
-                copies.push_back({kMaster + name, st.master, find(kMaster + name, st.master.shape(), st.master.dtype())});
-            else
-                NT_CHECK_AS(FormatError, by_name.count(kMaster + name) == 0, "load_checkpoint: ", path, ": holds ",
-                            kMaster, name, " but parameter ", name, " is ", dtype_name(p.dtype()),
-                            " (master copies are for bf16 parameters)");
+            master = st.master;
+        } else {
+            const Tensor& buf = muon->state(p).momentum_buffer;
+            copies.push_back({kMomentumBuffer + name, buf, find(kMomentumBuffer + name, buf.shape(), buf.dtype())});
+            master = muon->state(p).master;
         }
+        if (master.defined())
+            copies.push_back({kMaster + name, master, find(kMaster + name, master.shape(), master.dtype())});
+        else
+            NT_CHECK_AS(FormatError, by_name.count(kMaster + name) == 0, "load_checkpoint: ", path, ": holds ", kMaster,
+                        name, " but parameter ", name, " is ", dtype_name(p.dtype()),
+                        " (master copies are for bf16 parameters)");
     }
     // A NaN or an Inf, or a negative second moment, would make every later step NaN: refused
     // before anything is modified.
     for (const Copy& c : copies) check_values(path, c.name, c.src);
     NoGradGuard no_grad;
     for (Copy& c : copies) c.dst.copy_(c.src.to(c.dst.device()));
-    if (optimizer) optimizer->set_step_count(step);
+    if (optimizer) optimizer->set_step_count(adamw_step);
+    if (muon) muon->set_step_count(muon_step);
 }
 
 }  // namespace normtape

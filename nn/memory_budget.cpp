@@ -105,7 +105,7 @@ double predict_step_ms(const GPTConfig& config, const MemorySettings& s, int64_t
     return ms;
 }
 
-std::vector<MemorySettings> memory_settings_grid(const GPTConfig& config, int64_t B) {
+std::vector<MemorySettings> memory_settings_grid(const GPTConfig& config, int64_t B, StepOptimizer optimizer) {
     std::vector<int64_t> micro;
     for (int64_t b = B; b >= 1; b /= 2) {
         micro.push_back(b);
@@ -126,6 +126,7 @@ std::vector<MemorySettings> memory_settings_grid(const GPTConfig& config, int64_
                             s.checkpoint_every = every;
                             s.offload = offload;
                             s.micro_batch = b;
+                            s.optimizer = optimizer;
                             grid.push_back(s);
                         }
                     }
@@ -143,11 +144,11 @@ std::string settings_label(const MemorySettings& s) {
 }
 
 MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T,
-                             const StepCostModel& costs) {
+                             const StepCostModel& costs, StepOptimizer optimizer) {
     NT_CHECK(budget_bytes > 0, "plan_memory: expected a budget > 0 bytes, got ", budget_bytes);
     MemoryBudgetPlan plan;
     bool first = true;
-    for (const MemorySettings& s : memory_settings_grid(config, B)) {
+    for (const MemorySettings& s : memory_settings_grid(config, B, optimizer)) {
         const int64_t peak = predict_peak(config, s, B, T);
         if (first || peak < plan.smallest_peak) {
             plan.smallest_peak = peak;
@@ -171,15 +172,16 @@ MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int6
         const StepMemory parts = step_memory(config, plan.settings, B, T);
         plan.advice = "nothing fits in " + std::to_string(budget_bytes) + " bytes: the least budget that fits is " +
                       std::to_string(plan.smallest_peak) + " bytes (" + settings_label(plan.settings) +
-                      "), of which the parameters, their gradients and AdamW's state take " +
+                      "), of which the parameters, their gradients and the optimizers' state take " +
                       std::to_string(parts.parameters + parts.gradients + parts.optimizer_state) +
                       " bytes whatever the settings: a larger budget, a shorter sequence or a smaller model";
     }
     return plan;
 }
 
-MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T) {
-    return plan_memory(config, budget_bytes, B, T, calibrate_step_costs(config, B, T));
+MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T,
+                             StepOptimizer optimizer) {
+    return plan_memory(config, budget_bytes, B, T, calibrate_step_costs(config, B, T), optimizer);
 }
 
 }  // namespace normtape

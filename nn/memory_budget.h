@@ -41,8 +41,10 @@ double predict_step_ms(const GPTConfig& config, const MemorySettings& s, int64_t
 
 // Every setting the planner considers for B rows: the 3 policies x activation recompute on/off x
 // fused head loss on/off x checkpoint_every 0, 1, 2 x offload on/off (CUDA only) x micro-batches
-// B, B/2, B/4, ... down to 1 (the divisors of B by powers of two). In that order.
-std::vector<MemorySettings> memory_settings_grid(const GPTConfig& config, int64_t B);
+// B, B/2, B/4, ... down to 1 (the divisors of B by powers of two). In that order; each with
+// `optimizer`, which the planner does not choose.
+std::vector<MemorySettings> memory_settings_grid(const GPTConfig& config, int64_t B,
+                                                 StepOptimizer optimizer = StepOptimizer::AdamW);
 
 // A short label of a setting: "normalized, recompute, fused, ckpt 2, offload, micro 4" (the
 // settings that are off are left out; "input" alone is the plain step).
@@ -58,14 +60,15 @@ struct MemoryBudgetPlan {
     std::string advice;             // when nothing fits: what would (a budget, a smaller batch)
 };
 
-// The fastest setting of memory_settings_grid(config, B) whose predict_peak on [B, T] is at most
+// The fastest setting of memory_settings_grid(config, B, optimizer) whose predict_peak on [B, T] is at most
 // budget_bytes, by predict_step_ms with `costs` (ties: the smaller peak). When none fits, fits is
 // false, settings the smallest-peak setting and advice says the least budget that fits and the
 // largest batch (B halved) the budget would hold with it. Throws Error naming plan_memory for
 // budget_bytes <= 0, and as predict_peak.
 MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T,
-                             const StepCostModel& costs);
+                             const StepCostModel& costs, StepOptimizer optimizer = StepOptimizer::AdamW);
 // The same with calibrate_step_costs(config, B, T).
-MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T);
+MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T,
+                             StepOptimizer optimizer = StepOptimizer::AdamW);
 
 }  // namespace normtape

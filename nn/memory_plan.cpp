@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "nn/muon.h"
 #include "ops/attention.h"
 #include "ops/linear_cross_entropy.h"
 
@@ -233,6 +234,8 @@ public:
     std::string where;                  // the module path, or the node in backward
     std::vector<SaveScope> save_scopes;
     std::vector<int64_t> gradient_bytes;  // per parameter
+    // Per parameter, [rows, cols] of a blocks' matrix (Muon's under StepOptimizer::Muon), else {0, 0}.
+    std::vector<std::pair<int64_t, int64_t>> block_matrix;
     std::vector<Buf> gradients;           // per parameter, once made
     std::vector<int64_t>* allocations = nullptr;  // live bytes after each allocation, when set
 
@@ -398,14 +401,17 @@ private:
         t.parameter = true;
         t.leaf = static_cast<int>(r_.gradient_bytes.size());
         r_.gradient_bytes.push_back(t.bytes);
+        r_.block_matrix.emplace_back(0, 0);
         r_.gradients.emplace_back();
         return t;
     }
+    // Only the blocks' Linear layers are made here (lm_head is not).
     LinearP linear_params(int64_t in, int64_t out) {
         LinearP p;
         p.in = in;
         p.out = out;
         p.weight = param(out * in);
+        r_.block_matrix.back() = {out, in};
         if (c_.bias) p.bias = param(out);
         return p;
     }
@@ -889,21 +895,37 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
     const int64_t rows = s.micro_batch > 0 ? s.micro_batch : B, n_micro = B / rows;
     const int64_t ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
 
-    // The parameters' sizes, from the replay's own list of them.
-    std::vector<int64_t> numels;
+    // The parameters' sizes and which are Muon's, from the replay's own list of them.
+    const bool muon = s.optimizer == StepOptimizer::Muon;
+    std::vector<int64_t> numels, adamw_numels;
+    std::vector<std::pair<int64_t, int64_t>> block_matrix;
     {
         Replay sizes(0);
         GptReplay model(sizes, c, rows, T);
         for (int64_t bytes : sizes.gradient_bytes)
             numels.push_back(bytes / static_cast<int64_t>(element_size(c.dtype)));
+        block_matrix = sizes.block_matrix;
     }
+    // Muon's classes (Note [Muon on CUDA], nn/muon.cu): [rows, cols] and count, in order of first appearance.
+    std::vector<std::pair<std::pair<int64_t, int64_t>, int64_t>> classes;
     StepMemory plan;
     int64_t elements = 0;
-    for (int64_t n : numels) elements += n;
+    for (size_t k = 0; k < numels.size(); ++k) {
+        elements += numels[k];
+        if (!muon || block_matrix[k].first == 0) {
+            adamw_numels.push_back(numels[k]);
+            plan.adamw_moments += 2 * ss * numels[k];
+            continue;
+        }
+        plan.muon_momentum += ss * numels[k];
+        auto it = std::find_if(classes.begin(), classes.end(), [&](const auto& e) { return e.first == block_matrix[k]; });
+        if (it == classes.end()) classes.push_back({block_matrix[k], 1});
+        else ++it->second;
+    }
     plan.parameters = elements * static_cast<int64_t>(element_size(c.dtype));
     plan.gradients = plan.parameters;
-    plan.optimizer_state = elements * (2 * ss + (c.dtype == DType::BF16 ? 4 : 0));
-    if (c.device.is_cuda()) plan.optimizer_state += adamw_table_bytes(numels);
+    plan.optimizer_state = plan.adamw_moments + plan.muon_momentum + (c.dtype == DType::BF16 ? 4 * elements : 0);
+    if (c.device.is_cuda()) plan.optimizer_state += adamw_table_bytes(adamw_numels);
     plan.batch = 2 * B * T * 8;
 
     Replay r(plan.parameters + plan.optimizer_state + plan.batch);
@@ -934,7 +956,8 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
         }
         // clip_grad_norm_tensor_: the norm, 0-dim f64 (on CUDA after its partial sums, one f64 per
         // 65536-element chunk of every gradient, and the clip coefficient); AdamW::step allocates
-        // nothing; zero_grad drops the gradients.
+        // nothing; on CUDA Muon::step takes each class's scratch in turn (on the cpu Eigen's heap,
+        // not the allocator's); zero_grad drops the gradients.
         r.phase = "optimizer";
         if (c.device.is_cuda()) {
             int64_t chunks = 0;
@@ -942,6 +965,11 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
             Buf partial = r.alloc((chunks + 1) * 8);
             Buf norm = r.alloc(8);
             partial.reset();
+            for (const auto& [shape, count] : classes) {
+                std::vector<Buf> scratch;
+                for (int64_t bytes : muon_scratch_bytes(c.dtype, count, shape.first, shape.second))
+                    scratch.push_back(r.alloc(bytes));
+            }
             r.gradients.clear();
         } else {
             Buf norm = r.alloc(8);

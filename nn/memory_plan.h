@@ -8,13 +8,15 @@
 //
 // Note [The step replayed]
 // A training step is train_gpt's loop (examples/train_gpt/train_gpt.cpp, train()): with the batch
-// idx, targets [B, T] i64 already allocated and the AdamW state made (its moments and masters by
-// AdamW's constructor, before any step; on CUDA its device table by the first step), the peak
+// idx, targets [B, T] i64 already allocated and the optimizers' state made (AdamW's moments and
+// masters, and with Muon its buffers and masters, by their constructors before any step; on CUDA
+// AdamW's device table by the first step), the peak
 // statistics are reset; then, for each micro-batch of B_micro rows (views of the batch; train_gpt
 // has one, the whole batch, and tests/test_memory_plan.cpp runs the loop with more),
 // loss = model.loss(idx, targets), scaled by 1 / n_micro when there is more than one
 // (ops/elementwise.h scale), and loss.backward(); then clip_grad_norm_tensor_(params, 1.0),
-// AdamW::step_if_finite(norm), AdamW::zero_grad(). The peak is not a sum of a few terms: it falls
+// AdamW::step_if_finite(norm) (then Muon's, with s.optimizer Muon), zero_grad(). The peak is not
+// a sum of a few terms: it falls
 // where the bytes alive at one allocation are highest, which moves with every setting (the logits'
 // gradient, lm_head's product, a block's forward again under a checkpoint, the residual gradient
 // summed at a norm...). So predict_peak replays the step: the same sequence of allocations and
@@ -36,8 +38,13 @@
 
 namespace normtape {
 
+// The optimizer of the step: AdamW for every parameter, or Muon for the blocks' matrices and
+// AdamW for the rest (param_groups_for_muon, nn/muon.h; train_gpt --optimizer).
+enum class StepOptimizer { AdamW, Muon };
+
 // How a step trades memory for time; none of these changes the model's parameters or what it
-// computes (the gradients are the same, up to the rounding of summing micro-batches).
+// computes (the gradients are the same, up to the rounding of summing micro-batches). The
+// optimizer is not a trade but decides the resident state and the optimizer's scratch.
 struct MemorySettings {
     SavePolicy policy = SavePolicy::Input;  // GPTConfig::policy
     bool recompute_activation = true;       // GPTConfig::recompute_activation
@@ -45,6 +52,7 @@ struct MemorySettings {
     int64_t checkpoint_every = 0;           // 0: no block checkpointed; k >= 1: blocks 0, k, 2k, ...
     bool offload = false;                   // GPTConfig::offload
     int64_t micro_batch = 0;                // rows per micro-batch (gradient accumulation); 0: the whole batch
+    StepOptimizer optimizer = StepOptimizer::AdamW;
 };
 
 // `config` with the settings' fields set: policy, recompute_activation, fused_head_loss, offload,
@@ -56,8 +64,10 @@ GPTConfig with_settings(GPTConfig config, const MemorySettings& s);
 // (numel * element size, core/allocator.h).
 struct StepMemory {
     int64_t parameters = 0;       // num_parameters(config) elements of config.dtype
-    int64_t optimizer_state = 0;  // AdamW's m and v (stat_dtype), f32 masters of bf16 parameters;
-                                  // on CUDA also its device table of the multi-tensor step
+    int64_t optimizer_state = 0;  // all of the optimizers' state: the two below, the f32 masters of
+                                  // bf16 parameters, on CUDA AdamW's device table of its multi-tensor step
+    int64_t adamw_moments = 0;    // AdamW's m and v (stat_dtype) of its parameters
+    int64_t muon_momentum = 0;    // Muon's momentum buffers (stat_dtype) of the blocks' matrices
     int64_t batch = 0;            // idx and targets, [B, T] i64 each
     int64_t gradients = 0;        // every parameter's gradient (config.dtype), alive after a backward
     int64_t peak = 0;             // memory_stats(config.device).peak_allocated_bytes over the step
@@ -74,7 +84,8 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 
 // memory_stats(config.device).peak_allocated_bytes over one training step of the GPT
 // with_settings(config, s) on a [B, T] batch (Note [The step replayed]), in bytes: the resident
-// bytes (parameters + AdamW state + the batch; nothing else may be allocated on the device) plus
+// bytes (parameters + the optimizers' state + the batch; nothing else may be allocated on the
+// device) plus
 // the highest sum of the step's live tensors at any allocation:
 //   - forward: the saved tensors as they accumulate (predicted_saved_bytes and its variants), plus
 //     each op's output and transients (lm_head's [E, V] logits; on the cpu in bf16 every product's
@@ -83,7 +94,8 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 //     outputs and transients (the logits' gradient written over them; a checkpointed block's forward
 //     run again), the parameters' gradients made so far; in a later micro-batch every gradient
 //     already exists (summed in place), in the first each is a copy made when it first arrives;
-//   - optimizer: the gradients and the norm (and on CUDA the norm's partial sums).
+//   - optimizer: the gradients and the norm (and on CUDA the norm's partial sums, then with Muon
+//     each class's scratch in turn, muon_scratch_bytes).
 // With s.micro_batch = b < B the batch is n = B / b micro-batches: the peak is the higher of the
 // first micro-batch's and a later one's (every parameter's gradient alive through its forward and
 // backward), each replayed on [b, T]; the loss of each is scaled by 1/n (one more 0-dim tensor).

@@ -278,6 +278,11 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
         run["saved_bytes_on_device"] = r.saved_on_device_bytes;
         run["step_peak"] = step_peak(r.memory_trace);
         run["predicted_saved_bytes"] = r.predicted_saved_bytes;
+        run["optimizer_state"] = {{"adamw_moment_bytes", r.adamw_moment_bytes},
+                                  {"muon_momentum_bytes", r.muon_momentum_bytes},
+                                  {"master_bytes", r.master_bytes},
+                                  {"predicted_adamw_moment_bytes", r.predicted_adamw_moment_bytes},
+                                  {"predicted_muon_momentum_bytes", r.predicted_muon_momentum_bytes}};
         run["saved_bytes_by_category"] = nlohmann::json::object();
         for (const auto& [name, bytes] : saved_bytes_by_category(r.saved_report))
             run["saved_bytes_by_category"][name] = bytes;

@@ -30,6 +30,11 @@ struct RunResult {
     // The step's peak by predict_peak (nn/memory_plan.h) for the run's settings, bytes: never below
     // peak_allocated_bytes where the replay is exact.
     int64_t predicted_peak_bytes = 0;
+    // The optimizers' state (examples/train_gpt/optimizers.h), bytes, measured from their tensors
+    // and predicted (step_memory's adamw_moments and muon_momentum): AdamW's moments, Muon's
+    // momentum buffers (0 with --optimizer adamw), the f32 masters of bf16 parameters.
+    int64_t adamw_moment_bytes = 0, muon_momentum_bytes = 0, master_bytes = 0;
+    int64_t predicted_adamw_moment_bytes = 0, predicted_muon_momentum_bytes = 0;
     // With --recompute-activation on: saved_activation_bytes of the first (micro-)batch with it off,
     // minus with it on (0 when off).
     int64_t recompute_saving_bytes = 0;

@@ -42,7 +42,7 @@ nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& t
             {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
             {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed},
             {"val-fraction", a.val_fraction}, {"warmup", warmup_steps(a)}, {"min-lr", min_lr(a)},
-            {"beta2", a.beta2},   {"dropout", a.dropout}};
+            {"beta2", a.beta2},   {"dropout", a.dropout},          {"optimizer", a.optimizer}};
 }
 
 ResumeState read_resume(const std::string& path) {
@@ -123,7 +123,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
                          " (leave the flag out to take the checkpoint's)");
     }
     // Checkpoints written before these flags existed trained with their defaults then: the
-    // default schedule, beta2 0.95, no dropout, GPT-2's architecture untied.
+    // default schedule, beta2 0.95, no dropout, GPT-2's architecture untied, AdamW.
     auto take_since = [&](const char* flag, auto& field, auto old) {
         if (r.config.contains(flag + 2)) return take(flag, field);
         if (app.count(flag))
@@ -139,6 +139,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     take_since("--arch", a.arch, std::string("gpt2"));
     take_since("--kv-heads", a.kv_heads, int64_t{0});
     take_since("--tie", a.tie, std::string("off"));
+    take_since("--optimizer", a.optimizer, std::string("adamw"));
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);

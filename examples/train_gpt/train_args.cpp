@@ -171,6 +171,7 @@ void check_args(const Args& a) {
     if (!(a.dropout >= 0 && a.dropout < 1))
         fail(a, "dropout", format_real(a.dropout), "a probability from 0 to 1 (exclusive)");
     check_choice(a, "arch", a.arch, {"gpt2", "nanochat", "llama"});
+    check_choice(a, "optimizer", a.optimizer, {"adamw", "muon"});
     check_choice(a, "tie", a.tie, {"on", "off"});
     check_choice(a, "norm", a.norm, {"layer", "rms"});
     check_choice(a, "policy", a.policy, {"input", "output", "normalized", "both", "all"});

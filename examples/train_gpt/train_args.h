@@ -22,7 +22,8 @@ struct Args {
     double lr = 3e-3;
     int64_t warmup = -1;                                          // warm-up steps (-1: 10% of steps)
     double min_lr = std::numeric_limits<double>::quiet_NaN();     // where the decay ends (NaN: lr / 10)
-    double beta2 = 0.95;                                          // AdamW's
+    double beta2 = 0.95;                                          // AdamW's (--optimizer adamw)
+    std::string optimizer = "adamw";  // "adamw" or "muon" (examples/train_gpt/optimizers.h)
     double dropout = 0.0;                                         // GPTConfig::dropout
     int64_t threads = 0;                                          // cpu threads (0: every core)
     int64_t sample = 0;                                           // bytes to sample after training

@@ -80,7 +80,11 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--min-lr", a.min_lr, "the learning rate the cosine decay ends at, 0 to --lr (default: lr/10)")
         ->check(real)
         ->default_str("");
-    app.add_option("--beta2", a.beta2, "AdamW's second-moment decay, 0 to 1 (exclusive)")->check(real);
+    app.add_option("--beta2", a.beta2, "AdamW's second-moment decay, 0 to 1 (exclusive), with --optimizer adamw")
+        ->check(real);
+    app.add_option("--optimizer", a.optimizer,
+                   "adamw (every parameter) or muon (Muon for the blocks' matrices, AdamW for the rest, at nanochat's "
+                   "rates scaled by the schedule: --lr is then the schedule's peak, not a rate)");
     app.add_option("--dropout", a.dropout,
                    "dropout probability on the embeddings, the attention probabilities and the residual projections, "
                    "0 to 1 (exclusive)")

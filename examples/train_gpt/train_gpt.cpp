@@ -7,7 +7,7 @@
 // Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
 // L layers (--layers), V vocabulary (256 bytes; --vocab with --data random).
 //
-// Checkpoints: --save FILE writes the model, the AdamW state, the step, the batch generator's state
+// Checkpoints: --save FILE writes the model, the optimizers' state, the step, the batch generator's state
 // and the run's config into one safetensors file (at the end, at --stop-at, and every
 // --save-every steps); --resume FILE continues that run so that it trains exactly as the run that
 // never stopped (bit for bit on the cpu). See Note [Resuming a run] in examples/train_gpt/resume.h.
@@ -51,6 +51,7 @@
 #include "../common/checkpoint_checks.h"
 #include "memory_sweep.h"
 #include "normtape.h"
+#include "optimizers.h"
 #include "phase_timer.h"
 #include "report.h"
 #include "resume.h"
@@ -189,6 +190,7 @@ MemorySettings settings_of(const Args& a, SavePolicy policy) {
     s.checkpoint_every = a.checkpoint == "blocks" ? a.checkpoint_every : 0;
     s.offload = a.offload == "on";
     s.micro_batch = micro_batch(a);
+    s.optimizer = a.optimizer == "muon" ? StepOptimizer::Muon : StepOptimizer::AdamW;
     return s;
 }
 void set_settings(Args& a, const MemorySettings& s) {
@@ -213,14 +215,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     const Device dev = device_of(a);
     manual_seed(a.seed);
     GPT model(make_config(a, policy));
-    std::vector<ParamGroup> groups(2);  // weight decay for matrices only (GPT-2 / nanoGPT)
-    groups[0].weight_decay = 0.1;
-    groups[1].weight_decay = 0.0;
-    for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-    AdamWOptions opt;
-    opt.lr = a.lr;
-    opt.beta2 = a.beta2;
-    AdamW optimizer(groups, opt);
+    Optimizers optimizer = make_optimizers(a, model);  // Note [The optimizers]
     TextSplit split = split_text(a, text);
     Batcher batcher(std::move(split.train), a.batch, a.seq, a.vocab, a.seed, dev);
     // The held-out batches: the same ones at every evaluation (Note [Held-out loss] in train_data.h).
@@ -232,17 +227,19 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     int64_t start = 0;
     if (resume) {  // Note [Resuming a run]
         try {
-            load_checkpoint(resume->path, resume->tensors, resume->metadata, model, &optimizer);
+            load_checkpoint(resume->path, resume->tensors, resume->metadata, model, optimizer.adamw.get(),
+                            optimizer.muon.get());
         } catch (const Error& e) {  // the file cannot resume this run: found before training, as a flag
             throw UsageError(std::string("--resume: ") + e.what());
         }
         resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
         // Every step of a run is one optimizer step (a skipped one is not counted, and stops the run).
-        if (optimizer.step_count() != resume->step)
+        if (optimizer.step_count() != resume->step || (optimizer.muon && optimizer.muon->step_count() != resume->step))
             throw UsageError("--resume " + resume->path + ": the checkpoint's training step (train_gpt.step " +
                              std::to_string(resume->step) + ") differs from its optimizer's step count (\"step\": " +
                              std::to_string(optimizer.step_count()) +
-                             " in its \"optimizer\" metadata): expected the two equal, as every run saves them "
+                             (optimizer.muon ? ", Muon's " + std::to_string(optimizer.muon->step_count()) : "") +
+                             " in its optimizers' metadata): expected them equal, as every run saves them "
                              "(the file was modified?)");
         try {
             batcher.set_state(resume->metadata.at("train_gpt.batcher"));
@@ -285,7 +282,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                           static_cast<long long>(r.best_val_step));
             metadata["train_gpt.best_val"] = best;
         }
-        save_checkpoint(a.save, model, metadata, &optimizer);
+        save_checkpoint(a.save, model, metadata, optimizer.adamw.get(), optimizer.muon.get());
         std::printf("checkpoint: %s (step %lld)\n", a.save.c_str(), static_cast<long long>(steps_done));
     };
 
@@ -295,7 +292,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     r.predicted_saved_bytes = a.checkpoint == "blocks"
                                   ? predicted_checkpoint_every_saved_bytes(model.config(), micro, a.seq)
                                   : predicted_saved_bytes(model.config(), micro, a.seq);
-    r.predicted_peak_bytes = predict_peak(make_config(a, policy), settings_of(a, policy), a.batch, a.seq);
+    const StepMemory parts = step_memory(make_config(a, policy), settings_of(a, policy), a.batch, a.seq);
+    r.predicted_peak_bytes = parts.peak;
+    r.adamw_moment_bytes = optimizer.adamw_moment_bytes();
+    r.muon_momentum_bytes = optimizer.muon_momentum_bytes();
+    r.master_bytes = optimizer.master_bytes();
+    r.predicted_adamw_moment_bytes = parts.adamw_moments;
+    r.predicted_muon_momentum_bytes = parts.muon_momentum;
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
     PhaseTimer phases(dev, n_micro);
     r.phase_timing = phases.method();
@@ -334,8 +337,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             optimizer.set_lr(schedule.lr(step));
             // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
             // skipped (on the device, which knows the norm) and the step not counted.
-            if (a.on_nan == "continue") optimizer.step();
-            else optimizer.step_if_finite(norm);
+            optimizer.step(a.on_nan == "continue" ? nullptr : &norm);
             optimizer.zero_grad();
             phases.mark_optimizer_done();
             synchronize(dev);
@@ -412,6 +414,24 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                 policy_name(policy), with_commas(r.peak_allocated_bytes).c_str(),
                 with_commas(r.predicted_peak_bytes).c_str(),
                 static_cast<double>(r.peak_allocated_bytes) / static_cast<double>(std::max<int64_t>(r.predicted_peak_bytes, 1)));
+    std::printf("[%-6s] optimizer state: AdamW moments %s bytes, Muon momentum %s bytes, f32 masters %s bytes "
+                "(predicted %s and %s: %s)\n",
+                policy_name(policy), with_commas(r.adamw_moment_bytes).c_str(), with_commas(r.muon_momentum_bytes).c_str(),
+                with_commas(r.master_bytes).c_str(), with_commas(r.predicted_adamw_moment_bytes).c_str(),
+                with_commas(r.predicted_muon_momentum_bytes).c_str(),
+                r.adamw_moment_bytes == r.predicted_adamw_moment_bytes &&
+                        r.muon_momentum_bytes == r.predicted_muon_momentum_bytes
+                    ? "= measured"
+                    : "differs");
+    if (optimizer.muon) {
+        int64_t as_adamw = 0;  // AdamW's m and v for the same matrices (stat_dtype each)
+        for (const Tensor& p : optimizer.muon->groups()[0].params)
+            as_adamw += 2 * p.numel() * static_cast<int64_t>(element_size(stat_dtype(p.dtype())));
+        std::printf("[%-6s] Muon keeps %s bytes of momentum for its matrices, where AdamW would keep %s bytes of "
+                    "moments: %.2f of AdamW's\n",
+                    policy_name(policy), with_commas(r.muon_momentum_bytes).c_str(), with_commas(as_adamw).c_str(),
+                    static_cast<double>(r.muon_momentum_bytes) / static_cast<double>(std::max<int64_t>(as_adamw, 1)));
+    }
     if (!r.val_losses.empty())
         std::printf("[%-6s] validation: best loss %.4f at step %lld (%zu evaluation%s of %lld held-out batches)\n",
                     policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
@@ -434,9 +454,10 @@ int sweep(const Args& a, const std::string& text, int64_t budget) {
     const std::vector<SweepReference> refs = read_sweep_references(a.sweep_reference);
     const StepCostModel costs = calibrate_step_costs(config, a.batch, a.seq);
     std::optional<MemoryBudgetPlan> plan;
-    if (budget > 0) plan = plan_memory(config, budget, a.batch, a.seq, costs);
+    const StepOptimizer optimizer = settings_of(a, SavePolicy::Input).optimizer;
+    if (budget > 0) plan = plan_memory(config, budget, a.batch, a.seq, costs, optimizer);
     std::vector<SweepPoint> points;
-    for (const MemorySettings& s : memory_settings_grid(config, a.batch)) {
+    for (const MemorySettings& s : memory_settings_grid(config, a.batch, optimizer)) {
         SweepPoint p{s, settings_label(s), predict_peak(config, s, a.batch, a.seq), 0,
                      predict_step_ms(config, s, a.batch, a.seq, costs), 0, false, false};
         if (budget > 0 && p.predicted_peak > budget) continue;
@@ -465,7 +486,8 @@ int sweep(const Args& a, const std::string& text, int64_t budget) {
 // --memory-budget: the planner's settings for `budget` bytes, printed, set into `a`. Throws
 // UsageError with the planner's advice when nothing fits.
 void plan_budget(Args& a, int64_t budget) {
-    const MemoryBudgetPlan plan = plan_memory(make_config(a, SavePolicy::Input), budget, a.batch, a.seq);
+    const MemoryBudgetPlan plan = plan_memory(make_config(a, SavePolicy::Input), budget, a.batch, a.seq,
+                                              settings_of(a, SavePolicy::Input).optimizer);
     if (!plan.fits) throw UsageError("--memory-budget " + a.memory_budget + ": " + plan.advice);
     set_settings(a, plan.settings);
     std::printf("memory plan for %s bytes (--memory-budget %s): %s; predicted peak %s bytes, predicted step %.1f ms\n",
