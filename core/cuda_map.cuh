@@ -1,7 +1,8 @@
-// core/cuda_map.cuh: 16-byte vectors of f32 and bf16 (load, store, unpack), and map_cuda(), the
-// one elementwise kernel behind every pointwise op on the GPU: out[i] = f(in_0[i], ..., in_N-1[i])
-// read and written in 16-byte vectors (8 bf16, 4 f32) wherever the pointers allow, with enough
-// independent loads in flight per thread to reach copy bandwidth. Internal, CUDA code only.
+// core/cuda_map.cuh: 16-byte vectors (of any dtype as they are; of f32 and bf16 unpacked into floats),
+// and map_cuda(), the one elementwise kernel behind every pointwise op on the GPU:
+// out[i] = f(in_0[i], ..., in_N-1[i]) read and written in 16-byte vectors (8 bf16, 4 f32) wherever
+// the pointers allow, with enough independent loads in flight per thread to reach copy bandwidth.
+// Internal, CUDA code only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +17,52 @@
 #include "core/dtype.h"
 
 namespace normtape::detail {
+
+// 16-byte vectors of any element type, unconverted: 16 / sizeof(U) elements (bf16 8, f32 4, f64 2),
+// for kernels that mix dtypes (AdamW's and Muon's steps).
+
+__device__ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+__device__ inline void load16(const float* p, float* v) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ inline void load16(const double* p, double* v) {
+    const double2 q = *reinterpret_cast<const double2*>(p);
+    v[0] = q.x, v[1] = q.y;
+}
+__device__ inline void load16(const bf16* p, bf16* v) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k].bits = static_cast<uint16_t>(w[k] & 0xffffu);
+        v[2 * k + 1].bits = static_cast<uint16_t>(w[k] >> 16);
+    }
+}
+__device__ inline void store16(float* p, const float* v) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void store16(double* p, const double* v) {
+    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
+}
+__device__ inline void store16(bf16* p, const bf16* v) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = uint32_t(v[2 * k].bits) | (uint32_t(v[2 * k + 1].bits) << 16);
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+// N elements at p (16-byte aligned; N * sizeof(U) a multiple of 16).
+template <class U, int N>
+__device__ inline void load_vec(const U* p, U (&v)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; k += 16 / int(sizeof(U))) load16(p + k, v + k);
+}
+template <class U, int N>
+__device__ inline void store_vec(U* p, const U (&v)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; k += 16 / int(sizeof(U))) store16(p + k, v + k);
+}
 
 // A 16-byte vector of T, unpacked into E = 16 / sizeof(T) floats.
 template <class T>

@@ -37,51 +37,6 @@ static_assert(kMultiTensorChunk % 16 == 0, "a chunk must keep 16-byte alignment"
 static_assert(sizeof(AdamWGrads<float>) + 128 <= 4096 && sizeof(GradList) + 64 <= 4096,
               "kernel arguments must stay within 4 KiB");
 
-// ---- 16-byte vectors of any element type: 16 / sizeof(U) elements (bf16 8, f32 4, f64 2) ------
-
-__device__ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-__device__ inline void load16(const float* p, float* v) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-}
-__device__ inline void load16(const double* p, double* v) {
-    const double2 q = *reinterpret_cast<const double2*>(p);
-    v[0] = q.x, v[1] = q.y;
-}
-__device__ inline void load16(const bf16* p, bf16* v) {
-    const uint4 q = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        v[2 * k].bits = static_cast<uint16_t>(w[k] & 0xffffu);
-        v[2 * k + 1].bits = static_cast<uint16_t>(w[k] >> 16);
-    }
-}
-__device__ inline void store16(float* p, const float* v) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ inline void store16(double* p, const double* v) {
-    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
-}
-__device__ inline void store16(bf16* p, const bf16* v) {
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = uint32_t(v[2 * k].bits) | (uint32_t(v[2 * k + 1].bits) << 16);
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-// N elements at p (16-byte aligned; N * sizeof(U) a multiple of 16).
-template <class U, int N>
-__device__ inline void load_vec(const U* p, U (&v)[N]) {
-#pragma unroll
-    for (int k = 0; k < N; k += 16 / int(sizeof(U))) load16(p + k, v + k);
-}
-template <class U, int N>
-__device__ inline void store_vec(U* p, const U (&v)[N]) {
-#pragma unroll
-    for (int k = 0; k < N; k += 16 / int(sizeof(U))) store16(p + k, v + k);
-}
-
 // The tensor of block `b` in a GradList (the first i with chunk_end[i] > b) and the chunk's
 // first element offset within it.
 __device__ inline int grad_list_tensor(const GradList& list, int b, int64_t* start) {

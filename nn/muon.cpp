@@ -6,6 +6,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -29,8 +30,8 @@ template <class A>
 using RowMajor = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // newton_schulz on the cpu, in place on u [rows, cols] (row-major, acc_t): KellerJordan/Muon's
-// iteration as written, in A. Eigen's own threads stay off (ops/matmul.cpp), so the result does
-// not depend on the thread count.
+// iteration as written, in A. Eigen's own threads stay off (EIGEN_DONT_PARALLELIZE, CMakeLists.txt),
+// so the result does not depend on the thread count.
 template <class A>
 void newton_schulz_cpu(A* u, int64_t rows, int64_t cols, int64_t steps) {
     Eigen::Map<RowMajor<A>> g(u, rows, cols);
@@ -133,6 +134,10 @@ void Muon::step_impl(const Tensor* grad_norm) {
             NT_CHECK_AS(ShapeError, p.grad().shape() == p.shape() && p.grad().is_contiguous(),
                         "Muon: expected a contiguous gradient of the parameter's shape ", shape_str(p.shape()), ", got ",
                         shape_str(p.grad().shape()), p.grad().is_contiguous() ? "" : " (not contiguous)");
+            const auto [rows, cols] = matrix_shape(p);
+            NT_CHECK_AS(ShapeError, !p.device().is_cuda() || (rows <= INT_MAX && cols <= INT_MAX),
+                        "Muon: expected matrices of at most ", INT_MAX, " rows and columns on CUDA (cuBLAS's int), got ",
+                        shape_str(p.shape()));
         }
     ++t_;
     const bool skip_on_cpu = grad_norm && !grad_norm->device().is_cuda() && !std::isfinite(grad_norm->item<double>());
@@ -156,7 +161,8 @@ void Muon::step_impl(const Tensor* grad_norm) {
             }
             auto [rows, cols] = matrix_shape(p);
             auto it = std::find_if(classes.begin(), classes.end(), [&](const MatrixClass& c) {
-                return c.device == p.device() && c.dtype == p.dtype() && c.rows == rows && c.cols == cols;
+                return c.device == p.device() && c.dtype == p.dtype() && c.rows == rows && c.cols == cols &&
+                       static_cast<int64_t>(c.members.size()) < detail::kMuonMaxClass;
             });
             if (it == classes.end()) it = classes.insert(classes.end(), MatrixClass{p.device(), p.dtype(), rows, cols, {}});
             it->members.push_back(i);
@@ -242,6 +248,9 @@ Tensor newton_schulz(const Tensor& g, int64_t steps) {
     NoGradGuard no_grad;
     const int64_t count = g.dim() == 3 ? g.size(0) : 1, rows = g.size(-2), cols = g.size(-1);
     if (g.device().is_cuda()) {
+        NT_CHECK_AS(ShapeError, count <= detail::kMuonMaxClass && rows <= INT_MAX && cols <= INT_MAX,
+                    "newton_schulz: expected up to ", detail::kMuonMaxClass, " matrices of at most ", INT_MAX,
+                    " rows and columns on CUDA, got shape ", shape_str(g.shape()));
         Tensor in = g.contiguous();
         Tensor out;
         NT_CUDA(dispatch_floating(g.dtype(), "newton_schulz", [&](auto tag) {

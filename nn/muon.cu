@@ -7,30 +7,38 @@
 // (m = min(rows, cols), n = max). The elementwise work (momentum, norm, update) reads and writes
 // each element a few times. So the step is organized around the products:
 //  - Matrices of one shape, dtype and group form a class; a class is orthogonalized as one batch,
-//    strided-batched products (cublasGemmStridedBatchedEx) on consecutive copies [count, rows,
-//    cols], so that a GPT's L layers of one matrix are three launches per iteration, not 3 L.
+//    strided-batched products on consecutive copies [count, rows, cols], so that a GPT's L layers
+//    of one matrix are three launches per iteration, not 3 L.
+//  - The products are cuBLASLt's, whose output D may differ from the matrix C it adds: B = c A A
+//    + b A is one product. X' = a X + B X is computed as (B + a I) X: a kernel adds a to B's
+//    diagonal (m elements a matrix), and the product then reads no third matrix (reading X as
+//    C costs 10-25% of that product's time on an H200, where the diagonal costs a launch). The
+//    products' descriptors and algorithm are made once per problem and kept.
 //  - The momentum kernel writes each matrix's update, rounded to bf16, straight into its place in
 //    the batch, with per-chunk sums of squares; a second kernel adds a matrix's sums in chunk
 //    order (deterministic, no atomics) and divides by the norm. Nothing is read back: the step
 //    never waits for the GPU.
 //  - No transposition: a tall matrix (rows > cols) Y is iterated in place as A = Y^T Y,
 //    Y = a Y + Y B, which is the transposed form of the reference's X = Y^T (B is symmetric).
-//  - X = a X + B X is one product (a I + B) X: the polynomial kernel writes b A + a I, which the
-//    product c A A accumulates onto (beta 1), and then the update needs no second input.
 //  - The last kernel applies p = p (1 - lr wd) - lr s o to the parameter (or its f32 master),
 //    reading o from the batch.
+//  - The elementwise kernels move 16-byte vectors wherever a matrix's pointers allow (else the
+//    same formula element by element), a block per 4096 elements of one matrix.
 // Each product accumulates in f32 (f64 for f64 parameters). A step whose gradient norm is not
 // finite writes zeros into the batch and skips the buffer and parameter updates, so the products
 // in between run on zeros.
-#include <cublas_v2.h>
+#include <cublasLt.h>
 
 #include <algorithm>
-#include <climits>
+#include <array>
+#include <map>
+#include <memory>
 #include <type_traits>
 #include <utility>
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/cuda_map.cuh"
 #include "nn/muon_update.h"
 #include "ops/cuda_common.cuh"
 
@@ -39,6 +47,11 @@ namespace normtape::detail {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(kMuonChunk % 16 == 0, "a chunk must keep 16-byte alignment");
+
+// Elements per thread and vector: 16 bytes of the orthogonalization's dtype (8 bf16, 2 f64).
+template <class X>
+constexpr int kVec = 16 / int(sizeof(X));
 
 template <class T, class X>
 __global__ void __launch_bounds__(kThreads)
@@ -46,19 +59,49 @@ __global__ void __launch_bounds__(kThreads)
                          X* __restrict__ x, acc_t<X>* __restrict__ sum, const double* __restrict__ skip_if_nonfinite) {
     using A = acc_t<T>;
     using S = acc_t<X>;
+    constexpr int E = kVec<X>;
     __shared__ S shared[32];
     const bool skip = skip_if_nonfinite && !isfinite(*skip_if_nonfinite);
     const int i = blockIdx.y;
-    const int64_t start = int64_t(blockIdx.x) * kMuonChunk, end = min(numel, start + kMuonChunk);
-    const T* g = m.grad[i];
-    A* buf = m.buf[i];
-    X* xi = x + int64_t(i) * numel;
+    const int64_t start = int64_t(blockIdx.x) * kMuonChunk;
+    const int n = static_cast<int>(min(kMuonChunk, numel - start));
+    const T* g = m.grad[i] + start;
+    A* buf = m.buf[i] ? m.buf[i] + start : nullptr;
+    X* xi = x + int64_t(i) * numel + start;
+    const bool vec = aligned16(g) && aligned16(xi) && (!buf || aligned16(buf));
     S s = 0;
-    for (int64_t k = start + threadIdx.x; k < end; k += kThreads) {
-        const X v = skip ? X(0) : buf ? X(muon_momentum<A>(A(g[k]), buf + k, momentum, nesterov)) : X(A(g[k]));
-        xi[k] = v;
-        const S f = S(v);
-        s += f * f;
+    for (int k = threadIdx.x * E; k < n; k += kThreads * E) {
+        const bool full = vec && k + E <= n;
+        T gv[E];
+        A bv[E];
+        X xv[E];
+        if (full) {
+            load_vec(g + k, gv);
+            if (buf) load_vec(buf + k, bv);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                gv[e] = k + e < n ? g[k + e] : T(0);
+                bv[e] = buf && k + e < n ? buf[k + e] : A(0);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {  // a tail's missing elements are zeros, and add nothing
+            xv[e] = skip ? X(0) : buf ? X(muon_momentum<A>(A(gv[e]), &bv[e], momentum, nesterov)) : X(A(gv[e]));
+            const S f = S(xv[e]);
+            s += f * f;
+        }
+        if (full) {
+            store_vec(xi + k, xv);
+            if (buf && !skip) store_vec(buf + k, bv);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e)
+                if (k + e < n) {
+                    xi[k + e] = xv[e];
+                    if (buf && !skip) buf[k + e] = bv[e];
+                }
+        }
     }
     s = block_sum(s, shared);
     if (threadIdx.x == 0) sum[int64_t(i) * gridDim.x + blockIdx.x] = s;
@@ -68,6 +111,7 @@ template <class X>
 __global__ void __launch_bounds__(kThreads)
     muon_normalize_kernel(X* __restrict__ x, int64_t numel, const acc_t<X>* __restrict__ sum) {
     using S = acc_t<X>;
+    constexpr int E = kVec<X>;
     __shared__ S shared[32];
     const int i = blockIdx.y;
     const acc_t<X>* si = sum + int64_t(i) * gridDim.x;
@@ -75,20 +119,20 @@ __global__ void __launch_bounds__(kThreads)
     for (unsigned c = threadIdx.x; c < gridDim.x; c += kThreads) s += si[c];
     s = block_sum(s, shared);
     const S scale = S(1) / (sqrt(s) + S(kNewtonSchulzEps));
-    X* xi = x + int64_t(i) * numel;
-    const int64_t start = int64_t(blockIdx.x) * kMuonChunk, end = min(numel, start + kMuonChunk);
-    for (int64_t k = start + threadIdx.x; k < end; k += kThreads) xi[k] = X(S(xi[k]) * scale);
-}
-
-// b = kNewtonSchulzB a + kNewtonSchulzA I over `count` matrices [m, m].
-template <class X>
-__global__ void __launch_bounds__(kThreads)
-    newton_schulz_poly_kernel(X* __restrict__ b, const X* __restrict__ a, int64_t count, int64_t m) {
-    using S = acc_t<X>;
-    const int64_t n = count * m * m;
-    for (int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x; k < n; k += int64_t(gridDim.x) * kThreads) {
-        const int64_t r = k / m % m, c = k % m;
-        b[k] = X(S(kNewtonSchulzB) * S(a[k]) + (r == c ? S(kNewtonSchulzA) : S(0)));
+    const int64_t start = int64_t(blockIdx.x) * kMuonChunk;
+    const int n = static_cast<int>(min(kMuonChunk, numel - start));
+    X* xi = x + int64_t(i) * numel + start;
+    const bool vec = aligned16(xi);
+    for (int k = threadIdx.x * E; k < n; k += kThreads * E) {
+        X xv[E];
+        if (vec && k + E <= n) {
+            load_vec(xi + k, xv);
+#pragma unroll
+            for (int e = 0; e < E; ++e) xv[e] = X(S(xv[e]) * scale);
+            store_vec(xi + k, xv);
+        } else {
+            for (int e = 0; e < E && k + e < n; ++e) xi[k + e] = X(S(xi[k + e]) * scale);
+        }
     }
 }
 
@@ -97,34 +141,145 @@ __global__ void __launch_bounds__(kThreads)
     muon_apply_kernel(const __grid_constant__ MuonMatrices<T> m, int64_t numel, const X* __restrict__ x,
                       acc_t<T> decay, acc_t<T> step, const double* __restrict__ skip_if_nonfinite) {
     using A = acc_t<T>;
+    constexpr int E = kVec<X>;
     if (skip_if_nonfinite && !isfinite(*skip_if_nonfinite)) return;
     const int i = blockIdx.y;
-    T* p = m.p[i];
-    A* master = m.master[i];
-    const X* xi = x + int64_t(i) * numel;
-    const int64_t start = int64_t(blockIdx.x) * kMuonChunk, end = min(numel, start + kMuonChunk);
-    for (int64_t k = start + threadIdx.x; k < end; k += kThreads)
-        muon_apply<T>(p + k, master ? master + k : nullptr, A(acc_t<X>(xi[k])), decay, step);
+    const int64_t start = int64_t(blockIdx.x) * kMuonChunk;
+    const int n = static_cast<int>(min(kMuonChunk, numel - start));
+    T* p = m.p[i] + start;
+    A* master = m.master[i] ? m.master[i] + start : nullptr;
+    const X* xi = x + int64_t(i) * numel + start;
+    const bool vec = aligned16(p) && aligned16(xi) && (!master || aligned16(master));
+    for (int k = threadIdx.x * E; k < n; k += kThreads * E) {
+        const bool full = vec && k + E <= n;
+        T pv[E];
+        A wv[E];
+        X xv[E];
+        if (full) {
+            load_vec(xi + k, xv);
+            if (master) load_vec(master + k, wv);
+            else load_vec(p + k, pv);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const bool in = k + e < n;
+                xv[e] = in ? xi[k + e] : X(0);
+                wv[e] = in && master ? master[k + e] : A(0);
+                pv[e] = in && !master ? p[k + e] : T(0);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) muon_apply<T>(&pv[e], master ? &wv[e] : nullptr, A(acc_t<X>(xv[e])), decay, step);
+        if (full) {
+            store_vec(p + k, pv);
+            if (master) store_vec(master + k, wv);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e)
+                if (k + e < n) {
+                    p[k + e] = pv[e];
+                    if (master) master[k + e] = wv[e];
+                }
+        }
+    }
+}
+
+// b[i][j][j] += kNewtonSchulzA for each of `count` matrices [m, m].
+template <class X>
+__global__ void __launch_bounds__(kThreads) add_diagonal_kernel(X* __restrict__ b, int64_t count, int64_t m) {
+    const int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+    if (k >= count * m) return;
+    X* d = b + (k / m) * m * m + (k % m) * (m + 1);
+    *d = X(acc_t<X>(*d) + acc_t<X>(kNewtonSchulzA));
 }
 
 dim3 grid_of(int64_t numel, int64_t count) {
     return dim3(static_cast<unsigned>(muon_chunks(numel)), static_cast<unsigned>(count));
 }
 
-// C = alpha op(A) op(B) + beta C for `count` column-major matrices (cuBLAS's convention), each
-// operand `stride` elements after the previous one.
+// ---- Strided-batched products through cuBLASLt ----------------------------------------------------
+
+// The largest power of two up to 256 dividing both the address and the batch stride, in bytes.
+int64_t alignment(const void* p, int64_t stride_bytes) {
+    int64_t a = 256;
+    while (a > 1 && (reinterpret_cast<uintptr_t>(p) % a != 0 || stride_bytes % a != 0)) a /= 2;
+    return a;
+}
+
+// One problem's descriptors and algorithm; destroyed with the process's cache.
+struct LtProblem {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~LtProblem() {
+        if (desc) cublasLtMatmulDescDestroy(desc);
+        for (cublasLtMatrixLayout_t l : {a, b, c})
+            if (l) cublasLtMatrixLayoutDestroy(l);
+    }
+};
+
+cublasLtMatrixLayout_t batched_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                                      int64_t count) {
+    cublasLtMatrixLayout_t l = nullptr;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, uint64_t(rows), uint64_t(cols), ld));
+    const int32_t batch = static_cast<int32_t>(count);
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    return l;
+}
+
+// D = alpha op(A) op(B) + beta C for `count` column-major matrices (cuBLAS's convention), D [m, n]
+// with C's layout, each operand `stride` elements after the previous one. The problem's
+// descriptors and the heuristic's first algorithm are made on its first call and kept (asking
+// costs more host time than a product takes). Throws Error when cuBLASLt has no algorithm.
 template <class X>
 void gemm_batched(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const X* a,
-                  int64_t lda, int64_t stride_a, const X* b, int64_t ldb, int64_t stride_b, double beta, X* c,
-                  int64_t ldc, int64_t stride_c, int64_t count) {
+                  int64_t lda, int64_t stride_a, const X* b, int64_t ldb, int64_t stride_b, double beta, const X* c,
+                  X* d, int64_t ldc, int64_t stride_c, int64_t count) {
     constexpr bool f64 = std::is_same_v<X, double>;
     using S = std::conditional_t<f64, double, float>;
+    const int64_t align_a = alignment(a, stride_a * int64_t(sizeof(X))),
+                  align_b = alignment(b, stride_b * int64_t(sizeof(X))),
+                  align_c = std::min(alignment(c, stride_c * int64_t(sizeof(X))), alignment(d, stride_c * int64_t(sizeof(X))));
+    using Key = std::array<int64_t, 17>;
+    static std::map<Key, std::unique_ptr<LtProblem>> problems;
+    const Key key = {device, f64, trans_a, trans_b, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, count,
+                     align_a, align_b, align_c};
+    auto found = problems.find(key);
+    if (found == problems.end()) {
+        auto p = std::make_unique<LtProblem>();
+        const cudaDataType_t type = cuda_type<X>();
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                              f64 ? CUDA_R_64F : CUDA_R_32F));
+        const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+        p->a = trans_a ? batched_layout(type, k, m, lda, stride_a, count) : batched_layout(type, m, k, lda, stride_a, count);
+        p->b = trans_b ? batched_layout(type, n, k, ldb, stride_b, count) : batched_layout(type, k, n, ldb, stride_b, count);
+        p->c = batched_layout(type, m, n, ldc, stride_c, count);
+        cublasLtMatmulPreference_t pref = nullptr;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t bytes = cuda::kWorkspaceBytes;
+        const uint32_t aligns[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_c)};
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aligns[0], 4);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aligns[1], 4);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &aligns[2], 4);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2], 4);
+        cublasLtMatmulHeuristicResult_t result{};
+        int found_count = 0;
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda::cublaslt(device), p->desc, p->a, p->b, p->c,
+                                                                 p->c, pref, 1, &result, &found_count);
+        cublasLtMatmulPreferenceDestroy(pref);
+        NT_CHECK(st == CUBLAS_STATUS_SUCCESS && found_count > 0, "newton_schulz: cuBLASLt has no algorithm for ",
+                 count, " products [", m, ", ", k, "] x [", k, ", ", n, "] (", cublasGetStatusString(st), ")");
+        p->algo = result.algo;
+        found = problems.emplace(key, std::move(p)).first;
+    }
+    const LtProblem& p = *found->second;
     const S al = static_cast<S>(alpha), be = static_cast<S>(beta);
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        cuda::cublas(device), trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, int(m), int(n),
-        int(k), &al, a, cuda_type<X>(), int(lda), stride_a, b, cuda_type<X>(), int(ldb), stride_b, &be, c,
-        cuda_type<X>(), int(ldc), stride_c, int(count), f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(device), p.desc, &al, a, p.a, b, p.b, &be, c, p.c, d, p.c, &p.algo,
+                                cuda::workspace(device), cuda::kWorkspaceBytes, cuda::stream(device)));
 }
 
 }  // namespace
@@ -145,31 +300,29 @@ void muon_normalize_cuda(X* x, int64_t count, int64_t numel, const acc_t<X>* sum
 }
 
 // Row-major X [rows, cols] is cuBLAS's column-major X^T [cols, rows] with leading dimension cols.
-// Wide (rows <= cols, m = rows): A = X X^T is, column-major, X^T' X^T' (T, N); X' = (a I + B) X is
-// X^T' B. Tall (m = cols): A = Y^T Y is Y^T' Y^T'^T (N, T); Y' = Y (a I + B) is B Y^T'. (X^T'
-// names the column-major matrix cuBLAS sees; A and B are symmetric, so their layout is moot.)
+// Wide (rows <= cols, m = rows): A = X X^T is, column-major, X^T' X^T' (T, N); X' = (B + a I) X
+// is X^T' (B + a I). Tall (m = cols): A = Y^T Y is Y^T' Y^T'^T (N, T); Y' = Y (B + a I) is
+// (B + a I) Y^T'. (X^T' names the column-major matrix cuBLAS sees; A and B are symmetric, so
+// their layout is moot.)
 template <class X>
 X* newton_schulz_cuda(X* x, X* y, X* a, X* b, int64_t count, int64_t rows, int64_t cols, int64_t steps,
                       int device) {
-    NT_CHECK_AS(ShapeError, rows <= INT_MAX && cols <= INT_MAX && count <= INT_MAX, "newton_schulz: expected sizes up to ",
-                INT_MAX, " (cuBLAS's int), got [", count, ", ", rows, ", ", cols, "]");
     const bool tall = rows > cols;
     const int64_t m = tall ? cols : rows, sx = rows * cols, sa = m * m;
-    const int64_t poly_blocks = std::min<int64_t>((count * sa + kThreads - 1) / kThreads, 65535 * 16);
     for (int64_t s = 0; s < steps; ++s) {
-        if (tall) gemm_batched(device, false, true, m, m, rows, 1.0, x, cols, sx, x, cols, sx, 0.0, a, m, sa, count);
-        else gemm_batched(device, true, false, m, m, cols, 1.0, x, cols, sx, x, cols, sx, 0.0, a, m, sa, count);
-        newton_schulz_poly_kernel<X><<<static_cast<unsigned>(poly_blocks), kThreads, 0, cuda::stream(device)>>>(b, a,
-                                                                                                              count, m);
+        if (tall) gemm_batched(device, false, true, m, m, rows, 1.0, x, cols, sx, x, cols, sx, 0.0, a, a, m, sa, count);
+        else gemm_batched(device, true, false, m, m, cols, 1.0, x, cols, sx, x, cols, sx, 0.0, a, a, m, sa, count);
+        gemm_batched(device, false, false, m, m, m, kNewtonSchulzC, a, m, sa, a, m, sa, kNewtonSchulzB, a, b, m, sa,
+                     count);
+        add_diagonal_kernel<X><<<static_cast<unsigned>((count * m + kThreads - 1) / kThreads), kThreads, 0,
+                                 cuda::stream(device)>>>(b, count, m);
         CUDA_CHECK(cudaGetLastError());
-        gemm_batched(device, false, false, m, m, m, kNewtonSchulzC, a, m, sa, a, m, sa, 1.0, b, m, sa, count);
-        if (tall) gemm_batched(device, false, false, cols, rows, cols, 1.0, b, m, sa, x, cols, sx, 0.0, y, cols, sx, count);
-        else gemm_batched(device, false, false, cols, rows, rows, 1.0, x, cols, sx, b, m, sa, 0.0, y, cols, sx, count);
+        if (tall) gemm_batched(device, false, false, cols, rows, cols, 1.0, b, m, sa, x, cols, sx, 0.0, y, y, cols, sx, count);
+        else gemm_batched(device, false, false, cols, rows, rows, 1.0, x, cols, sx, b, m, sa, 0.0, y, y, cols, sx, count);
         std::swap(x, y);
     }
     return x;
 }
-
 template <class T>
 void muon_apply_cuda(const MuonMatrices<T>& m, int64_t numel, const ns_t<T>* x, double decay, double step,
                      const double* skip_if_nonfinite, int device) {

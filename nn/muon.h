@@ -110,10 +110,9 @@ private:
 // g: [rows, cols], or [n, rows, cols] for n matrices each orthogonalized alone; f32, f64 or bf16;
 // any device. Returns a tensor of g's shape, dtype and device, not connected to the graph. On
 // the cpu computed in f32 (f64 for f64) through Eigen; on CUDA in bf16 products with f32
-// accumulation (f64 for f64), as the reference, with X updated as (a I + B) X in one product (the
-// same iteration; its rounding differs from a X + B X's only by bf16's). Throws ShapeError for g not
-// 2-D or 3-D or with a zero size, Error for steps outside [1, 100], DTypeError for a
-// non-floating g.
+// accumulation (f64 for f64), as the reference. Throws ShapeError for g not 2-D or 3-D or with a
+// zero size (on CUDA also for more than 65535 matrices, or sizes beyond cuBLAS's int), Error for
+// steps outside [1, 100], DTypeError for a non-floating g.
 Tensor newton_schulz(const Tensor& g, int64_t steps = 5);
 
 // A GPT's parameters split as nanochat splits them (karpathy/nanochat, GPT.setup_optimizers): the

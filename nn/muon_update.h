@@ -49,6 +49,8 @@ inline int64_t muon_chunks(int64_t numel) { return (numel + kMuonChunk - 1) / kM
 // arguments: parameter, f32 master copy (bf16 only, else nullptr), gradient, momentum buffer
 // (nullptr: the gradient itself is the update, as newton_schulz alone takes it).
 constexpr int kMuonMatricesPerLaunch = 64;
+// The most matrices of one class (a grid's y dimension); a larger class is cut into several.
+constexpr int64_t kMuonMaxClass = 65535;
 template <class T>
 struct MuonMatrices {
     T* p[kMuonMatricesPerLaunch];
@@ -73,7 +75,8 @@ void muon_normalize_cuda(X* x, int64_t count, int64_t numel, const acc_t<X>* sum
 
 // `steps` Newton-Schulz iterations of the `count` normalized matrices [rows, cols] in x (Note
 // [Muon on CUDA]): y the same size, a and b [count, m, m] (m = min(rows, cols)) scratch. Returns
-// x or y, whichever holds the result. Throws ShapeError when a size exceeds cuBLAS's int.
+// x or y, whichever holds the result. The caller keeps count <= kMuonMaxClass and rows, cols
+// within an int (cuBLAS's).
 template <class X>
 X* newton_schulz_cuda(X* x, X* y, X* a, X* b, int64_t count, int64_t rows, int64_t cols, int64_t steps,
                       int device);

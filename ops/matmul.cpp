@@ -2,9 +2,8 @@
 // data on the cpu (bf16 through f32 copies: Eigen has no bf16 kernels), cuBLAS on CUDA.
 #include "ops/matmul.h"
 
-// Eigen's own threads stay off: its parallel product picks its blocking, and so the order of
-// its sums, from the thread count. gemm() runs fixed blocks on our threads instead.
-#define EIGEN_DONT_PARALLELIZE
+// Eigen's own threads stay off (EIGEN_DONT_PARALLELIZE, CMakeLists.txt); gemm() runs fixed blocks
+// on our threads instead.
 #include <Eigen/Core>
 #include <algorithm>
 #include <vector>
