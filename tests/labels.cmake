@@ -6,6 +6,7 @@
 set(normtape_slow_tests
   "^gpt: the loss falls when training on tinyshakespeare$"
   "^torch_crosscheck: "
+  "^muon: three steps match KellerJordan/Muon's algorithm in PyTorch"
   "^train_gpt: "
   "^checkpoint: train_gpt ")
 foreach(test IN LISTS normtape_tests_TESTS)

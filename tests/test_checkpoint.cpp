@@ -1,10 +1,13 @@
 // tests/test_checkpoint.cpp: checkpoints of a model and its optimizer (nn/checkpoint.h) and
 // resuming train_gpt.
-// - the model and the optimizer's state round-trip bit for bit, and training goes on identically;
-// - loading refuses a file without optimizer state, of another optimizer or of another shape, or
-//   holding a NaN or an Inf, changing nothing;
+// - the model and the optimizers' state (AdamW's, and Muon's beside it) round-trip bit for bit,
+//   and training goes on identically;
+// - loading refuses a file without optimizer state, of another optimizer or of other
+//   hyperparameters or shape, a parameter in neither optimizer or in both, or a file holding a
+//   NaN or an Inf, changing nothing; a file written before groups had lr_scale loads;
 // - train_gpt stopped at step k and resumed gives the losses of the run that never stopped, bit
-//   for bit (with --micro-batch too), and refuses to resume another run, saying why;
+//   for bit (with --micro-batch and --optimizer muon too), and refuses to resume another run,
+//   saying why;
 // - a failed save leaves the previous file intact and no temporary file behind;
 // - loading leaks nothing.
 // The safetensors format itself (bad files, other writers' files): tests/test_safetensors.cpp.
@@ -44,8 +47,26 @@ AdamW make_optimizer(const GPT& model, double beta2 = 0.95) {
     return AdamW(groups, o);
 }
 
-// One training step on a fixed batch drawn from `seed`.
-void train_step(GPT& model, AdamW& optimizer, uint64_t seed) {
+// train_gpt --optimizer muon's two optimizers (examples/train_gpt/optimizers.cpp, make_optimizers):
+// AdamW for param_groups_for_muon's embeddings, head and vectors, one group each with its own
+// lr_scale; Muon for the blocks' matrices, in one group of lr scale `muon_lr_scale`.
+struct MuonOptimizers {
+    AdamW adamw;
+    Muon muon;
+};
+MuonOptimizers make_muon_optimizers(const GPT& model, MuonOptions muon = {}, double muon_lr_scale = 1.0) {
+    const MuonParamSplit split = param_groups_for_muon(model);
+    AdamWOptions o;
+    o.lr = 1e-2;
+    o.beta1 = 0.8;
+    o.eps = 1e-10;
+    return {AdamW({{split.embeddings, 0.0, 20.0}, {split.head, 0.0, 0.4}, {split.vectors, 0.0, 0.4}}, o),
+            Muon(std::vector<ParamGroup>{{split.matrices, 0.0, muon_lr_scale}}, muon)};
+}
+
+// One training step on a fixed batch drawn from `seed`, with `muon` too (it steps after AdamW, as
+// train_gpt's).
+void train_step(GPT& model, AdamW& optimizer, uint64_t seed, Muon* muon = nullptr) {
     std::vector<int64_t> idx(16), targets(16);
     for (int i = 0; i < 16; ++i) {
         idx[i] = static_cast<int64_t>((seed * 31 + i * 7) % 256);
@@ -54,8 +75,11 @@ void train_step(GPT& model, AdamW& optimizer, uint64_t seed) {
     Tensor loss = model.loss(from_vector(idx, {2, 8}), from_vector(targets, {2, 8}));
     loss.backward();
     optimizer.step();
+    if (muon) muon->step();
     optimizer.zero_grad();
+    if (muon) muon->zero_grad();
 }
+void train_step(GPT& model, MuonOptimizers& o, uint64_t seed) { train_step(model, o.adamw, seed, &o.muon); }
 
 // The raw bytes of a cpu tensor, to compare bit for bit (NaN-safe, -0 != +0).
 std::string bytes_of(const Tensor& t) {
@@ -118,6 +142,246 @@ TEST_CASE("checkpoint: model and AdamW state round-trip bit for bit, and trainin
             CHECK(bytes_of(pa[i].second) == bytes_of(pb[i].second));
         }
     }
+}
+
+TEST_CASE("checkpoint: a model with AdamW and Muon round-trips bit for bit, and training goes on identically") {
+    for (DType dtype : {DType::F32, DType::BF16}) {  // bf16: both optimizers' f32 master copies are state
+        CAPTURE(dtype_name(dtype));
+        TempDir dir("roundtrip_muon");
+        const std::string path = dir / "ck.safetensors";
+        manual_seed(1);
+        GPT a(small_config(dtype));
+        MuonOptimizers opt_a = make_muon_optimizers(a);
+        for (uint64_t s = 0; s < 3; ++s) train_step(a, opt_a, s);
+        save_checkpoint(path, a, {{"note", "three steps"}}, &opt_a.adamw, &opt_a.muon);
+
+        // The file: each parameter, AdamW's two moments or Muon's one buffer, a master copy of
+        // each bf16 parameter, and an entry per optimizer.
+        std::map<std::string, std::string> meta;
+        NamedTensors file = load_safetensors(path, &meta);
+        const MuonParamSplit split = param_groups_for_muon(a);
+        const size_t n_params = a.named_parameters().size(), n_matrices = split.matrices.size();
+        REQUIRE(n_matrices > 0);
+        CHECK(file.size() == n_params + 2 * (n_params - n_matrices) + n_matrices + (dtype == DType::BF16 ? n_params : 0));
+        CHECK(meta["note"] == "three steps");
+        const nlohmann::json muon_entry = nlohmann::json::parse(meta.at("optimizer.muon"));
+        CHECK(muon_entry["type"] == "Muon");
+        CHECK(muon_entry["step"] == 3);
+        CHECK(muon_entry["groups"][0]["size"] == n_matrices);
+        CHECK(nlohmann::json::parse(meta.at("optimizer"))["groups"].size() == 3);
+
+        manual_seed(2);  // other initial weights: everything must come from the file
+        GPT b(small_config(dtype));
+        MuonOptimizers opt_b = make_muon_optimizers(b);
+        if (dtype == DType::F32) {
+            bool checksummed = false;
+            load_checkpoint(path, b, &opt_b.adamw, &checksummed, &opt_b.muon);
+            CHECK(checksummed);
+        } else {  // the overload for a file already read
+            load_checkpoint(path, file, meta, b, &opt_b.adamw, &opt_b.muon);
+        }
+        CHECK(opt_b.adamw.step_count() == 3);
+        CHECK(opt_b.muon.step_count() == 3);
+        NamedTensors pa = a.named_parameters(), pb = b.named_parameters();
+        REQUIRE(pa.size() == pb.size());
+        int64_t in_muon = 0;
+        for (size_t i = 0; i < pa.size(); ++i) {
+            CAPTURE(pa[i].first);
+            CHECK(bytes_of(pa[i].second) == bytes_of(pb[i].second));
+            const bool muon = std::any_of(split.matrices.begin(), split.matrices.end(),
+                                          [&](const Tensor& m) { return &m.impl() == &pa[i].second.impl(); });
+            Tensor master_a, master_b;
+            if (muon) {
+                ++in_muon;
+                const Muon::ParamState &sa = opt_a.muon.state(pa[i].second), &sb = opt_b.muon.state(pb[i].second);
+                CHECK(bytes_of(sa.momentum_buffer) != bytes_of(zeros(sa.momentum_buffer.shape())));  // three steps' worth
+                CHECK(bytes_of(sa.momentum_buffer) == bytes_of(sb.momentum_buffer));
+                master_a = sa.master;
+                master_b = sb.master;
+            } else {
+                const AdamW::ParamState &sa = opt_a.adamw.state(pa[i].second), &sb = opt_b.adamw.state(pb[i].second);
+                CHECK(bytes_of(sa.m) == bytes_of(sb.m));
+                CHECK(bytes_of(sa.v) == bytes_of(sb.v));
+                master_a = sa.master;
+                master_b = sb.master;
+            }
+            CHECK(master_a.defined() == (dtype == DType::BF16));
+            if (master_a.defined()) CHECK(bytes_of(master_a) == bytes_of(master_b));
+        }
+        CHECK(in_muon == static_cast<int64_t>(n_matrices));
+        // The next steps on each: the same parameters, bit for bit.
+        for (uint64_t s = 3; s < 5; ++s) {
+            train_step(a, opt_a, s);
+            train_step(b, opt_b, s);
+            pa = a.named_parameters();
+            pb = b.named_parameters();
+            for (size_t i = 0; i < pa.size(); ++i) {
+                CAPTURE(s);
+                CAPTURE(pa[i].first);
+                CHECK(bytes_of(pa[i].second) == bytes_of(pb[i].second));
+            }
+        }
+    }
+}
+
+TEST_CASE("checkpoint: Muon's state is refused when missing, malformed, of other hyperparameters or not one owner's, changing nothing") {
+    TempDir dir("refuse_muon");
+    manual_seed(3);
+    GPT a(small_config());
+    MuonOptimizers opt_a = make_muon_optimizers(a);
+    train_step(a, opt_a, 0);
+    const std::string full = dir / "full.safetensors";
+    save_checkpoint(full, a, {}, &opt_a.adamw, &opt_a.muon);
+    AdamW adamw_all = make_optimizer(a);  // every parameter
+    train_step(a, adamw_all, 1);
+    const std::string adamw_only = dir / "adamw_only.safetensors";
+    save_checkpoint(adamw_only, a, {}, &adamw_all);
+
+    manual_seed(4);
+    GPT b(small_config());
+    MuonOptimizers opt_b = make_muon_optimizers(b);
+    train_step(b, opt_b, 5);
+    const Tensor matrix = param_groups_for_muon(b).matrices.at(0);  // a handle to the parameter
+    // Every byte of b's parameters and of both optimizers' state, and the step counts.
+    auto state = [&] {
+        std::string s = std::to_string(opt_b.adamw.step_count()) + " " + std::to_string(opt_b.muon.step_count()) + " ";
+        for (const ParamGroup& g : opt_b.adamw.groups())
+            for (const Tensor& p : g.params) s += bytes_of(p) + bytes_of(opt_b.adamw.state(p).m) + bytes_of(opt_b.adamw.state(p).v);
+        for (const Tensor& p : opt_b.muon.groups()[0].params) s += bytes_of(p) + bytes_of(opt_b.muon.state(p).momentum_buffer);
+        return s;
+    };
+    const std::string before = state(), matrix_before = bytes_of(matrix),
+                      buffer_before = bytes_of(opt_b.muon.state(matrix).momentum_buffer);
+    // A checkpoint of AdamW alone has no state for a Muon.
+    CHECK_THROWS_KIND_WITH(load_checkpoint(adamw_only, b, nullptr, nullptr, &opt_b.muon), FormatError, adamw_only,
+                           "holds no optimizer state for Muon", "no \"optimizer.muon\" metadata");
+    // Hyperparameters that differ from the file's, each named with both values.
+    const std::string n = std::to_string(opt_a.muon.groups()[0].params.size());
+    struct Case {
+        std::string name;
+        MuonOptions options;
+        double lr_scale;
+        std::string expected, found;
+    };
+    MuonOptions momentum, nesterov, ns_steps;
+    momentum.momentum = 0.9;
+    nesterov.nesterov = false;
+    ns_steps.ns_steps = 3;
+    const std::string file_has = "the file has momentum 0.95, nesterov true, ns_steps 5, groups (" + n +
+                                 " params, weight decay 0.0, lr scale 1.0)";
+    for (const Case& c : {Case{"momentum", momentum, 1.0, "expected momentum 0.9, nesterov true, ns_steps 5", file_has},
+                          Case{"nesterov", nesterov, 1.0, "expected momentum 0.95, nesterov false, ns_steps 5", file_has},
+                          Case{"ns_steps", ns_steps, 1.0, "expected momentum 0.95, nesterov true, ns_steps 3", file_has},
+                          Case{"lr_scale", MuonOptions{}, 2.0, "weight decay 0.0, lr scale 2.0)", file_has}}) {
+        CAPTURE(c.name);
+        MuonOptimizers other = make_muon_optimizers(b, c.options, c.lr_scale);
+        CHECK_THROWS_KIND_WITH(load_checkpoint(full, b, &other.adamw, nullptr, &other.muon), Error,
+                               "the Muon optimizer's hyperparameters differ from the file's", c.expected, c.found);
+    }
+    // Each parameter in exactly one optimizer, on save and on load.
+    AdamW adamw_all_b = make_optimizer(b);
+    CHECK_THROWS_KIND_WITH(save_checkpoint(dir / "x.safetensors", b, {}, &adamw_all_b, &opt_b.muon), Error,
+                           "save_checkpoint", "in exactly one optimizer", "in both AdamW and Muon");
+    CHECK_THROWS_KIND_WITH(save_checkpoint(dir / "x.safetensors", b, {}, &opt_b.adamw), Error, "save_checkpoint",
+                           "expected parameter h.0.", "in exactly one optimizer", "none of those given");
+    CHECK(!fs::exists(dir / "x.safetensors"));
+    CHECK_THROWS_KIND_WITH(load_checkpoint(full, b, &opt_b.adamw), Error, "load_checkpoint", full,
+                           "expected parameter h.0.", "in exactly one optimizer", "none of those given");
+    {  // a file whose entries match an AdamW of every parameter and a Muon: each matrix in both
+        std::map<std::string, std::string> meta, muon_meta;
+        NamedTensors t = load_safetensors(adamw_only, &meta);
+        NamedTensors muon_tensors = load_safetensors(full, &muon_meta);
+        for (const auto& [name, x] : muon_tensors)
+            if (name.rfind("optimizer.momentum_buffer.", 0) == 0) t.emplace_back(name, x);
+        meta["optimizer.muon"] = muon_meta.at("optimizer.muon");
+        save_safetensors(dir / "both.safetensors", t, meta);
+        CHECK_THROWS_KIND_WITH(load_checkpoint(dir / "both.safetensors", b, &adamw_all_b, nullptr, &opt_b.muon), Error,
+                               "load_checkpoint", "in exactly one optimizer", "in both AdamW and Muon");
+        CHECK(adamw_all_b.step_count() == 0);
+    }
+    // The metadata key of Muon's entry is the optimizers', as AdamW's is.
+    for (bool with_muon : {true, false}) {
+        CAPTURE(with_muon);
+        CHECK_THROWS_KIND_WITH(with_muon ? save_checkpoint(dir / "x.safetensors", a, {{"optimizer.muon", "{}"}},
+                                                           &opt_a.adamw, &opt_a.muon)
+                                         : save_checkpoint(dir / "x.safetensors", a, {{"optimizer.muon", "{}"}}, &adamw_all),
+                               Error, "the metadata key \"optimizer.muon\" is reserved");
+    }
+    CHECK(!fs::exists(dir / "x.safetensors"));
+    // Malformed entries: not JSON, a field of the wrong type, AdamW's entry under Muon's key.
+    std::map<std::string, std::string> meta;
+    NamedTensors file = load_safetensors(full, &meta);
+    for (const std::string& bad :
+         {std::string("{not json"),
+          std::string(R"({"type": "Muon", "step": 1, "momentum": 0.95, "nesterov": "yes", "ns_steps": 5, "groups": []})"),
+          std::string(R"({"type": "Muon", "step": -1, "momentum": 0.95, "nesterov": true, "ns_steps": 5, "groups": []})"),
+          meta.at("optimizer")}) {
+        CAPTURE(bad);
+        std::map<std::string, std::string> bad_meta = meta;
+        bad_meta["optimizer.muon"] = bad;
+        save_safetensors(dir / "bad.safetensors", file, bad_meta);
+        CHECK_THROWS_KIND_WITH(load_checkpoint(dir / "bad.safetensors", b, &opt_b.adamw, nullptr, &opt_b.muon),
+                               FormatError, "malformed optimizer metadata", "expected Muon's entry");
+    }
+    // A file missing one momentum buffer: the tensor is named.
+    NamedTensors pruned;
+    for (const auto& [name, t] : file)
+        if (name != "optimizer.momentum_buffer.h.0.mlp.c_fc.weight") pruned.emplace_back(name, t);
+    REQUIRE(pruned.size() + 1 == file.size());
+    save_safetensors(dir / "pruned.safetensors", pruned, meta);
+    CHECK_THROWS_KIND_WITH(load_checkpoint(dir / "pruned.safetensors", b, &opt_b.adamw, nullptr, &opt_b.muon),
+                           FormatError, "missing optimizer state optimizer.momentum_buffer.h.0.mlp.c_fc.weight");
+    CHECK(state() == before);
+    CHECK(bytes_of(matrix) == matrix_before);
+    CHECK(bytes_of(opt_b.muon.state(matrix).momentum_buffer) == buffer_before);
+    CHECK(opt_b.adamw.step_count() == 1);
+    CHECK(opt_b.muon.step_count() == 1);
+    // And the good file still loads into it.
+    load_checkpoint(full, b, &opt_b.adamw, nullptr, &opt_b.muon);
+    CHECK(bytes_of(opt_b.muon.state(matrix).momentum_buffer) ==
+          bytes_of(opt_a.muon.state(param_groups_for_muon(a).matrices.at(0)).momentum_buffer));
+}
+
+TEST_CASE("checkpoint: an AdamW checkpoint written before groups had lr_scale loads with lr_scale 1, and only so") {
+    TempDir dir("no_lr_scale");
+    manual_seed(5);
+    GPT a(small_config());
+    AdamW opt_a = make_optimizer(a);
+    train_step(a, opt_a, 0);
+    train_step(a, opt_a, 1);
+    save_checkpoint(dir / "ck.safetensors", a, {}, &opt_a);
+    // The file as an older normtape wrote it: its groups without "lr_scale".
+    std::map<std::string, std::string> meta;
+    NamedTensors file = load_safetensors(dir / "ck.safetensors", &meta);
+    nlohmann::json entry = nlohmann::json::parse(meta.at("optimizer"));
+    REQUIRE(entry["groups"].size() == 2);
+    for (nlohmann::json& g : entry["groups"]) {
+        REQUIRE(g.contains("lr_scale"));
+        g.erase("lr_scale");
+    }
+    meta["optimizer"] = entry.dump();
+    const std::string old = dir / "old.safetensors";
+    save_safetensors(old, file, meta);
+
+    manual_seed(6);
+    GPT b(small_config());
+    // Another lr_scale than 1 in one group: refused, naming both.
+    const AdamW plain = make_optimizer(b);
+    std::vector<ParamGroup> groups = plain.groups();
+    groups[1].lr_scale = 2.0;
+    AdamW scaled(groups, plain.options());
+    const std::string before = bytes_of(b.wte->weight);
+    CHECK_THROWS_KIND_WITH(load_checkpoint(old, b, &scaled), Error, "hyperparameters differ",
+                           "weight decay 0.0, lr scale 2.0)", "the file has betas (0.9, 0.95), eps 1e-08, groups",
+                           "weight decay 0.0, lr scale 1.0)");
+    CHECK(bytes_of(b.wte->weight) == before);
+    CHECK(scaled.step_count() == 0);
+    // lr_scale 1 everywhere: it loads, to the state saved.
+    AdamW opt_b = make_optimizer(b);
+    load_checkpoint(old, b, &opt_b);
+    CHECK(opt_b.step_count() == 2);
+    CHECK(bytes_of(b.wte->weight) == bytes_of(a.wte->weight));
+    CHECK(bytes_of(opt_b.state(b.wte->weight).v) == bytes_of(opt_a.state(a.wte->weight).v));
 }
 
 TEST_CASE("checkpoint: loading optimizer state refuses a file without it or of another optimizer, changing nothing") {
@@ -290,7 +554,14 @@ TEST_CASE("checkpoint: train_gpt stopped and resumed gives the losses of the run
                           // The dropout stream is restored, and the schedule's flags come from the checkpoint.
                           Case{"text, layer norm, normalized policy, f32, dropout and nanoGPT's schedule",
                                "--data " + (dir / "data.txt") +
-                                   " --policy normalized --dropout 0.2 --warmup 2 --min-lr 1e-4 --beta2 0.99"}}) {
+                                   " --policy normalized --dropout 0.2 --warmup 2 --min-lr 1e-4 --beta2 0.99"},
+                          // Muon's momentum buffers and AdamW's moments, each optimizer's step count;
+                          // --optimizer comes from the checkpoint.
+                          Case{"random tokens, rms norm, input policy, f32, Muon",
+                               "--data random --vocab 64 --norm rms --policy input --seed 3 --optimizer muon"},
+                          Case{"text, layer norm, output policy, bf16 (both optimizers' masters), Muon and a schedule",
+                               "--data " + (dir / "data.txt") +
+                                   " --policy output --dtype bf16 --optimizer muon --warmup 2 --min-lr 1e-4"}}) {
         CAPTURE(c.name);
         std::string flags = c.flags + model + " --device cpu";
         RunResult straight = run_train_gpt(dir, flags + " --json " + (dir / "straight.json"));

@@ -3,7 +3,8 @@
 // --help shows every default and the README lists the same flags; a short run writes JSON whose
 // measured saving equals the prediction; --memory-report's categories add up to the saved bytes;
 // --checkpoint blocks and --offload on change no loss; --micro-batch changes the losses by rounding
-// only and saves one micro-batch's bytes. The files a run reads and writes
+// only and saves one micro-batch's bytes; --optimizer muon's state is as predicted, half of
+// AdamW's for the matrices. The files a run reads and writes
 // (checkpoints, outputs, a diverging run): tests/test_cli_files.cpp.
 #include <signal.h>
 #include <unistd.h>
@@ -92,6 +93,7 @@ TEST_CASE("train_gpt: bad flags, values and data: one line naming the cause on s
              Case{"--offload maybe", "--offload \"maybe\": expected on or off"},
              Case{"--checkpoint all", "--checkpoint \"all\": expected none or blocks"},
              Case{"--fused-loss maybe", "--fused-loss \"maybe\": expected on or off"},
+             Case{"--optimizer sgd", "--optimizer \"sgd\": expected adamw or muon"},
              Case{"--batch 4 --micro-batch 3", "--batch 4 is not a multiple of --micro-batch 3"},
              Case{"--batch 4 --micro-batch 8", "--batch 4 is not a multiple of --micro-batch 8"},
              Case{"--micro-batch -1", "--micro-batch -1: expected sequences per micro-batch (0: --batch) from 0 to"},
@@ -211,6 +213,54 @@ TEST_CASE("train_gpt: a short run writes JSON with measured saving == predicted 
             CHECK(j["runs"][k]["recompute_saving_bytes"] == j["predicted_recompute_saving_bytes"]);
         CHECK(slurp(chart).find("<svg") == 0);
     }
+}
+
+TEST_CASE("train_gpt: --optimizer muon trains, its state as predicted, half of AdamW's for the blocks' matrices") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli_muon");
+    const std::string json = dir / "run.json";
+    // The line of stdout that holds `what` ("" when none does).
+    auto line_of = [](const std::string& out, const std::string& what) {
+        const size_t at = out.find(what);
+        if (at == std::string::npos) return std::string();
+        const size_t begin = out.rfind('\n', at) + 1, end = out.find('\n', at);
+        return out.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    };
+    std::map<std::string, nlohmann::json> state;  // runs[0].optimizer_state by --optimizer
+    for (const std::string optimizer : {"adamw", "muon"}) {
+        CAPTURE(optimizer);
+        RunResult r = run_train_gpt(dir, kTiny + " --steps 3 --optimizer " + optimizer + " --json " + json + " --chart " +
+                                             (dir / "c.svg"));
+        CAPTURE(r.out);
+        CAPTURE(r.err);
+        REQUIRE(r.code == 0);
+        const std::string state_line = line_of(r.out, "optimizer state:");
+        CAPTURE(state_line);
+        CHECK(state_line.find("= measured") != std::string::npos);
+        const std::string keeps = line_of(r.out, "Muon keeps");
+        CAPTURE(keeps);
+        if (optimizer == "muon") CHECK(keeps.find(": 0.50 of AdamW's") != std::string::npos);
+        else CHECK(keeps.empty());
+        const nlohmann::json j = nlohmann::json::parse(slurp(json));
+        REQUIRE(j["runs"].size() == 1);
+        const nlohmann::json& run = j["runs"][0];
+        CHECK(run["losses"].size() == 3);
+        for (const nlohmann::json& loss : run["losses"]) CHECK(std::isfinite(loss.get<double>()));
+        const nlohmann::json& s = run["optimizer_state"];
+        CAPTURE(s.dump());
+        CHECK(s["adamw_moment_bytes"] == s["predicted_adamw_moment_bytes"]);
+        CHECK(s["muon_momentum_bytes"] == s["predicted_muon_momentum_bytes"]);
+        CHECK(s["adamw_moment_bytes"].get<int64_t>() > 0);  // the embeddings, lm_head and vectors under muon
+        if (optimizer == "muon") CHECK(s["muon_momentum_bytes"].get<int64_t>() > 0);
+        else CHECK(s["muon_momentum_bytes"].get<int64_t>() == 0);
+        state[optimizer] = s;
+    }
+    // The matrices' two moments under adamw are twice their one buffer under muon; the masters
+    // (bf16 on a GPU) are the same.
+    const int64_t moved = state["adamw"]["adamw_moment_bytes"].get<int64_t>() -
+                          state["muon"]["adamw_moment_bytes"].get<int64_t>();
+    CHECK(moved == 2 * state["muon"]["muon_momentum_bytes"].get<int64_t>());
+    CHECK(state["adamw"]["master_bytes"] == state["muon"]["master_bytes"]);
 }
 
 TEST_CASE("train_gpt: --recompute-activation off saves gelu(h), and the report measures no saving for it") {

@@ -202,6 +202,80 @@ TEST_CASE("train_gpt: a checkpoint's config and tensors are checked as flags are
     CHECK(given.code == 0);
 }
 
+TEST_CASE("train_gpt: --resume takes --optimizer from the checkpoint, refuses another, and adamw from an older one") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("resume_optimizer");
+    const std::string muon_ck = dir / "muon.safetensors", adamw_ck = dir / "adamw.safetensors",
+                      old_ck = dir / "old.safetensors", json = dir / "run.json";
+    const std::string run = kTiny + " --policy input --steps 4 --stop-at 2 --save ";
+    RunResult saved = run_train_gpt(dir, run + muon_ck + " --optimizer muon");
+    CAPTURE(saved.err);
+    REQUIRE(saved.code == 0);
+    saved = run_train_gpt(dir, run + adamw_ck);  // adamw by default
+    REQUIRE(saved.code == 0);
+    // The run's optimizer is in the checkpoint's config; its state under each optimizer's key.
+    for (const auto& [ck, optimizer] : {std::pair{muon_ck, "muon"}, std::pair{adamw_ck, "adamw"}}) {
+        CAPTURE(ck);
+        std::map<std::string, std::string> meta;
+        load_safetensors(ck, &meta);
+        CHECK(nlohmann::json::parse(meta.at("train_gpt.config"))["optimizer"] == optimizer);
+        CHECK(meta.count("optimizer") == 1);
+        CHECK(meta.count("optimizer.muon") == (std::string(optimizer) == "muon" ? 1u : 0u));
+    }
+    // Another optimizer than the checkpoint's: refused, naming both.
+    check_refused(run_train_gpt(dir, "--resume " + muon_ck + " --optimizer adamw"),
+                  {"--resume " + muon_ck + ": the checkpoint's run has --optimizer \"muon\", this one asks for \"adamw\""});
+    check_refused(run_train_gpt(dir, "--resume " + adamw_ck + " --optimizer muon"),
+                  {"the checkpoint's run has --optimizer \"adamw\", this one asks for \"muon\""});
+    // Muon's step count is checked against the run's as AdamW's is.
+    {
+        std::map<std::string, std::string> meta;
+        NamedTensors tensors = load_safetensors(muon_ck, &meta);
+        nlohmann::json entry = nlohmann::json::parse(meta.at("optimizer.muon"));
+        REQUIRE(entry["step"] == 2);
+        entry["step"] = 1;
+        meta["optimizer.muon"] = entry.dump();
+        const std::string forged = dir / "muon_step.safetensors";
+        save_safetensors(forged, tensors, meta);
+        check_refused(run_train_gpt(dir, "--resume " + forged),
+                      {"the checkpoint's training step (train_gpt.step 2) differs from its optimizer's step count "
+                       "(\"step\": 2, Muon's 1 in its optimizers' metadata)"});
+    }
+    // The same one given or left out: it resumes with it.
+    for (const std::string flag : {"", " --optimizer muon"}) {
+        CAPTURE(flag);
+        RunResult r = run_train_gpt(dir, "--resume " + muon_ck + flag + " --json " + json);
+        CAPTURE(r.err);
+        REQUIRE(r.code == 0);
+        CHECK(r.out.find("resumed from") != std::string::npos);
+        CHECK(r.out.find("Muon keeps") != std::string::npos);
+        CHECK(nlohmann::json::parse(slurp(json))["runs"][0]["optimizer_state"]["muon_momentum_bytes"].get<int64_t>() > 0);
+    }
+    RunResult r = run_train_gpt(dir, "--resume " + adamw_ck + " --json " + json);
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("Muon keeps") == std::string::npos);
+    CHECK(nlohmann::json::parse(slurp(json))["runs"][0]["optimizer_state"]["muon_momentum_bytes"] == 0);
+    // A checkpoint written before --optimizer existed trained with AdamW: it resumes so, and the
+    // flag, which its run could not give, is refused.
+    rewrite(adamw_ck, old_ck, [](NamedTensors&, nlohmann::json& j) { j.erase("optimizer"); });
+    r = run_train_gpt(dir, "--resume " + old_ck + " --json " + json + " --save " + (dir / "again.safetensors"));
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("Muon keeps") == std::string::npos);
+    CHECK(nlohmann::json::parse(slurp(json))["runs"][0]["optimizer_state"]["muon_momentum_bytes"] == 0);
+    {
+        std::map<std::string, std::string> meta;
+        load_safetensors(dir / "again.safetensors", &meta);
+        CHECK(nlohmann::json::parse(meta.at("train_gpt.config"))["optimizer"] == "adamw");
+    }
+    for (const char* optimizer : {"muon", "adamw"}) {
+        CAPTURE(optimizer);
+        check_refused(run_train_gpt(dir, "--resume " + old_ck + " --optimizer " + optimizer),
+                      {"the checkpoint's config has no \"optimizer\" (its run used the default): leave --optimizer out"});
+    }
+}
+
 TEST_CASE("train_gpt: a data file that cannot be read whole is refused before training, exit 2, with the bytes read") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
 #if defined(__SANITIZE_ADDRESS__)
@@ -283,7 +357,7 @@ TEST_CASE("train_gpt: a checkpoint's second moments and steps are checked at loa
     forge("", 0, 0, "train_gpt.step", "9");
     check_refused(run_train_gpt(dir, "--resume " + forged),
                   {"--resume " + forged + ": the checkpoint's training step (train_gpt.step 9) differs from its "
-                   "optimizer's step count (\"step\": 10 in its \"optimizer\" metadata)"});
+                   "optimizer's step count (\"step\": 10 in its optimizers' metadata)"});
     // A negative first moment is a value AdamW makes: it resumes.
     forge("optimizer.exp_avg.h.0.ln_1.weight", 3, -1.0f);
     RunResult r = run_train_gpt(dir, "--resume " + forged + " --stop-at 11");

@@ -3,6 +3,8 @@
 // the saved bytes of partial checkpointing (predicted_checkpoint_every_saved_bytes); the planner
 // (nn/memory_budget.h). CPU only: the CUDA terms of the replay are read from the code, not
 // measured here (scripts/gpu_check.sh budget measures them with train_gpt --memory-sweep).
+#include <memory>
+
 #include "test_util.h"
 
 using namespace normtape;
@@ -32,12 +34,61 @@ GPTConfig small_config(const std::string& arch) {
     return c;
 }
 
+// The bytes of the optimizers' state tensors: AdamW's moments, Muon's buffers, both's masters.
+struct StateBytes {
+    int64_t adamw_moments = 0, muon_momentum = 0, masters = 0;
+};
+StateBytes state_bytes(const AdamW& adamw, const Muon* muon) {
+    StateBytes b;
+    for (const ParamGroup& g : adamw.groups())
+        for (const Tensor& p : g.params) {
+            const AdamW::ParamState& st = adamw.state(p);
+            b.adamw_moments += st.m.nbytes() + st.v.nbytes();
+            b.masters += st.master.defined() ? st.master.nbytes() : 0;
+        }
+    if (muon)
+        for (const ParamGroup& g : muon->groups())
+            for (const Tensor& p : g.params) {
+                const Muon::ParamState& st = muon->state(p);
+                b.muon_momentum += st.momentum_buffer.nbytes();
+                b.masters += st.master.defined() ? st.master.nbytes() : 0;
+            }
+    return b;
+}
+
+// The optimizers of train_gpt --optimizer (examples/train_gpt/optimizers.cpp, make_optimizers):
+// adamw, weight decay for matrices only; muon, param_groups_for_muon's split: AdamW for the
+// embeddings, lm_head and the vectors, Muon for the blocks' matrices. AdamW is made first.
+struct StepOptimizers {
+    std::unique_ptr<AdamW> adamw;
+    std::unique_ptr<Muon> muon;  // StepOptimizer::Muon
+};
+StepOptimizers make_optimizers(const GPT& model, StepOptimizer which) {
+    StepOptimizers o;
+    if (which == StepOptimizer::AdamW) {
+        std::vector<ParamGroup> groups(2);
+        groups[0].weight_decay = 0.1;
+        groups[1].weight_decay = 0.0;
+        for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+        o.adamw = std::make_unique<AdamW>(groups, AdamWOptions{});
+        return o;
+    }
+    const MuonParamSplit split = param_groups_for_muon(model);
+    o.adamw = std::make_unique<AdamW>(
+        std::vector<ParamGroup>{{split.embeddings, 0.0, 0.2}, {split.head, 0.0, 0.004}, {split.vectors, 0.0, 0.004}},
+        AdamWOptions{});
+    o.muon = std::make_unique<Muon>(split.matrices, MuonOptions{});
+    return o;
+}
+
 // What the allocator saw over one training step of train_gpt's loop (Note [The step replayed]),
 // after one step before it, less what was allocated before the model was made: the peak, and
-// allocated_bytes after each allocation (the trace's events of positive delta).
+// allocated_bytes after each allocation (the trace's events of positive delta); and the bytes of
+// the optimizers' state.
 struct Measured {
     int64_t peak = 0;
     std::vector<int64_t> allocations;
+    StateBytes state;
 };
 
 Measured measure(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
@@ -45,11 +96,9 @@ Measured measure(const GPTConfig& config, const MemorySettings& s, int64_t B, in
     const int64_t before = cpu_allocated();
     manual_seed(11);
     GPT model(c);
-    std::vector<ParamGroup> groups(2);  // train_gpt's: weight decay for matrices only
-    groups[0].weight_decay = 0.1;
-    groups[1].weight_decay = 0.0;
-    for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-    AdamW optimizer(groups, AdamWOptions{});
+    StepOptimizers optimizers = make_optimizers(model, s.optimizer);
+    AdamW& optimizer = *optimizers.adamw;
+    Muon* muon = optimizers.muon.get();
     TokenBatch b = token_batch(c, B, T);
     const int64_t rows = s.micro_batch > 0 ? s.micro_batch : B, n = B / rows;
     // train_gpt's step (Note [Micro-batches], examples/train_gpt/train_gpt.cpp): each micro-batch's
@@ -66,7 +115,12 @@ Measured measure(const GPTConfig& config, const MemorySettings& s, int64_t B, in
         Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);
         optimizer.set_lr(1e-3);
         optimizer.step_if_finite(norm);
+        if (muon) {
+            muon->set_lr(0.02);
+            muon->step_if_finite(norm);
+        }
         optimizer.zero_grad();
+        if (muon) muon->zero_grad();
     };
     step();
     std::vector<MemoryEvent> trace;
@@ -74,7 +128,7 @@ Measured measure(const GPTConfig& config, const MemorySettings& s, int64_t B, in
     set_memory_trace(Device::CPU, &trace);
     step();
     set_memory_trace(Device::CPU, nullptr);
-    Measured m{memory_stats(Device::CPU).peak_allocated_bytes - before, {}};
+    Measured m{memory_stats(Device::CPU).peak_allocated_bytes - before, {}, state_bytes(optimizer, muon)};
     for (const MemoryEvent& e : trace)
         if (e.delta_bytes > 0) m.allocations.push_back(e.allocated_bytes - before);
     return m;
@@ -108,7 +162,7 @@ struct Setting {
 
 // The grid: every preset, dtype, policy and checkpoint_every (3 x 2 x 3 x 3 = 54), the five
 // switches (recompute, offload, micro-batch B or B/2, tied embeddings, fused head loss) drawn per
-// setting from a fixed sequence; and a few more (dropout, f64, checkpoint every 3, a large vocabulary).
+// setting from a fixed sequence; and a few more (dropout, f64, checkpoint every 3, Muon, a large vocabulary).
 std::vector<Setting> grid() {
     std::vector<Setting> g;
     uint32_t draw = 12345;
@@ -138,6 +192,17 @@ std::vector<Setting> grid() {
     every3.s.checkpoint_every = 3;
     every3.s.policy = SavePolicy::Normalized;
     g.push_back(every3);
+    // Muon for the blocks' matrices (train_gpt --optimizer muon): its state in place of AdamW's,
+    // and its step allocates nothing on the cpu (Eigen's heap); tied and untied, each dtype.
+    for (const char* arch : {"gpt2", "nanochat"})
+        for (DType dtype : {DType::F32, DType::BF16}) {
+            Setting muon{arch, dtype, {}, dtype == DType::BF16};
+            muon.s.optimizer = StepOptimizer::Muon;
+            muon.s.policy = dtype == DType::F32 ? SavePolicy::Output : SavePolicy::Normalized;
+            muon.s.checkpoint_every = std::string(arch) == "nanochat" ? 1 : 0;
+            muon.s.micro_batch = std::string(arch) == "gpt2" ? 4 : 0;
+            g.push_back(muon);
+        }
     // A vocabulary of 1000: the logits, their gradient and lm_head's products make the peak.
     for (const char* arch : {"gpt2", "nanochat", "llama"})
         for (DType dtype : {DType::F32, DType::BF16}) {
@@ -168,11 +233,18 @@ TEST_CASE("memory_plan: predict_peak holds the measured peak of a training step,
         INFO(t.arch, " ", std::string(dtype_name(t.dtype)), " policy ", std::string(policy_name(t.s.policy)),
              " recompute ", t.s.recompute_activation, " fused ", t.s.fused_head_loss, " checkpoint_every ",
              t.s.checkpoint_every, " offload ", t.s.offload, " micro_batch ", t.s.micro_batch, " tie ", t.tie,
-             " dropout ", t.dropout, " V ", c.vocab_size);
+             " dropout ", t.dropout, " V ", c.vocab_size, " optimizer ",
+             t.s.optimizer == StepOptimizer::Muon ? "muon" : "adamw");
         const Measured measured = measure(c, t.s, B, T);
         const StepMemory plan = step_memory(c, t.s, B, T);
         INFO("measured ", measured.peak, ", predicted ", plan.peak, " at ", plan.peak_at);
         CHECK(plan.parameters == num_parameters(c) * static_cast<int64_t>(element_size(t.dtype)));
+        // The resident state is the optimizers' own tensors, to the byte.
+        CHECK(plan.adamw_moments == measured.state.adamw_moments);
+        CHECK(plan.muon_momentum == measured.state.muon_momentum);
+        CHECK(plan.optimizer_state ==
+              measured.state.adamw_moments + measured.state.muon_momentum + measured.state.masters);
+        CHECK((plan.muon_momentum > 0) == (t.s.optimizer == StepOptimizer::Muon));
         CHECK(plan.peak == predict_peak(c, t.s, B, T));
         CHECK(measured.peak <= plan.peak);
         CHECK(static_cast<double>(plan.peak) <= 1.02 * static_cast<double>(measured.peak));
@@ -182,6 +254,44 @@ TEST_CASE("memory_plan: predict_peak holds the measured peak of a training step,
              "; first difference at ", at);
         CHECK(at == -1);
     }
+}
+
+TEST_CASE("memory_plan: Muon's momentum is half of AdamW's moments for the same matrices, as step_memory says") {
+    // The state only: made by the optimizers' constructors, no step needed.
+    for (const char* arch : {"gpt2", "nanochat", "llama"})
+        for (DType dtype : {DType::F32, DType::BF16, DType::F64})
+            for (bool tie : {false, true}) {
+                INFO(arch, " ", std::string(dtype_name(dtype)), " tie ", tie);
+                GPTConfig c = small_config(arch);
+                c.dtype = dtype;
+                c.tie_embeddings = tie;
+                manual_seed(12);
+                GPT model(c);
+                MemorySettings s_adamw, s_muon;
+                s_muon.optimizer = StepOptimizer::Muon;
+                const StepMemory plan_adamw = step_memory(c, s_adamw, 8, 32), plan_muon = step_memory(c, s_muon, 8, 32);
+                const StepOptimizers adamw_run = make_optimizers(model, StepOptimizer::AdamW),
+                                     muon_run = make_optimizers(model, StepOptimizer::Muon);
+                const StateBytes in_adamw = state_bytes(*adamw_run.adamw, nullptr),
+                                 in_muon = state_bytes(*muon_run.adamw, muon_run.muon.get());
+                CHECK(plan_adamw.adamw_moments == in_adamw.adamw_moments);
+                CHECK(plan_adamw.muon_momentum == 0);
+                CHECK(plan_muon.adamw_moments == in_muon.adamw_moments);
+                CHECK(plan_muon.muon_momentum == in_muon.muon_momentum);
+                CHECK(in_muon.masters == in_adamw.masters);  // a master per bf16 parameter, whichever optimizer
+                CHECK(plan_muon.optimizer_state == in_muon.adamw_moments + in_muon.muon_momentum + in_muon.masters);
+                // AdamW's moments of Muon's matrices, as the AdamW run holds them.
+                int64_t matrices_in_adamw = 0;
+                for (const Tensor& p : muon_run.muon->groups()[0].params) {
+                    const AdamW::ParamState& st = adamw_run.adamw->state(p);
+                    matrices_in_adamw += st.m.nbytes() + st.v.nbytes();
+                }
+                REQUIRE(matrices_in_adamw > 0);
+                CHECK(2 * plan_muon.muon_momentum == matrices_in_adamw);
+                CHECK(plan_adamw.adamw_moments - plan_muon.adamw_moments == matrices_in_adamw);
+                // The rest of the step is the same: the peak moves by the state's difference only (cpu).
+                CHECK(plan_adamw.peak - plan_muon.peak == plan_adamw.optimizer_state - plan_muon.optimizer_state);
+            }
 }
 
 TEST_CASE("memory_plan: on CUDA the replay adds the kernels' temporaries and AdamW's table (not measured here)") {
@@ -300,6 +410,20 @@ TEST_CASE("memory_plan: plan_memory picks the fastest setting predicted to fit, 
     CHECK(tight.predicted_peak == smallest);
     CHECK(tight.advice.find("the least budget that fits is " + std::to_string(smallest)) != std::string::npos);
     check_throws<Error>([&] { plan_memory(c, 0, B, T, costs); }, {"plan_memory", "budget", "0"});
+    // With Muon the grid is the same settings, each with Muon's state: the plan is one of them.
+    const std::vector<MemorySettings> adamw_grid = memory_settings_grid(c, B),
+                                      muon_grid = memory_settings_grid(c, B, StepOptimizer::Muon);
+    REQUIRE(muon_grid.size() == adamw_grid.size());
+    for (size_t i = 0; i < muon_grid.size(); ++i) {
+        CHECK(muon_grid[i].optimizer == StepOptimizer::Muon);
+        CHECK(settings_label(muon_grid[i]) == settings_label(adamw_grid[i]));
+        CHECK(predict_peak(c, muon_grid[i], B, T) < predict_peak(c, adamw_grid[i], B, T));  // half the matrices' state
+    }
+    const MemoryBudgetPlan muon_plan = plan_memory(c, smallest, B, T, costs, StepOptimizer::Muon);
+    REQUIRE(muon_plan.fits);
+    CHECK(muon_plan.settings.optimizer == StepOptimizer::Muon);
+    CHECK(muon_plan.predicted_peak == predict_peak(c, muon_plan.settings, B, T));
+    CHECK(muon_plan.predicted_peak <= smallest);
 }
 
 TEST_CASE("memory_plan: calibrate_step_costs measures positive rates on the cpu, once") {
