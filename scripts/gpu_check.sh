@@ -10,7 +10,8 @@
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
-#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep]
+#   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|
+#                         muon|muon-shakespeare]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
@@ -26,16 +27,22 @@
 #     PyTorch eager's and torch.compile's step; sweep: PyTorch's two steps, then train_gpt
 #     --memory-sweep on the preset (every setting timed, measured peak against predict_peak) and
 #     scripts/memory_sweep_report.py (the planner's pick against the sweep's fastest for budgets of
-#     2, 4, 8 and 16 GiB). None of profile, nanogpt, decoders, memory, budget and sweep is part of
-#     all (default: all).
+#     2, 4, 8 and 16 GiB); muon: Muon's tests on the GPU (and under memcheck), bench_muon on the
+#     preset's matrices, the preset's step with AdamW and with Muon; muon-shakespeare: nanoGPT's
+#     GPU configuration with --arch gpt2, nanochat and llama (2 key/value heads), each with AdamW
+#     and with Muon (the first 2500 steps of the 5000-step schedule), train_gpt's runs
+#     (MUON_RUNS=ours|torch|both, default both) and PyTorch's Muon reference
+#     (scripts/train_torch_shakespeare.py --optimizer muon), then scripts/muon_report.py's table
+#     and curves. None of profile, nanogpt, decoders, memory, budget, sweep, muon and
+#     muon-shakespeare is part of all (default: all).
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -209,6 +216,51 @@ if [ "$MODE" = step ]; then
             --ours "$GPU_OUT/step_normalized.json" $([ $mode = compile ] && echo --compile) \
             --json "$GPU_OUT/torch_gpt_$mode.json" > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
     done
+fi
+
+# Muon on the GPU: its tests (newton_schulz and the step against the cpu and f64, the PyTorch
+# reference, checkpoints, the memory replay) and memcheck over them; its step on the preset's
+# matrices against the products alone (bench_muon); the preset's step with each optimizer.
+if [ "$MODE" = muon ]; then
+    step "muon tests" ./build-gpu/normtape_tests "-tc=*muon*,*Muon*,checkpoint*,memory_plan*" \
+        > "$GPU_OUT/muon_tests.log" 2>&1
+    summary+=("muon tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/muon_tests.log")")
+    sanitize memcheck muon "-tc=muon*"
+    step bench_muon ./build-gpu/bench_muon --json "$GPU_OUT/bench_muon.json" > "$GPU_OUT/bench_muon.log" 2>&1
+    for optimizer in adamw muon; do
+        step "preset, $optimizer" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy normalized --steps 12 \
+            --log-every 4 --optimizer $optimizer --json "$GPU_OUT/muon_preset_$optimizer.json" \
+            --chart "$GPU_OUT/muon_preset_$optimizer.svg" > "$GPU_OUT/muon_preset_$optimizer.log" 2>&1
+        summary+=("preset, $optimizer: $(grep -E 'median per step' "$GPU_OUT/muon_preset_$optimizer.log")")
+        summary+=("preset, $optimizer: $(grep -E 'optimizer state:' "$GPU_OUT/muon_preset_$optimizer.log")")
+    done
+    summary+=("$(tail -3 "$GPU_OUT/bench_muon.log" | tr '\n' ';')")
+fi
+
+# nanoGPT's Shakespeare GPU configuration (the nanogpt mode's flags, evaluated every 100 steps) per
+# architecture and optimizer, stopped at step 2500 of the 5000-step schedule (the AdamW runs'
+# validation loss is best near step 2000, then they overfit).
+if [ "$MODE" = muon-shakespeare ]; then
+    for arch in gpt2 nanochat llama; do
+        kv=0
+        [ "$arch" = gpt2 ] || kv=2
+        for optimizer in adamw muon; do
+            [ "${MUON_RUNS:-both}" = torch ] && break
+            step "shakespeare, $arch, $optimizer, train_gpt" ./build-gpu/train_gpt --device cuda --dtype bf16 \
+                --arch "$arch" --kv-heads "$kv" --layers 6 --heads 6 --embd 384 --seq 256 --batch 64 --steps 5000 \
+                --stop-at 2500 --lr 1e-3 --min-lr 1e-4 --warmup 100 --dropout 0.2 --policy input \
+                $([ "$optimizer" = adamw ] && echo --beta2 0.99) --optimizer "$optimizer" --eval-every 100 --eval-batches 100 --log-every 500 \
+                --json "$GPU_OUT/muon_${arch}_$optimizer.json" --chart "$GPU_OUT/muon_${arch}_$optimizer.svg" \
+                > "$GPU_OUT/muon_${arch}_$optimizer.log" 2>&1
+        done
+        [ "${MUON_RUNS:-both}" = ours ] && continue
+        step "shakespeare, $arch, muon, PyTorch" env PYTHONUNBUFFERED=1 python3 scripts/train_torch_shakespeare.py \
+            --preset nanogpt-gpu --arch "$arch" --kv-heads "$kv" --stop-at 2500 --eval-every 100 --eval-batches 100 \
+            --optimizer muon --json "$GPU_OUT/muon_${arch}_muon_torch.json" > "$GPU_OUT/muon_${arch}_muon_torch.log" 2>&1
+    done
+    python3 scripts/muon_report.py "$GPU_OUT" --markdown "$GPU_OUT/muon.md" --svg "$GPU_OUT/muon_shakespeare.svg" \
+        > "$GPU_OUT/muon_report.log" 2>&1
+    summary+=("$(cat "$GPU_OUT/muon_report.log")")
 fi
 
 # The preset's saved bytes and step time: as it is, with the blocks' saved tensors in pinned host

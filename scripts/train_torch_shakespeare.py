@@ -5,7 +5,8 @@
   python3 scripts/train_torch_shakespeare.py --preset nanogpt-gpu [--json torch_gpu.json]     (torch 2.x, CUDA)
   other flags, each over its preset's value: --data FILE --device cpu|cuda --dtype f32|bf16 --steps --batch
   --seq --layers --heads --embd --dropout --lr --min-lr --warmup --beta2 --weight-decay --eval-every
-  --eval-batches --val-fraction --seed --threads
+  --eval-batches --val-fraction --seed --threads, and --stop-at N (stop after step N of the --steps schedule)
+  --optimizer adamw|muon (default adamw; muon: as train_gpt's --optimizer muon, below)
   the model's, as train_gpt's: --arch gpt2|nanochat|llama (default gpt2), --kv-heads N (grouped-query
   attention; 0, the default: --heads), --tie on|off (on: lm_head's weight is wte's; default off), and
   --eps (every norm's epsilon, default 1e-5, GPTConfig::norm_eps)
@@ -73,18 +74,29 @@ and re-seeded before each evaluation, so that every evaluation scores the same b
 Learning rate of step s = 0 .. steps-1 (nn/lr_scheduler.h's WarmupCosineLR, decay_steps = --steps):
     s <  warmup:  lr * (s + 1) / warmup                       (lr on the warm-up's last step)
     s >= warmup:  min_lr + (lr - min_lr) * (1 + cos(pi * (s - warmup) / (steps - warmup))) / 2
-AdamW: betas (0.9, --beta2), eps 1e-8, --weight-decay on the matrices (dim >= 2: embeddings, weights),
-0 on the rest; fused on CUDA. Gradients clipped to a global norm of 1.0.
+--optimizer adamw (the default): AdamW, betas (0.9, --beta2), eps 1e-8, --weight-decay on the matrices
+(dim >= 2: embeddings, weights), 0 on the rest; fused on CUDA. Gradients clipped to a global norm of 1.0.
+--optimizer muon (as train_gpt's; nanochat's GPT.setup_optimizers): the blocks' matrices (h.*, dim >= 2) to
+Muon, the rest to AdamW in three groups: "embeddings" (wte, and wpe with gpt2), "head" (lm_head's weight;
+with --tie on it is wte's, in embeddings) and "vectors" (norm weights, biases). With m = lr(step) / --lr,
+the schedule above as a multiplier, and s = (C / 768)^-0.5 (nanochat's dmodel_lr_scale): Muon's lr 0.02 m,
+embeddings' 0.2 s m, head's and vectors' 0.004 s m. AdamW betas (0.8, 0.95), eps 1e-10, no weight decay
+(--beta2 and --weight-decay unused); fused on CUDA. Muon (KellerJordan/Muon's single-device algorithm):
+for each matrix p [rows, cols] with gradient g, buf = lerp(buf, g, 0.05) (from zeros), u = lerp(g, buf, 0.95)
+(Nesterov), o = Newton-Schulz(u): X = u (bf16 on CUDA, f32 on the cpu), transposed if rows > cols,
+X = X / (|X| + 1e-7), 5 times X = a X + (b A + c A^2) X with A = X X^T and (a, b, c) = (3.4445, -4.7750,
+2.0315), transposed back; p -= lr max(1, rows / cols)^0.5 o. The parameters stay f32 (bf16 is autocast's), so
+Muon keeps no master copy. Both steps after one clipping (AdamW's, then Muon's).
 
 Measurements. Every --eval-every steps and after the last: the validation loss, the mean loss of
 --eval-batches held-out batches in model.eval() under torch.no_grad(); the train loss, the mean loss of
 the training steps since the previous evaluation (with dropout); the train time, time.perf_counter()
-summed over the training steps (batches, forward, backward, clip, AdamW; the first steps' one-time
+summed over the training steps (batches, forward, backward, clip, the optimizers; the first steps' one-time
 costs included, the evaluations not), read after torch.cuda.synchronize() on the GPU. Summary: the best
 validation loss and its step, the train time, tokens/s = steps * B * T / train time. --json FILE writes
-the config, the arch and its model's settings, the machine, every evaluation, every step's loss and the
-summary. On the CPU, Debian's torch calls libblas.so.3 for its matrix products: netlib's reference BLAS
-unless OpenBLAS provides it.
+the config, the arch and its model's settings, the optimizer (and muon's settings), the machine, every
+evaluation, every step's loss and the summary. On the CPU, Debian's torch calls libblas.so.3 for its matrix
+products: netlib's reference BLAS unless OpenBLAS provides it.
 
 Differences from nanoGPT's train.py on these configs: V = 256 bytes against its 65 characters (the text
 is ASCII: the same token sequence, 191 rows of wte and lm_head never used); gpt2's biases and untied
@@ -287,6 +299,83 @@ def lr_at(a, step):
     return a.min_lr + (a.lr - a.min_lr) * 0.5 * (1.0 + math.cos(math.pi * (step - a.warmup) / (a.steps - a.warmup)))
 
 
+# --optimizer muon's settings (nanochat's): Muon's, and AdamW's lrs per group before s and the schedule.
+MUON = {"lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5, "ns_coefficients": (3.4445, -4.7750, 2.0315),
+        "adamw_lr": {"embeddings": 0.2, "head": 0.004, "vectors": 0.004}, "adamw_betas": (0.8, 0.95),
+        "adamw_eps": 1e-10, "weight_decay": 0.0}
+
+
+def newton_schulz(u, steps):
+    """KellerJordan/Muon's quintic Newton-Schulz iteration: u [rows, cols] to about its nearest semi-orthogonal
+    matrix, in bf16 on CUDA, f32 on the cpu."""
+    a, b, c = MUON["ns_coefficients"]
+    x = u.bfloat16() if u.is_cuda else u.float()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / (x.norm() + 1e-7)
+    for _ in range(steps):
+        A = x @ x.T
+        x = a * x + (b * A + c * (A @ A)) @ x
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    """KellerJordan/Muon's single-device Muon on matrices: momentum (Nesterov), orthogonalized by newton_schulz,
+    scaled by max(1, rows / cols)^0.5. f32 parameters only (this script's: bf16 is autocast's)."""
+
+    def __init__(self, params, lr, momentum, nesterov, ns_steps, weight_decay):
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
+                                      weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g, state = p.grad, self.state[p]
+                if not state:
+                    state["momentum_buffer"] = torch.zeros_like(g)
+                buf = state["momentum_buffer"]
+                buf.lerp_(g, 1 - momentum)
+                o = newton_schulz(g.lerp(buf, momentum) if group["nesterov"] else buf, group["ns_steps"])
+                o *= max(1.0, p.shape[0] / p.shape[1]) ** 0.5
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(o.to(p.dtype), alpha=-lr)
+
+
+def make_optimizers(model, a):
+    """(--optimizer's optimizers, muon's settings): adamw's one AdamW and None, or muon's AdamW and Muon, each
+    group with its "name" and "peak_lr" (its lr before the schedule's multiplier), and MUON with s."""
+    params = list(model.parameters())
+    fused = {"fused": True} if a.device == "cuda" else {}
+    if a.optimizer == "adamw":
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return [torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, a.beta2), eps=1e-8, **fused)], None
+    split = {"muon": [], "embeddings": [], "head": [], "vectors": []}
+    for name, p in model.named_parameters():  # with --tie on, wte.weight only (lm_head's is the same one)
+        if name.startswith("h.") and p.dim() >= 2:
+            split["muon"].append(p)
+        elif name in ("wte.weight", "wpe.weight"):
+            split["embeddings"].append(p)
+        elif name == "lm_head.weight":
+            split["head"].append(p)
+        else:
+            split["vectors"].append(p)
+    scale = (a.embd / 768) ** -0.5  # nanochat's dmodel_lr_scale
+    groups = [{"params": split[k], "name": k, "peak_lr": lr * scale} for k, lr in MUON["adamw_lr"].items()
+              if split[k]]
+    adamw = torch.optim.AdamW(groups, lr=0.0, betas=MUON["adamw_betas"], eps=MUON["adamw_eps"], weight_decay=0.0,
+                              **fused)
+    muon = Muon([{"params": split["muon"], "name": "muon", "peak_lr": MUON["lr"]}], lr=0.0,
+                momentum=MUON["momentum"], nesterov=MUON["nesterov"], ns_steps=MUON["ns_steps"],
+                weight_decay=MUON["weight_decay"])
+    return [adamw, muon], {**MUON, "dmodel_lr_scale": scale}
+
+
 def autocast(a):
     return torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
 
@@ -335,6 +424,10 @@ def parse_args():
     parser.add_argument("--tie", choices=("on", "off"), default="off",
                         help="on: lm_head's weight is wte's (one parameter); off (default): its own")
     parser.add_argument("--eps", type=float, default=1e-5, help="every norm's epsilon (default 1e-5)")
+    parser.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                        help="adamw (default), or muon: Muon on the blocks' matrices, AdamW on the rest (nanochat's)")
+    parser.add_argument("--stop-at", type=int, default=0,
+                        help="stop after this step of the --steps schedule, as train_gpt's (default 0: at --steps)")
     for flag, kind in (("steps", int), ("batch", int), ("seq", int), ("layers", int), ("heads", int),
                        ("embd", int), ("dropout", float), ("lr", float), ("min-lr", float), ("warmup", int),
                        ("beta2", float), ("weight-decay", float), ("eval-every", int), ("eval-batches", int),
@@ -347,6 +440,8 @@ def parse_args():
     for key in ("steps", "batch", "seq", "layers", "heads", "embd", "eval_every", "eval_batches", "threads"):
         if getattr(a, key) < 1:
             parser.error(f"expected --{key.replace('_', '-')} >= 1, got {getattr(a, key)}")
+    if not 0 <= a.stop_at <= a.steps:
+        parser.error(f"expected --stop-at from 0 to --steps {a.steps}, got {a.stop_at}")
     if a.embd % a.heads:
         parser.error(f"expected --embd divisible by --heads, got {a.embd} and {a.heads}")
     if a.kv_heads < 0 or a.heads % (a.kv_heads or a.heads):
@@ -358,6 +453,8 @@ def parse_args():
         parser.error(f"expected --eps > 0 and finite, got {a.eps}")
     if not 0 < a.val_fraction < 1 or not 0 <= a.dropout < 1 or a.warmup < 0 or not 0 <= a.min_lr <= a.lr:
         parser.error("expected 0 < --val-fraction < 1, 0 <= --dropout < 1, --warmup >= 0 and 0 <= --min-lr <= --lr")
+    if a.optimizer == "muon" and a.lr <= 0:
+        parser.error("--optimizer muon follows the schedule as a multiplier, lr(step) / --lr: expected --lr > 0")
     if a.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
     return a, parser
@@ -376,16 +473,16 @@ def main():
     m = model_config(a)
     model = GPT(m).to(a.device)
     params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, a.beta2), eps=1e-8,
-                            **({"fused": True} if a.device == "cuda" else {}))
+    opts, muon = make_optimizers(model, a)
     machine = torch.cuda.get_device_name() if a.device == "cuda" else f"cpu, {a.threads} threads"
     n_params = sum(p.numel() for p in params)
     print(f"torch {a.preset}: torch {torch.__version__} on {machine}; {a.arch}, L={m.L} NH={m.NH} NKV={m.NKV} "
           f"C={m.C} H={m.H} V={VOCAB}, lm_head {'tied' if m.tie else 'untied'}, {n_params:,} parameters; "
           f"B={a.batch} T={a.seq}, {a.steps} steps, lr {a.lr:g} to {a.min_lr:g}, warm-up {a.warmup}, "
-          f"dropout {a.dropout:g}, {a.dtype}, eager")
+          f"dropout {a.dropout:g}, {a.dtype}, eager, {a.optimizer}")
+    if muon:
+        print("muon: " + ", ".join(f"{g['name']} {len(g['params'])} parameters, lr {g['peak_lr']:g}"
+                                   for opt in opts for g in opt.param_groups) + f"; {json.dumps(muon)}")
     print(f"data: {a.data}, {len(train):,} training and {len(val):,} held-out bytes")
     if a.steps <= a.warmup:
         print(f"note: --steps {a.steps} <= --warmup {a.warmup}: the run ends in the warm-up, at "
@@ -393,20 +490,25 @@ def main():
 
     train_gen, val_gen = torch.Generator().manual_seed(a.seed), torch.Generator()
     train_time, pending, losses, evals = 0.0, [], [], []
+    end = a.stop_at or a.steps
     synchronize(a)
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    for step in range(a.steps):
+    for step in range(end):
         x, y = get_batch(train, a, train_gen)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(a, step)
+        for group in (g for opt in opts for g in opt.param_groups):  # muon: the schedule as a multiplier
+            group["lr"] = lr_at(a, step) if a.optimizer == "adamw" else group["peak_lr"] * (lr_at(a, step) / a.lr)
         with autocast(a):
             loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         pending.append(loss.detach())
-        if (step + 1) % a.eval_every and step + 1 < a.steps:
+        if (step + 1) % a.eval_every and step + 1 < end:
             continue
         synchronize(a)
         train_time += time.perf_counter() - t0
@@ -422,15 +524,18 @@ def main():
 
     best = min(evals, key=lambda v: v["val_loss"])
     summary = {"best_val_loss": best["val_loss"], "best_val_step": best["step"], "train_time_s": train_time,
-               "tokens_per_s": a.steps * a.batch * a.seq / train_time, "steps_per_s": a.steps / train_time}
+               "tokens_per_s": end * a.batch * a.seq / train_time, "steps_per_s": end / train_time}
+    if a.device == "cuda":  # evaluations included: they allocate less than a training step
+        summary["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     print(f"torch: best val loss {summary['best_val_loss']:.4f} at step {summary['best_val_step']} | train time "
           f"{train_time:.2f} s | {summary['tokens_per_s']:,.0f} tokens/s | {summary['steps_per_s']:.2f} steps/s")
     if a.json:
         config = {k: v for k, v in vars(a).items() if k != "json"}
         with open(a.json, "w") as f:
             json.dump({"torch": torch.__version__, "machine": machine, "config": config, "arch": a.arch,
-                       "model": vars(m), "parameters": n_params, "vocab": VOCAB, "evaluations": evals,
-                       "losses": losses, **summary}, f, indent=1)
+                       "model": vars(m), "optimizer": a.optimizer, **({"muon": muon} if muon else {}),
+                       "parameters": n_params, "vocab": VOCAB, "evaluations": evals, "losses": losses, **summary},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
