@@ -249,7 +249,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                    {"heads", a.heads}, {"embd", a.embd}, {"vocab", a.vocab}, {"norm", a.norm}, {"policy", a.policy},
                    {"recompute_activation", a.recompute_activation == "on"}, {"lr", a.lr}, {"seed", a.seed},
                    {"device", a.device}, {"dtype", a.dtype}, {"preset", a.preset}, {"parameters", params},
-                   {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan},
+                   {"resume", a.resume}, {"stop_at", a.stop_at}, {"on_nan", a.on_nan}, {"optimizer", a.optimizer},
                    {"val_fraction", a.val_fraction}, {"eval_every", a.eval_every},
                    {"eval_batches", a.eval_batches}, {"save_best", a.save_best}, {"offload", a.offload == "on"},
                    {"checkpoint", a.checkpoint}, {"micro_batch", micro_batch(a)},

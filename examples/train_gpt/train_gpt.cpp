@@ -611,6 +611,9 @@ int main(int argc, char** argv) {
             apply_resume_config(app, a, *resume);
         }
         apply_preset(app, a);
+        if (a.optimizer == "muon" && app.count("--beta2"))
+            throw UsageError("--beta2 is the adamw run's: --optimizer muon gives AdamW nanochat's betas (0.8, 0.95); "
+                             "leave it out");
         if (!a.memory_budget.empty() || a.memory_sweep) {  // the planner or the sweep sets these
             for (const char* flag : {"--policy", "--recompute-activation", "--fused-loss", "--checkpoint",
                                      "--checkpoint-every", "--offload", "--micro-batch"})
