@@ -3,7 +3,8 @@
 
   python3 scripts/muon_report.py GPU_OUT [--markdown FILE] [--svg FILE]
 
-Reads GPU_OUT/muon_{ARCH}_{adamw,muon}.json (train_gpt --json) and GPU_OUT/muon_{ARCH}_muon_torch.json
+Reads GPU_OUT/muon_{ARCH}_{adamw,muon}.json (train_gpt --json), GPU_OUT/muon_{ARCH}_muon_lr{LR}.json
+(train_gpt --optimizer muon --muon-lr LR) and GPU_OUT/muon_{ARCH}_muon_torch.json
 (scripts/train_torch_shakespeare.py --json), ARCH in gpt2, nanochat, llama; a missing file is a row
 left out. The target is the gpt2 + AdamW run's best validation loss: for each run, the first
 evaluated step whose validation loss is at or below it, and that step over the gpt2 + AdamW run's
@@ -11,6 +12,7 @@ step of its best (its fraction of the steps the reference needed). Prints the ma
 written to --markdown) and draws every run's validation curve into --svg.
 """
 import argparse
+import glob
 import json
 import os
 import sys
@@ -36,6 +38,11 @@ def runs_of(out):
                 r = j["runs"][0]
                 runs.append((f"{arch} + {optimizer}, normtape", r["val_steps"], r["val_losses"], r["train_seconds"],
                              r["peak_allocated_bytes"]))
+        for path in sorted(glob.glob(os.path.join(out, f"muon_{arch}_muon_lr*.json"))):
+            r = load(path)["runs"][0]
+            lr = os.path.basename(path)[len(f"muon_{arch}_muon_lr"):-len(".json")]
+            runs.append((f"{arch} + muon (lr {lr}), normtape", r["val_steps"], r["val_losses"], r["train_seconds"],
+                         r["peak_allocated_bytes"]))
         j = load(os.path.join(out, f"muon_{arch}_muon_torch.json"))
         if j:
             evals = j["evaluations"]

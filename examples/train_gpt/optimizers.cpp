@@ -7,8 +7,9 @@
 using namespace normtape;
 
 namespace {
-// nanochat's rates (GPT.setup_optimizers' defaults).
-constexpr double kMatrixLr = 0.02, kEmbeddingLr = 0.2, kUnembeddingLr = 0.004;
+// nanochat's rates of AdamW's groups (GPT.setup_optimizers' defaults; its matrix rate is --muon-lr's
+// default).
+constexpr double kEmbeddingLr = 0.2, kUnembeddingLr = 0.004;
 }  // namespace
 
 Optimizers make_optimizers(const Args& a, const GPT& model) {
@@ -35,6 +36,7 @@ Optimizers make_optimizers(const Args& a, const GPT& model) {
                                                               {split.vectors, 0.0, kUnembeddingLr}},
                                       opt);
     o.muon = std::make_unique<Muon>(split.matrices, MuonOptions{});
+    o.muon_lr = a.muon_lr;
     return o;
 }
 
@@ -45,7 +47,7 @@ void Optimizers::set_lr(double lr) {
     }
     const double multiplier = lr / peak_lr;
     adamw->set_lr(adamw_scale * multiplier);
-    muon->set_lr(kMatrixLr * multiplier);
+    muon->set_lr(muon_lr * multiplier);
 }
 
 void Optimizers::step(const Tensor* grad_norm) {

@@ -5,8 +5,8 @@
 // adamw: AdamW, betas (0.9, --beta2), eps 1e-8, weight decay 0.1 on the parameters of 2 or more
 // dimensions and 0 on the others (GPT-2, nanoGPT); its lr is the schedule's.
 // muon: param_groups_for_muon's split (nn/muon.h), at nanochat's rates (karpathy/nanochat,
-// GPT.setup_optimizers): Muon (momentum 0.95, Nesterov, 5 Newton-Schulz steps) at 0.02 for the
-// blocks' matrices; AdamW, betas (0.8, 0.95), eps 1e-10, at 0.2 s for the embeddings and
+// GPT.setup_optimizers): Muon (momentum 0.95, Nesterov, 5 Newton-Schulz steps) at 0.02 (--muon-lr)
+// for the blocks' matrices; AdamW, betas (0.8, 0.95), eps 1e-10, at 0.2 s for the embeddings and
 // 0.004 s for lm_head, s = (C / 768)^-0.5 (nanochat's scaling of AdamW's rates with the width),
 // and at lm_head's rate for the vectors (norm weights, biases: nanochat's model has none); no
 // weight decay (nanochat's default). --lr is then the schedule's scale, not a rate: every rate is
@@ -26,6 +26,7 @@ struct Optimizers {
     std::unique_ptr<normtape::Muon> muon;  // --optimizer muon
     double peak_lr = 0;                    // --lr
     double adamw_scale = 1;                // with muon: AdamW's lr at the schedule's peak, (C / 768)^-0.5
+    double muon_lr = 0;                    // with muon: Muon's lr at the schedule's peak (--muon-lr)
 
     // Sets every rate from the schedule's `lr` at this step (Note [The optimizers]).
     void set_lr(double lr);

@@ -42,7 +42,8 @@ nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& t
             {"vocab", a.vocab},   {"norm", a.norm},            {"policy", policy_name(policy)},
             {"dtype", a.dtype},   {"lr", a.lr},                {"seed", a.seed},
             {"val-fraction", a.val_fraction}, {"warmup", warmup_steps(a)}, {"min-lr", min_lr(a)},
-            {"beta2", a.beta2},   {"dropout", a.dropout},          {"optimizer", a.optimizer}};
+            {"beta2", a.beta2},   {"dropout", a.dropout},          {"optimizer", a.optimizer},
+            {"muon-lr", a.muon_lr}};
 }
 
 ResumeState read_resume(const std::string& path) {
@@ -140,6 +141,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     take_since("--kv-heads", a.kv_heads, int64_t{0});
     take_since("--tie", a.tie, std::string("off"));
     take_since("--optimizer", a.optimizer, std::string("adamw"));
+    take_since("--muon-lr", a.muon_lr, 0.02);
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);

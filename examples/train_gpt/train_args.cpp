@@ -168,6 +168,8 @@ void check_args(const Args& a) {
     if (!std::isnan(a.min_lr) && !(a.min_lr >= 0 && a.min_lr <= a.lr))
         fail(a, "min-lr", format_real(a.min_lr), "a learning rate from 0 to --lr = " + format_real(a.lr));
     if (!(a.beta2 >= 0 && a.beta2 < 1)) fail(a, "beta2", format_real(a.beta2), "a decay from 0 to 1 (exclusive)");
+    if (!(std::isfinite(a.muon_lr) && a.muon_lr > 0 && a.muon_lr <= 1e6))
+        fail(a, "muon-lr", format_real(a.muon_lr), "a learning rate > 0 and <= 1e6");
     if (!(a.dropout >= 0 && a.dropout < 1))
         fail(a, "dropout", format_real(a.dropout), "a probability from 0 to 1 (exclusive)");
     check_choice(a, "arch", a.arch, {"gpt2", "nanochat", "llama"});

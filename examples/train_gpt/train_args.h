@@ -24,6 +24,7 @@ struct Args {
     double min_lr = std::numeric_limits<double>::quiet_NaN();     // where the decay ends (NaN: lr / 10)
     double beta2 = 0.95;                                          // AdamW's (--optimizer adamw)
     std::string optimizer = "adamw";  // "adamw" or "muon" (examples/train_gpt/optimizers.h)
+    double muon_lr = 0.02;            // Muon's rate at the schedule's peak (--optimizer muon)
     double dropout = 0.0;                                         // GPTConfig::dropout
     int64_t threads = 0;                                          // cpu threads (0: every core)
     int64_t sample = 0;                                           // bytes to sample after training

@@ -85,6 +85,9 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--optimizer", a.optimizer,
                    "adamw (every parameter) or muon (Muon for the blocks' matrices, AdamW for the rest, at nanochat's "
                    "rates scaled by the schedule: --lr is then the schedule's peak, not a rate)");
+    app.add_option("--muon-lr", a.muon_lr,
+                   "with --optimizer muon: Muon's rate at the schedule's peak, > 0 and <= 1e6 (nanochat's 0.02)")
+        ->check(real);
     app.add_option("--dropout", a.dropout,
                    "dropout probability on the embeddings, the attention probabilities and the residual projections, "
                    "0 to 1 (exclusive)")

@@ -614,6 +614,8 @@ int main(int argc, char** argv) {
         if (a.optimizer == "muon" && app.count("--beta2"))
             throw UsageError("--beta2 is the adamw run's: --optimizer muon gives AdamW nanochat's betas (0.8, 0.95); "
                              "leave it out");
+        if (a.optimizer == "adamw" && app.count("--muon-lr"))
+            throw UsageError("--muon-lr is Muon's: it needs --optimizer muon");
         if (!a.memory_budget.empty() || a.memory_sweep) {  // the planner or the sweep sets these
             for (const char* flag : {"--policy", "--recompute-activation", "--fused-loss", "--checkpoint",
                                      "--checkpoint-every", "--offload", "--micro-batch"})
