@@ -229,26 +229,26 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
     if (optimizer) adamw_step = stored_step(path, metadata, kAdamWKey, optimizer_json(*optimizer));
     if (muon) muon_step = stored_step(path, metadata, kMuonKey, optimizer_json(*muon));
     const auto in_adamw = members(optimizer), in_muon = members(muon);
-    for (const auto& [name, p] : params) {
-        if (!optimizer && !muon) break;
-        Tensor master;
-        if (owned_by_adamw("load_checkpoint", path, name, p, in_adamw, in_muon)) {
-            const AdamW::ParamState& st = optimizer->state(p);
-            copies.push_back({kExpAvg + name, st.m, find(kExpAvg + name, st.m.shape(), st.m.dtype())});
-            copies.push_back({kExpAvgSq + name, st.v, find(kExpAvgSq + name, st.v.shape(), st.v.dtype())});
-            master = st.master;
-        } else {
-            const Tensor& buf = muon->state(p).momentum_buffer;
-            copies.push_back({kMomentumBuffer + name, buf, find(kMomentumBuffer + name, buf.shape(), buf.dtype())});
-            master = muon->state(p).master;
+    if (optimizer || muon)
+        for (const auto& [name, p] : params) {
+            Tensor master;
+            if (owned_by_adamw("load_checkpoint", path, name, p, in_adamw, in_muon)) {
+                const AdamW::ParamState& st = optimizer->state(p);
+                copies.push_back({kExpAvg + name, st.m, find(kExpAvg + name, st.m.shape(), st.m.dtype())});
+                copies.push_back({kExpAvgSq + name, st.v, find(kExpAvgSq + name, st.v.shape(), st.v.dtype())});
+                master = st.master;
+            } else {
+                const Tensor& buf = muon->state(p).momentum_buffer;
+                copies.push_back({kMomentumBuffer + name, buf, find(kMomentumBuffer + name, buf.shape(), buf.dtype())});
+                master = muon->state(p).master;
+            }
+            if (master.defined())
+                copies.push_back({kMaster + name, master, find(kMaster + name, master.shape(), master.dtype())});
+            else
+                NT_CHECK_AS(FormatError, by_name.count(kMaster + name) == 0, "load_checkpoint: ", path, ": holds ", kMaster,
+                            name, " but parameter ", name, " is ", dtype_name(p.dtype()),
+                            " (master copies are for bf16 parameters)");
         }
-        if (master.defined())
-            copies.push_back({kMaster + name, master, find(kMaster + name, master.shape(), master.dtype())});
-        else
-            NT_CHECK_AS(FormatError, by_name.count(kMaster + name) == 0, "load_checkpoint: ", path, ": holds ", kMaster,
-                        name, " but parameter ", name, " is ", dtype_name(p.dtype()),
-                        " (master copies are for bf16 parameters)");
-    }
     // A NaN or an Inf, or a negative second moment, would make every later step NaN: refused
     // before anything is modified.
     for (const Copy& c : copies) check_values(path, c.name, c.src);

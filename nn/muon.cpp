@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,13 +66,14 @@ void check_options(const char* op, const MuonOptions& o) {
 }
 
 #if NORMTAPE_WITH_CUDA
-// One class of Note [Muon on CUDA]: `count` matrices [rows, cols] of dtype T, orthogonalized as
-// one batch. `matrices(first, n)` gives the kernel arguments of members first .. first + n - 1.
-// Allocates the scratch of muon_scratch_bytes, in its order, and releases it on return.
+// One class of Note [Muon on CUDA]: `count` matrices [rows, cols] of dtype T, their momentum
+// step (without buffers: the gradients themselves) and orthogonalization as one batch; returns the
+// orthogonalized updates [count, rows, cols] in ns_t<T>. `matrices(first, n)` gives the kernel
+// arguments of members first .. first + n - 1. Allocates the scratch of muon_scratch_bytes, in
+// its order; all but the result is released on return.
 template <class T, class Members>
 Tensor orthogonalize_class(Device device, int64_t count, int64_t rows, int64_t cols, int64_t steps, double momentum,
-                           bool nesterov, const Members& matrices, const double* skip,
-                           const std::function<void(const detail::MuonMatrices<T>&, int64_t, const detail::ns_t<T>*)>& apply) {
+                           bool nesterov, const Members& matrices, const double* skip) {
     using X = detail::ns_t<T>;
     const int64_t m = std::min(rows, cols), numel = rows * cols, chunks = detail::muon_chunks(numel);
     const TensorOptions xo = TensorOptions().dtype(dtype_of<X>()).device(device);
@@ -88,10 +88,6 @@ Tensor orthogonalize_class(Device device, int64_t count, int64_t rows, int64_t c
     detail::muon_normalize_cuda<X>(device_ptr<X>(x), count, numel, device_ptr<acc_t<X>>(sum), device.index);
     X* out = detail::newton_schulz_cuda<X>(device_ptr<X>(x), device_ptr<X>(y), device_ptr<X>(a), device_ptr<X>(b), count,
                                            rows, cols, steps, device.index);
-    if (apply)
-        for (int64_t first = 0; first < count; first += detail::kMuonMatricesPerLaunch)
-            apply(matrices(first, std::min<int64_t>(count - first, detail::kMuonMatricesPerLaunch)), numel,
-                  out + first * numel);
     return out == device_ptr<X>(x) ? x : y;
 }
 #endif  // NORMTAPE_WITH_CUDA
@@ -209,11 +205,13 @@ void Muon::step_impl(const Tensor* grad_norm) {
                     return mm;
                 };
                 const double* skip = device_ptr<double>(norm);
-                orthogonalize_class<T>(c.device, static_cast<int64_t>(c.members.size()), c.rows, c.cols,
-                                       options_.ns_steps, options_.momentum, options_.nesterov, matrices, skip,
-                                       [&](const detail::MuonMatrices<T>& mm, int64_t numel, const detail::ns_t<T>* o) {
-                                           detail::muon_apply_cuda<T>(mm, numel, o, decay, step, skip, c.device.index);
-                                       });
+                const int64_t count = static_cast<int64_t>(c.members.size()), numel = c.rows * c.cols;
+                const Tensor o = orthogonalize_class<T>(c.device, count, c.rows, c.cols, options_.ns_steps,
+                                                        options_.momentum, options_.nesterov, matrices, skip);
+                for (int64_t first = 0; first < count; first += detail::kMuonMatricesPerLaunch)
+                    detail::muon_apply_cuda<T>(
+                        matrices(first, std::min<int64_t>(count - first, detail::kMuonMatricesPerLaunch)), numel,
+                        device_ptr<detail::ns_t<T>>(o) + first * numel, decay, step, skip, c.device.index);
             }));
         }
     }
@@ -261,11 +259,12 @@ Tensor newton_schulz(const Tensor& g, int64_t steps) {
                 mm.count = static_cast<int32_t>(n);
                 return mm;
             };
-            out = orthogonalize_class<T>(g.device(), count, rows, cols, steps, 0.0, false, matrices, nullptr, {});
+            out = orthogonalize_class<T>(g.device(), count, rows, cols, steps, 0.0, false, matrices, nullptr);
         }));
         return out.to(g.dtype()).reshape(g.shape());
     }
-    Tensor out = g.to(stat_dtype(g.dtype())).contiguous().clone();
+    const DType acc = stat_dtype(g.dtype());
+    Tensor out = g.dtype() == acc ? g.clone() : g.to(acc);  // a copy of its own, contiguous
     dispatch_floating(out.dtype(), "newton_schulz", [&](auto tag) {
         using A = decltype(tag);
         if constexpr (std::is_same_v<A, float> || std::is_same_v<A, double>) {

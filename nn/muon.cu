@@ -9,14 +9,18 @@
 //  - Matrices of one shape, dtype and group form a class; a class is orthogonalized as one batch,
 //    strided-batched products on consecutive copies [count, rows, cols], so that a GPT's L layers
 //    of one matrix are three launches per iteration, not 3 L.
-//  - The products are cuBLASLt's, whose output D may differ from the matrix C it adds: B = c A A
-//    + b A is one product. X' = a X + B X is computed as (B + a I) X: a kernel adds a to B's
-//    diagonal (m elements a matrix), and the product then reads no third matrix (reading X as
-//    C costs 10-25% of that product's time on an H200, where the diagonal costs a launch). The
-//    products' descriptors and algorithm are made once per problem and kept.
+//  - The products are cuBLASLt's (gemm_strided_batched_cuda, ops/matmul.cu), whose output D may
+//    differ from the matrix C it adds: B = c A A + b A is one product. X' = a X + B X is computed
+//    as (B + a I) X: a kernel adds a to B's diagonal (m elements a matrix), and the product then
+//    reads no third matrix (reading X as C costs 10-25% of that product's time on an H200, where
+//    the diagonal costs a launch). The
+//    price: a + B_jj is rounded to bf16 as one number (about 0.008 of a, where the reference
+//    rounds a X per element), well inside bf16's error of the whole iteration (2e-2 against an
+//    f64 iteration, the tests). The products' descriptors and algorithm are made once per
+//    problem and kept.
 //  - The momentum kernel writes each matrix's update, rounded to bf16, straight into its place in
-//    the batch, with per-chunk sums of squares; a second kernel adds a matrix's sums in chunk
-//    order (deterministic, no atomics) and divides by the norm. Nothing is read back: the step
+//    the batch, with per-chunk sums of squares; one block per matrix adds its sums in chunk order
+//    (deterministic, no atomics), and a third kernel divides by the norm. Nothing is read back: the step
 //    never waits for the GPU.
 //  - No transposition: a tall matrix (rows > cols) Y is iterated in place as A = Y^T Y,
 //    Y = a Y + Y B, which is the transposed form of the reference's X = Y^T (B is symmetric).
@@ -27,12 +31,7 @@
 // Each product accumulates in f32 (f64 for f64 parameters). A step whose gradient norm is not
 // finite writes zeros into the batch and skips the buffer and parameter updates, so the products
 // in between run on zeros.
-#include <cublasLt.h>
-
 #include <algorithm>
-#include <array>
-#include <map>
-#include <memory>
 #include <type_traits>
 #include <utility>
 
@@ -41,6 +40,7 @@
 #include "core/cuda_map.cuh"
 #include "nn/muon_update.h"
 #include "ops/cuda_common.cuh"
+#include "ops/cuda_launchers.h"
 
 namespace normtape::detail {
 
@@ -107,18 +107,24 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) sum[int64_t(i) * gridDim.x + blockIdx.x] = s;
 }
 
+// sum[i chunks] = the sum of sum[i chunks .. (i + 1) chunks) for matrix i = blockIdx.x.
+template <class S>
+__global__ void __launch_bounds__(kThreads) muon_matrix_sum_kernel(S* __restrict__ sum, int64_t chunks) {
+    __shared__ S shared[32];
+    S* si = sum + int64_t(blockIdx.x) * chunks;
+    S s = 0;
+    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) s += si[c];
+    s = block_sum(s, shared);  // every thread has read its chunks: the first may be written over
+    if (threadIdx.x == 0) si[0] = s;
+}
+
 template <class X>
 __global__ void __launch_bounds__(kThreads)
     muon_normalize_kernel(X* __restrict__ x, int64_t numel, const acc_t<X>* __restrict__ sum) {
     using S = acc_t<X>;
     constexpr int E = kVec<X>;
-    __shared__ S shared[32];
     const int i = blockIdx.y;
-    const acc_t<X>* si = sum + int64_t(i) * gridDim.x;
-    S s = 0;
-    for (unsigned c = threadIdx.x; c < gridDim.x; c += kThreads) s += si[c];
-    s = block_sum(s, shared);
-    const S scale = S(1) / (sqrt(s) + S(kNewtonSchulzEps));
+    const S scale = S(1) / (sqrt(sum[int64_t(i) * gridDim.x]) + S(kNewtonSchulzEps));
     const int64_t start = int64_t(blockIdx.x) * kMuonChunk;
     const int n = static_cast<int>(min(kMuonChunk, numel - start));
     X* xi = x + int64_t(i) * numel + start;
@@ -197,91 +203,6 @@ dim3 grid_of(int64_t numel, int64_t count) {
     return dim3(static_cast<unsigned>(muon_chunks(numel)), static_cast<unsigned>(count));
 }
 
-// ---- Strided-batched products through cuBLASLt ----------------------------------------------------
-
-// The largest power of two up to 256 dividing both the address and the batch stride, in bytes.
-int64_t alignment(const void* p, int64_t stride_bytes) {
-    int64_t a = 256;
-    while (a > 1 && (reinterpret_cast<uintptr_t>(p) % a != 0 || stride_bytes % a != 0)) a /= 2;
-    return a;
-}
-
-// One problem's descriptors and algorithm; destroyed with the process's cache.
-struct LtProblem {
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    ~LtProblem() {
-        if (desc) cublasLtMatmulDescDestroy(desc);
-        for (cublasLtMatrixLayout_t l : {a, b, c})
-            if (l) cublasLtMatrixLayoutDestroy(l);
-    }
-};
-
-cublasLtMatrixLayout_t batched_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
-                                      int64_t count) {
-    cublasLtMatrixLayout_t l = nullptr;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, uint64_t(rows), uint64_t(cols), ld));
-    const int32_t batch = static_cast<int32_t>(count);
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
-    return l;
-}
-
-// D = alpha op(A) op(B) + beta C for `count` column-major matrices (cuBLAS's convention), D [m, n]
-// with C's layout, each operand `stride` elements after the previous one. The problem's
-// descriptors and the heuristic's first algorithm are made on its first call and kept (asking
-// costs more host time than a product takes). Throws Error when cuBLASLt has no algorithm.
-template <class X>
-void gemm_batched(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const X* a,
-                  int64_t lda, int64_t stride_a, const X* b, int64_t ldb, int64_t stride_b, double beta, const X* c,
-                  X* d, int64_t ldc, int64_t stride_c, int64_t count) {
-    constexpr bool f64 = std::is_same_v<X, double>;
-    using S = std::conditional_t<f64, double, float>;
-    const int64_t align_a = alignment(a, stride_a * int64_t(sizeof(X))),
-                  align_b = alignment(b, stride_b * int64_t(sizeof(X))),
-                  align_c = std::min(alignment(c, stride_c * int64_t(sizeof(X))), alignment(d, stride_c * int64_t(sizeof(X))));
-    using Key = std::array<int64_t, 17>;
-    static std::map<Key, std::unique_ptr<LtProblem>> problems;
-    const Key key = {device, f64, trans_a, trans_b, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, count,
-                     align_a, align_b, align_c};
-    auto found = problems.find(key);
-    if (found == problems.end()) {
-        auto p = std::make_unique<LtProblem>();
-        const cudaDataType_t type = cuda_type<X>();
-        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
-                                              f64 ? CUDA_R_64F : CUDA_R_32F));
-        const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-        p->a = trans_a ? batched_layout(type, k, m, lda, stride_a, count) : batched_layout(type, m, k, lda, stride_a, count);
-        p->b = trans_b ? batched_layout(type, n, k, ldb, stride_b, count) : batched_layout(type, k, n, ldb, stride_b, count);
-        p->c = batched_layout(type, m, n, ldc, stride_c, count);
-        cublasLtMatmulPreference_t pref = nullptr;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        const uint64_t bytes = cuda::kWorkspaceBytes;
-        const uint32_t aligns[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_c)};
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aligns[0], 4);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aligns[1], 4);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &aligns[2], 4);
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2], 4);
-        cublasLtMatmulHeuristicResult_t result{};
-        int found_count = 0;
-        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda::cublaslt(device), p->desc, p->a, p->b, p->c,
-                                                                 p->c, pref, 1, &result, &found_count);
-        cublasLtMatmulPreferenceDestroy(pref);
-        NT_CHECK(st == CUBLAS_STATUS_SUCCESS && found_count > 0, "newton_schulz: cuBLASLt has no algorithm for ",
-                 count, " products [", m, ", ", k, "] x [", k, ", ", n, "] (", cublasGetStatusString(st), ")");
-        p->algo = result.algo;
-        found = problems.emplace(key, std::move(p)).first;
-    }
-    const LtProblem& p = *found->second;
-    const S al = static_cast<S>(alpha), be = static_cast<S>(beta);
-    CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(device), p.desc, &al, a, p.a, b, p.b, &be, c, p.c, d, p.c, &p.algo,
-                                cuda::workspace(device), cuda::kWorkspaceBytes, cuda::stream(device)));
-}
-
 }  // namespace
 
 template <class T>
@@ -294,8 +215,11 @@ void muon_momentum_cuda(const MuonMatrices<T>& m, int64_t numel, double momentum
 }
 
 template <class X>
-void muon_normalize_cuda(X* x, int64_t count, int64_t numel, const acc_t<X>* sum, int device) {
-    muon_normalize_kernel<X><<<grid_of(numel, count), kThreads, 0, cuda::stream(device)>>>(x, numel, sum);
+void muon_normalize_cuda(X* x, int64_t count, int64_t numel, acc_t<X>* sum, int device) {
+    cudaStream_t stream = cuda::stream(device);
+    muon_matrix_sum_kernel<acc_t<X>><<<static_cast<unsigned>(count), kThreads, 0, stream>>>(sum, muon_chunks(numel));
+    CUDA_CHECK(cudaGetLastError());
+    muon_normalize_kernel<X><<<grid_of(numel, count), kThreads, 0, stream>>>(x, numel, sum);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -310,19 +234,28 @@ X* newton_schulz_cuda(X* x, X* y, X* a, X* b, int64_t count, int64_t rows, int64
     const bool tall = rows > cols;
     const int64_t m = tall ? cols : rows, sx = rows * cols, sa = m * m;
     for (int64_t s = 0; s < steps; ++s) {
-        if (tall) gemm_batched(device, false, true, m, m, rows, 1.0, x, cols, sx, x, cols, sx, 0.0, a, a, m, sa, count);
-        else gemm_batched(device, true, false, m, m, cols, 1.0, x, cols, sx, x, cols, sx, 0.0, a, a, m, sa, count);
-        gemm_batched(device, false, false, m, m, m, kNewtonSchulzC, a, m, sa, a, m, sa, kNewtonSchulzB, a, b, m, sa,
-                     count);
+        if (tall)
+            gemm_strided_batched_cuda(false, true, m, m, rows, 1.0, x, cols, sx, x, cols, sx, 0.0, a, a, m, sa, count,
+                                      device);
+        else
+            gemm_strided_batched_cuda(true, false, m, m, cols, 1.0, x, cols, sx, x, cols, sx, 0.0, a, a, m, sa, count,
+                                      device);
+        gemm_strided_batched_cuda(false, false, m, m, m, kNewtonSchulzC, a, m, sa, a, m, sa, kNewtonSchulzB, a, b, m,
+                                  sa, count, device);
         add_diagonal_kernel<X><<<static_cast<unsigned>((count * m + kThreads - 1) / kThreads), kThreads, 0,
                                  cuda::stream(device)>>>(b, count, m);
         CUDA_CHECK(cudaGetLastError());
-        if (tall) gemm_batched(device, false, false, cols, rows, cols, 1.0, b, m, sa, x, cols, sx, 0.0, y, y, cols, sx, count);
-        else gemm_batched(device, false, false, cols, rows, rows, 1.0, x, cols, sx, b, m, sa, 0.0, y, y, cols, sx, count);
+        if (tall)
+            gemm_strided_batched_cuda(false, false, cols, rows, cols, 1.0, b, m, sa, x, cols, sx, 0.0, y, y, cols, sx,
+                                      count, device);
+        else
+            gemm_strided_batched_cuda(false, false, cols, rows, rows, 1.0, x, cols, sx, b, m, sa, 0.0, y, y, cols, sx,
+                                      count, device);
         std::swap(x, y);
     }
     return x;
 }
+
 template <class T>
 void muon_apply_cuda(const MuonMatrices<T>& m, int64_t numel, const ns_t<T>* x, double decay, double step,
                      const double* skip_if_nonfinite, int device) {
@@ -340,8 +273,8 @@ NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)
 #undef NT_INSTANTIATE
-template void muon_normalize_cuda<bf16>(bf16*, int64_t, int64_t, const float*, int);
-template void muon_normalize_cuda<double>(double*, int64_t, int64_t, const double*, int);
+template void muon_normalize_cuda<bf16>(bf16*, int64_t, int64_t, float*, int);
+template void muon_normalize_cuda<double>(double*, int64_t, int64_t, double*, int);
 template bf16* newton_schulz_cuda<bf16>(bf16*, bf16*, bf16*, bf16*, int64_t, int64_t, int64_t, int64_t, int);
 template double* newton_schulz_cuda<double>(double*, double*, double*, double*, int64_t, int64_t, int64_t, int64_t,
                                             int);

@@ -38,7 +38,7 @@ struct MuonOptions {
 // (the storage version is bumped).
 // On the cpu the orthogonalization runs in f32 (f64 for f64 parameters) through Eigen, one
 // matrix per thread; Eigen's temporaries are its own heap's, outside normtape's allocator. On CUDA
-// it runs in bf16 products with f32 accumulation (f64 for f64 parameters) through cuBLAS, as the
+// it runs in bf16 products with f32 accumulation (f64 for f64 parameters) through cuBLASLt, as the
 // reference does: the matrices of one group with one shape are a class, orthogonalized as one
 // batch (Note [Muon on CUDA] in nn/muon.cu): per class a few elementwise launches and
 // 3 ns_steps strided-batched products, queued without waiting for the GPU. Each class takes its
@@ -66,8 +66,11 @@ public:
     Muon(const std::vector<Tensor>& params, MuonOptions options);
 
     // Throws DeviceError / DTypeError when a parameter changed device / dtype since construction,
-    // ShapeError when its gradient's shape is not its own; every parameter is checked first, so a
-    // step that throws changes nothing.
+    // ShapeError when its gradient is not contiguous or not of its shape, or (on CUDA) a matrix has
+    // more rows or columns than cuBLAS's int; every parameter is checked first, so a step that
+    // throws these changes nothing. On CUDA, OutOfMemoryError when a class's scratch cannot be
+    // allocated and Error when cuBLASLt has no algorithm for its products: the classes before it
+    // have then been stepped (and the step counted).
     void step();
     // As step(), except that no parameter, master copy or buffer changes when `grad_norm` (one
     // element, floating, on every stepped parameter's device: what clip_grad_norm_tensor_
@@ -110,9 +113,11 @@ private:
 // g: [rows, cols], or [n, rows, cols] for n matrices each orthogonalized alone; f32, f64 or bf16;
 // any device. Returns a tensor of g's shape, dtype and device, not connected to the graph. On
 // the cpu computed in f32 (f64 for f64) through Eigen; on CUDA in bf16 products with f32
-// accumulation (f64 for f64), as the reference. Throws ShapeError for g not 2-D or 3-D or with a
-// zero size (on CUDA also for more than 65535 matrices, or sizes beyond cuBLAS's int), Error for
-// steps outside [1, 100], DTypeError for a non-floating g.
+// accumulation (f64 for f64), as the reference, except that X's update is (B + a I) X (Note
+// [Muon on CUDA]). Throws Error for an undefined g or steps outside [1, 100], ShapeError for g not
+// 2-D or 3-D or with a zero size (on CUDA also for more than 65535 matrices, or sizes beyond
+// cuBLAS's int), DTypeError for a non-floating g; on CUDA as Muon::step for its scratch and
+// products.
 Tensor newton_schulz(const Tensor& g, int64_t steps = 5);
 
 // A GPT's parameters split as nanochat splits them (karpathy/nanochat, GPT.setup_optimizers): the
@@ -130,8 +135,8 @@ MuonParamSplit param_groups_for_muon(const GPT& model);
 // The bytes Muon's CUDA step takes from the allocator for one class of n matrices [rows, cols]
 // of parameter dtype `dtype` (Note [Muon on CUDA], nn/muon.cu), in allocation order: the two
 // iterates [n, rows, cols], the Gram matrix and the polynomial [n, m, m] (m = min(rows, cols)),
-// in bf16 (f64 for f64), then the per-chunk sums of squares (f32, one per 4096 elements of each
-// matrix). All are released when the class is done.
+// in bf16 (f64 for f64), then the per-chunk sums of squares (f32; f64 for f64: one per 4096
+// elements of each matrix). All are released when the class is done.
 std::vector<int64_t> muon_scratch_bytes(DType dtype, int64_t n, int64_t rows, int64_t cols);
 
 }  // namespace normtape

@@ -59,6 +59,7 @@ struct MuonMatrices {
     acc_t<T>* buf[kMuonMatricesPerLaunch];
     int32_t count;
 };
+static_assert(sizeof(MuonMatrices<double>) + 128 <= 4096, "kernel arguments must stay within 4 KiB");
 
 // For each matrix i < m.count of numel elements: muon_momentum of each element, the update u
 // rounded into x[i numel ..] (consecutive matrices), and sum[i muon_chunks(numel) + c] = the sum
@@ -68,10 +69,11 @@ template <class T>
 void muon_momentum_cuda(const MuonMatrices<T>& m, int64_t numel, double momentum, bool nesterov, ns_t<T>* x,
                         acc_t<ns_t<T>>* sum, const double* skip_if_nonfinite, int device);
 
-// x[i] /= (sqrt(the sum of sum[i muon_chunks(numel) ..], in chunk order) + kNewtonSchulzEps) for
-// each of `count` matrices of numel elements.
+// x[i] /= (sqrt(s_i) + kNewtonSchulzEps) for each of `count` matrices of numel elements, s_i the
+// sum of sum[i muon_chunks(numel) ..] (one block per matrix adds them in a fixed order, into the
+// first of them).
 template <class X>
-void muon_normalize_cuda(X* x, int64_t count, int64_t numel, const acc_t<X>* sum, int device);
+void muon_normalize_cuda(X* x, int64_t count, int64_t numel, acc_t<X>* sum, int device);
 
 // `steps` Newton-Schulz iterations of the `count` normalized matrices [rows, cols] in x (Note
 // [Muon on CUDA]): y the same size, a and b [count, m, m] (m = min(rows, cols)) scratch. Returns

@@ -35,9 +35,9 @@ std::vector<ParamGroup> checked_groups(const char* op, const std::vector<ParamGr
                      : !p.requires_grad()  ? "one that does not require grad"
                      : !p.is_leaf()        ? "a non-leaf"
                                            : "a non-contiguous one");
-            NT_CHECK(p.dim() >= min_dim, op, ": expected parameters of at least ", min_dim,
-                     " dimensions (matrices; vectors and scalars belong to AdamW), got parameter ", i, " of group ",
-                     gi, " of shape ", shape_str(p.shape()));
+            NT_CHECK(p.dim() >= min_dim, op, ": expected parameters of at least ", min_dim, " dimensions",
+                     min_dim >= 2 ? " (matrices: vectors and scalars belong to AdamW)" : "", ", got parameter ", i,
+                     " of group ", gi, " of shape ", shape_str(p.shape()));
             auto [seen, inserted] = first.try_emplace(&p.impl(), gi, i);
             if (!inserted) {
                 NT_CHECK(seen->second.first == gi, op, ": expected each parameter in one group only, got parameter ", i,

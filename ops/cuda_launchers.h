@@ -123,6 +123,15 @@ enum class GemmEpilogue {
 template <class T>
 bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, const T* b, int64_t b_rows,
                         int64_t b_cols, bool trans_b, GemmEpilogue epilogue, T* bias, T* aux, int device);
+// D = alpha op(A) op(B) + beta C for `count` matrices in cuBLAS's column-major picture (D [m, n] in
+// C's layout; d may be c or apart from it), each operand `stride` elements after the previous
+// one, through cuBLASLt (nn/muon.cu's Newton-Schulz products), accumulating in f32 (f64 for
+// double). The problem's descriptors and algorithm are made on its first call and kept (asking
+// costs more host time than a product takes). Throws Error where cuBLASLt has no algorithm.
+template <class T>
+void gemm_strided_batched_cuda(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a,
+                               int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b, double beta,
+                               const T* c, T* d, int64_t ldc, int64_t stride_c, int64_t count, int device);
 
 // ops/norm/norm_forward.cu, ops/norm/norm_backward.cu, ops/norm/norm_reference.cu: the norms (see
 // ops/norm/norm_policy.h); mean is nullptr when not centered, weight/bias nullptr when absent;

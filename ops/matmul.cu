@@ -1,8 +1,10 @@
 // ops/matmul.cu: matrix products through cuBLAS (cublasGemmEx), and through cuBLASLt where an
-// epilogue (bias, bias + GELU) saves a pass over the output. The bias row add used
+// epilogue (bias, bias + GELU) saves a pass over the output, and for strided batches whose output
+// is apart from the matrix they add (Muon's Newton-Schulz products). The bias row add used
 // without cuBLASLt is add_bias_rows_cuda, in ops/elementwise.cu.
 #include <array>
 #include <map>
+#include <memory>
 #include <optional>
 #include <type_traits>
 
@@ -159,12 +161,98 @@ bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool
     }
 }
 
+namespace {
+
+// The largest power of two, up to 256, dividing both p's address and a batch's stride in bytes.
+int64_t alignment(const void* p, int64_t stride_bytes) {
+    int64_t a = alignment(p);
+    while (a > 1 && stride_bytes % a != 0) a /= 2;
+    return a;
+}
+
+// One problem's descriptors and algorithm; destroyed with the process's cache.
+struct LtProblem {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~LtProblem() {
+        if (desc) cublasLtMatmulDescDestroy(desc);
+        for (cublasLtMatrixLayout_t l : {a, b, c})
+            if (l) cublasLtMatrixLayoutDestroy(l);
+    }
+};
+
+cublasLtMatrixLayout_t batched_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                                      int64_t count) {
+    cublasLtMatrixLayout_t l = nullptr;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, uint64_t(rows), uint64_t(cols), ld));
+    const int32_t batch = static_cast<int32_t>(count);
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    return l;
+}
+
+}  // namespace
+
+template <class X>
+void gemm_strided_batched_cuda(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const X* a,
+                               int64_t lda, int64_t stride_a, const X* b, int64_t ldb, int64_t stride_b, double beta,
+                               const X* c, X* d, int64_t ldc, int64_t stride_c, int64_t count, int device) {
+    constexpr bool f64 = std::is_same_v<X, double>;
+    using S = std::conditional_t<f64, double, float>;
+    const int64_t align_a = alignment(a, stride_a * int64_t(sizeof(X))),
+                  align_b = alignment(b, stride_b * int64_t(sizeof(X))),
+                  align_c = std::min(alignment(c, stride_c * int64_t(sizeof(X))), alignment(d, stride_c * int64_t(sizeof(X))));
+    using Key = std::array<int64_t, 17>;
+    static std::map<Key, std::unique_ptr<LtProblem>> problems;
+    const Key key = {device, f64, trans_a, trans_b, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, count,
+                     align_a, align_b, align_c};
+    auto found = problems.find(key);
+    if (found == problems.end()) {
+        auto p = std::make_unique<LtProblem>();
+        const cudaDataType_t type = cuda_type<X>();
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                              f64 ? CUDA_R_64F : CUDA_R_32F));
+        const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+        p->a = trans_a ? batched_layout(type, k, m, lda, stride_a, count) : batched_layout(type, m, k, lda, stride_a, count);
+        p->b = trans_b ? batched_layout(type, n, k, ldb, stride_b, count) : batched_layout(type, k, n, ldb, stride_b, count);
+        p->c = batched_layout(type, m, n, ldc, stride_c, count);
+        cublasLtMatmulPreference_t pref = nullptr;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t bytes = cuda::kWorkspaceBytes;
+        const uint32_t aligns[3] = {uint32_t(align_a), uint32_t(align_b), uint32_t(align_c)};
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aligns[0], 4));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aligns[1], 4));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &aligns[2], 4));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2], 4));
+        cublasLtMatmulHeuristicResult_t result{};
+        int found_count = 0;
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda::cublaslt(device), p->desc, p->a, p->b, p->c,
+                                                                 p->c, pref, 1, &result, &found_count);
+        cublasLtMatmulPreferenceDestroy(pref);
+        NT_CHECK(st == CUBLAS_STATUS_SUCCESS && found_count > 0, "gemm_strided_batched: cuBLASLt has no algorithm for ",
+                 count, " products [", m, ", ", k, "] x [", k, ", ", n, "] (", cublasGetStatusString(st), ")");
+        p->algo = result.algo;
+        found = problems.emplace(key, std::move(p)).first;
+    }
+    const LtProblem& p = *found->second;
+    const S al = static_cast<S>(alpha), be = static_cast<S>(beta);
+    CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(device), p.desc, &al, a, p.a, b, p.b, &be, c, p.c, d, p.c, &p.algo,
+                                cuda::workspace(device), cuda::kWorkspaceBytes, cuda::stream(device)));
+}
+
 #define NT_INSTANTIATE(T)                                                                                           \
     template void gemm_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool, int);        \
     template void gemm_accumulate_cuda<T>(acc_t<T>*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t,  \
                                           bool, int);                                                                \
     template bool gemm_epilogue_cuda<T>(T*, const T*, int64_t, int64_t, bool, const T*, int64_t, int64_t, bool,     \
-                                        GemmEpilogue, T*, T*, int);
+                                        GemmEpilogue, T*, T*, int);                                                  \
+    template void gemm_strided_batched_cuda<T>(bool, bool, int64_t, int64_t, int64_t, double, const T*, int64_t,   \
+                                               int64_t, const T*, int64_t, int64_t, double, const T*, T*, int64_t,  \
+                                               int64_t, int64_t, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)
