@@ -13,15 +13,14 @@
 //    differ from the matrix C it adds: B = c A A + b A is one product. X' = a X + B X is computed
 //    as (B + a I) X: a kernel adds a to B's diagonal (m elements a matrix), and the product then
 //    reads no third matrix (reading X as C costs 10-25% of that product's time on an H200, where
-//    the diagonal costs a launch). The
-//    price: a + B_jj is rounded to bf16 as one number (about 0.008 of a, where the reference
-//    rounds a X per element), well inside bf16's error of the whole iteration (2e-2 against an
-//    f64 iteration, the tests). The products' descriptors and algorithm are made once per
-//    problem and kept.
+//    the diagonal costs a launch). The price: a + B_jj is rounded to bf16 as one number (about
+//    0.008 of a, where the reference rounds a X per element), well inside bf16's error of the
+//    whole iteration (2e-2 against an f64 iteration, the tests). The products' descriptors and
+//    algorithm are made once per problem and kept.
 //  - The momentum kernel writes each matrix's update, rounded to bf16, straight into its place in
 //    the batch, with per-chunk sums of squares; one block per matrix adds its sums in chunk order
-//    (deterministic, no atomics), and a third kernel divides by the norm. Nothing is read back: the step
-//    never waits for the GPU.
+//    (deterministic, no atomics), and a third kernel divides by the norm. Nothing is read back:
+//    the step never waits for the GPU.
 //  - No transposition: a tall matrix (rows > cols) Y is iterated in place as A = Y^T Y,
 //    Y = a Y + Y B, which is the transposed form of the reference's X = Y^T (B is symmetric).
 //  - The last kernel applies p = p (1 - lr wd) - lr s o to the parameter (or its f32 master),
