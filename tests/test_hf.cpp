@@ -111,12 +111,6 @@ std::string edited_fixture(const TempDir& dir, const std::string& name, const st
     return out;
 }
 
-// The interpreter of the transformers cross-check (as tests/test_torch.cpp's).
-std::string python() {
-    const char* p = std::getenv("NORMTAPE_PYTHON");
-    return p && *p ? p : "/usr/bin/python3";
-}
-
 }  // namespace
 
 TEST_SUITE("hf") {
@@ -413,7 +407,7 @@ TEST_SUITE("hf") {
     }
 
     TEST_CASE("hf: transformers reads what save_hf wrote and computes normtape's logits (scripts/hf_fixtures.py check)") {
-        if (std::system((python() + " -c 'import transformers, safetensors' >/dev/null 2>&1").c_str()) != 0)
+        if (!python_succeeds("import transformers, safetensors"))
             SKIP_TEST(python() << " cannot import transformers (set NORMTAPE_PYTHON)");
         TempDir dir("hf_transformers");
         struct Case {

@@ -184,34 +184,6 @@ const std::vector<Shape> kNewtonSchulzShapes = {{16, 48}, {40, 12}, {24, 24}, {3
 
 // ---------------------------------------------------------------- PyTorch
 
-// Debian's python3-torch by default; NORMTAPE_PYTHON names another interpreter (one whose torch
-// has CUDA, for the GPU cases), as tests/test_torch.cpp.
-std::string python() {
-    const char* p = std::getenv("NORMTAPE_PYTHON");
-    return p && *p ? p : "/usr/bin/python3";
-}
-
-bool python_succeeds(const std::string& code) {
-    return std::system((python() + " -c '" + code + "' >/dev/null 2>&1").c_str()) == 0;
-}
-
-bool torch_available() {
-    static const bool available = python_succeeds("import torch");
-    return available;
-}
-
-bool torch_cuda_available() {
-    static const bool available = cuda_is_available() && python_succeeds("import torch; assert torch.cuda.is_available()");
-    return available;
-}
-
-std::string shell_quote(const fs::path& p) {
-    std::string quoted = "'";
-    quoted += p.string();
-    quoted += "'";
-    return quoted;
-}
-
 std::string number(double x) {
     std::ostringstream s;
     s.precision(17);

@@ -32,43 +32,18 @@
 
 namespace fs = std::filesystem;
 using namespace normtape;
+using testing::python;
+using testing::shell_quote;
+using testing::torch_available;
+using testing::torch_cuda_available;
 using normtape::testing::tolerance;
 
 namespace {
-
-// Debian's python3-torch by default; NORMTAPE_PYTHON names another interpreter (one
-// whose torch has CUDA, for the bf16 GPU cases).
-std::string python() {
-    const char* p = std::getenv("NORMTAPE_PYTHON");
-    return p && *p ? p : "/usr/bin/python3";
-}
-
-bool python_succeeds(const std::string& code) {
-    return std::system((python() + " -c '" + code + "' >/dev/null 2>&1").c_str()) == 0;
-}
-
-bool torch_available() {
-    static const bool available = python_succeeds("import torch");
-    return available;
-}
-
-// Both sides can run on a GPU: normtape sees one and so does the interpreter's torch.
-bool torch_cuda_available() {
-    static const bool available = cuda_is_available() && python_succeeds("import torch; assert torch.cuda.is_available()");
-    return available;
-}
 
 // Allowed error against PyTorch: tolerance(dtype).rtol in f32 and f64 (1e-5, 1e-10); in bf16 the two
 // frameworks round intermediate values at different points, so a few bf16 ulps (3.9e-3 each).
 double torch_tolerance(DType dtype) { return dtype == DType::BF16 ? 3e-2 : tolerance(dtype).rtol; }
 
-// A path as one word of /bin/sh (the temp and source paths hold no single quote).
-std::string shell_quote(const fs::path& p) {
-    std::string quoted = "'";  // built piecewise: GCC 12 warns falsely (-Wrestrict) on "'" + s + "'"
-    quoted += p.string();
-    quoted += "'";
-    return quoted;
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;

@@ -404,4 +404,38 @@ inline pid_t start_train_gpt(const TempDir& dir, const std::string& args, const 
     return pid;
 }
 
+// ---- The Python interpreter of the PyTorch and transformers cross-checks -----------------------
+
+// Debian's python3-torch by default; NORMTAPE_PYTHON names another interpreter (one whose torch has
+// CUDA, for the GPU cases, or transformers).
+inline std::string python() {
+    const char* p = std::getenv("NORMTAPE_PYTHON");
+    return p && *p ? p : "/usr/bin/python3";
+}
+
+// Whether `code` runs (exit 0) in python(), quietly. `code` holds no single quote.
+inline bool python_succeeds(const std::string& code) {
+    return std::system((python() + " -c '" + code + "' >/dev/null 2>&1").c_str()) == 0;
+}
+
+inline bool torch_available() {
+    static const bool available = python_succeeds("import torch");
+    return available;
+}
+
+// Both sides can run on a GPU: normtape sees one and so does the interpreter's torch.
+inline bool torch_cuda_available() {
+    static const bool available =
+        ::normtape::cuda_is_available() && python_succeeds("import torch; assert torch.cuda.is_available()");
+    return available;
+}
+
+// A path as one word of /bin/sh (the temp and source paths hold no single quote).
+inline std::string shell_quote(const std::filesystem::path& p) {
+    std::string quoted = "'";  // built piecewise: GCC 12 warns falsely (-Wrestrict) on "'" + s + "'"
+    quoted += p.string();
+    quoted += "'";
+    return quoted;
+}
+
 }  // namespace normtape::testing
