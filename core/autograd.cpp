@@ -228,6 +228,14 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
     Tensor(leaf.grad).add_(grad);
 }
 
+// Note [Post-accumulate-grad hooks]: each hook of `leaf`, in registration order (a copy of the
+// list, so that a hook may remove itself).
+void run_post_accumulate_grad_hooks(const std::shared_ptr<TensorImpl>& leaf) {
+    const auto hooks = leaf->post_accumulate_grad_hooks;
+    const Tensor t(leaf);
+    for (const auto& [handle, hook] : hooks) hook(t);
+}
+
 }  // namespace
 
 void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
@@ -252,6 +260,7 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
     detail::BackwardAnomalyScope in_backward;
     if (root.is_leaf()) {
         accumulate_into_leaf(root.impl(), g);
+        run_post_accumulate_grad_hooks(root.impl_ptr());
         return;
     }
 
@@ -268,10 +277,27 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
     }
     std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->sequence_nr() > b->sequence_nr(); });
 
+    // Note [Post-accumulate-grad hooks]: a leaf's hooks run after the last node with an edge to it,
+    // if one of them gave it a gradient; the edges left to run, per leaf with hooks.
+    std::unordered_map<TensorImpl*, std::pair<int64_t, bool>> leaf_edges;  // edges left, gradient added
+    for (Node* n : order)
+        for (const Edge& e : n->next_edges())
+            if (e.leaf && !e.leaf->post_accumulate_grad_hooks.empty()) ++leaf_edges[e.leaf.get()].first;
+    auto leaf_edge_done = [&](const Edge& e, bool added) {
+        auto it = leaf_edges.find(e.leaf.get());
+        if (it == leaf_edges.end()) return;
+        it->second.second |= added;
+        if (--it->second.first == 0 && it->second.second) run_post_accumulate_grad_hooks(e.leaf);
+    };
+
     std::unordered_map<Node*, Tensor> pending{{root.grad_fn().get(), g}};
     for (Node* node : order) {
         auto it = pending.find(node);
-        if (it == pending.end()) continue;  // no gradient reached this node
+        if (it == pending.end()) {  // no gradient reached this node
+            for (const Edge& e : node->next_edges())
+                if (e.leaf) leaf_edge_done(e, false);
+            continue;
+        }
         Tensor grad_output = std::move(it->second);
         pending.erase(it);
         check_not_released(node->released(), node->name());
@@ -286,10 +312,16 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
         NT_CHECK(grad_inputs.size() == edges.size(), node->name(), ": expected ", edges.size(),
                  " gradients (one per input), got ", grad_inputs.size());
         for (size_t i = 0; i < edges.size(); ++i) {
-            if (!edges[i].valid() || !grad_inputs[i].defined()) continue;
+            if (!edges[i].valid() || !grad_inputs[i].defined()) {
+                if (edges[i].leaf) leaf_edge_done(edges[i], false);
+                continue;
+            }
             if (is_anomaly_enabled()) detail::check_backward_anomaly(node->name(), i, grad_inputs[i], grad_output);
             if (edges[i].node) accumulate(pending[edges[i].node.get()], grad_inputs[i]);
-            else accumulate_into_leaf(*edges[i].leaf, grad_inputs[i]);
+            else {
+                accumulate_into_leaf(*edges[i].leaf, grad_inputs[i]);
+                leaf_edge_done(edges[i], true);
+            }
         }
     }
 }

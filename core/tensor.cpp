@@ -359,6 +359,19 @@ Tensor Tensor::grad() const { return Tensor(impl().grad); }
 
 void Tensor::zero_grad() { impl().grad.reset(); }
 
+int64_t Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) {
+    NT_CHECK(is_leaf() && requires_grad(), "register_post_accumulate_grad_hook: expected a leaf that requires grad, got ",
+             is_leaf() ? "a leaf that does not require grad" : "a tensor with a grad_fn");
+    static int64_t next_handle = 0;
+    impl().post_accumulate_grad_hooks.emplace_back(next_handle, std::move(hook));
+    return next_handle++;
+}
+
+void Tensor::remove_post_accumulate_grad_hook(int64_t handle) {
+    auto& hooks = impl().post_accumulate_grad_hooks;
+    std::erase_if(hooks, [handle](const auto& h) { return h.first == handle; });
+}
+
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
     detail::run_backward(*this, gradient, retain_graph);
 }

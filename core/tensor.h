@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
@@ -42,6 +43,8 @@ struct TensorOptions {
 };
 
 // The shared state behind a Tensor handle.
+class Tensor;
+
 struct TensorImpl {
     std::shared_ptr<Storage> storage;
     Shape shape;
@@ -53,6 +56,8 @@ struct TensorImpl {
     std::shared_ptr<TensorImpl> grad;  // accumulated gradient (leaves only)
     std::shared_ptr<Node> grad_fn;     // the node that produced this tensor (non-leaves only)
     std::shared_ptr<const Recipe> recipe;  // how to remake it from saved tensors, if it can be (core/autograd.h)
+    // Leaves: called by backward() once this backward's gradient is complete, with their handles.
+    std::vector<std::pair<int64_t, std::function<void(const Tensor&)>>> post_accumulate_grad_hooks;
 };
 
 class Tensor {
@@ -128,6 +133,16 @@ public:
     Tensor grad() const;
     // Drops the accumulated gradient (grad() becomes undefined), as PyTorch's set_to_none.
     void zero_grad();
+    // Calls hook(this leaf) inside each backward() that reaches it, once every gradient of that
+    // backward has been added into grad() (PyTorch's register_post_accumulate_grad_hook): after the
+    // last node with an edge to it has run, even when that node passed it no gradient, if an earlier
+    // one did. Hooks run in the order registered, with grad mode off; what one throws propagates
+    // out of backward() (the nodes after it do not run). Returns a handle for
+    // remove_post_accumulate_grad_hook. Throws Error on a non-leaf or a leaf that does not
+    // require grad.
+    int64_t register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook);
+    // Removes the hook of `handle`; a handle that is not registered here is ignored.
+    void remove_post_accumulate_grad_hook(int64_t handle);
     // Runs reverse-mode autodiff from this tensor. `gradient` has this tensor's shape; it may be
     // omitted for a one-element tensor (then 1). Leaf gradients accumulate (+=). Unless
     // `retain_graph`, the saved tensors of every node run are released. Throws Error if this tensor

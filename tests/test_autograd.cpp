@@ -28,6 +28,46 @@ TEST_CASE("autograd: leaf gradients accumulate across backward calls until zero_
     CHECK_CLOSE(x.grad(), full({3}, 5.0, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
 }
 
+TEST_CASE("autograd: a post-accumulate-grad hook runs once per backward, after the leaf's last gradient") {
+    manual_seed(3);
+    Tensor x = leaf({3}), w = leaf({3}), unused = leaf({3});
+    std::vector<std::vector<double>> seen;  // x.grad() as each call of the hook saw it
+    int w_calls = 0, unused_calls = 0;
+    const int64_t hx = x.register_post_accumulate_grad_hook([&](const Tensor& t) { seen.push_back(as_f64(t.grad())); });
+    w.register_post_accumulate_grad_hook([&](const Tensor&) { ++w_calls; });
+    unused.register_post_accumulate_grad_hook([&](const Tensor&) { ++unused_calls; });
+    // x reaches the loss by three paths (two edges of mul, one of scale): the hook sees their sum,
+    // 2 x w + 4 = d/dx (x^2 w + 4 x), once.
+    Tensor loss = sum(add(mul(mul(x, x), w), scale(x, 4.0)));
+    loss.backward();
+    REQUIRE(seen.size() == 1);
+    CHECK_CLOSE(x.grad(), add(scale(mul(x, w), 2.0), full({3}, 4.0, TensorOptions().dtype(DType::F64))).detach(),
+                tolerance(DType::F64));
+    CHECK(seen[0] == as_f64(x.grad()));
+    CHECK(w_calls == 1);
+    CHECK(unused_calls == 0);  // no path from the loss
+    // Accumulating: the second backward's hook sees both gradients summed.
+    sum(scale(x, 1.0)).backward();
+    REQUIRE(seen.size() == 2);
+    CHECK(seen[1] == as_f64(x.grad()));
+    // A leaf as the root runs its hooks too; a removed hook does not run.
+    x.remove_post_accumulate_grad_hook(hx);
+    x.backward(ones({3}, TensorOptions().dtype(DType::F64)));
+    CHECK(seen.size() == 2);
+    int root_calls = 0;
+    w.register_post_accumulate_grad_hook([&](const Tensor&) { ++root_calls; });
+    w.backward(ones({3}, TensorOptions().dtype(DType::F64)));
+    CHECK(root_calls == 1);
+    CHECK(w_calls == 2);
+    // What a hook throws comes out of backward().
+    unused.register_post_accumulate_grad_hook([](const Tensor&) { throw Error("hook failed"); });
+    CHECK_THROWS_KIND_WITH(sum(unused).backward(), Error, "hook failed");
+    Tensor plain = zeros({3});
+    CHECK_THROWS_KIND_WITH(plain.register_post_accumulate_grad_hook([](const Tensor&) {}), Error,
+                           "register_post_accumulate_grad_hook", "requires grad");
+    CHECK_THROWS_KIND_WITH(scale(x, 2.0).register_post_accumulate_grad_hook([](const Tensor&) {}), Error, "grad_fn");
+}
+
 TEST_CASE("autograd: NoGradGuard records nothing and restores grad mode") {
     Tensor x = leaf({2, 3});
     int64_t before = saved_bytes();
