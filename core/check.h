@@ -53,6 +53,12 @@ class AnomalyError : public Error {
 public:
     using Error::Error;
 };
+// A collective or the start of a process group that failed or timed out (core/distributed.h): the message names the
+// collective, the ranks that did not arrive, or the error string of NCCL or MPI.
+class DistributedError : public Error {
+public:
+    using Error::Error;
+};
 
 namespace detail {
 template <class Kind, class... Args>

@@ -25,9 +25,11 @@ install_packages() {
 }
 
 # The build's own needs: compiler, CMake, Eigen, doctest, CLI11, nlohmann-json, xxHash (its
-# header only: the checksums of safetensors files).
+# header only: the checksums of safetensors files), and OpenMPI (mpirun, and the collectives of cpu
+# tensors: core/distributed.h).
 install_build_deps() {
-    install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
+    install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev \
+        libopenmpi-dev openmpi-bin
 }
 
 # configure_and_build [TARGET...]: every target when none is named. The CUDA backend is built when
