@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "nn/data_parallel.h"
 #include "nn/muon.h"
 #include "ops/attention.h"
 #include "ops/linear_cross_entropy.h"
@@ -922,13 +923,44 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
         if (it == classes.end()) classes.push_back({block_matrix[k], 1});
         else ++it->second;
     }
-    plan.parameters = elements * static_cast<int64_t>(element_size(c.dtype));
+    const int64_t es = static_cast<int64_t>(element_size(c.dtype));
+    plan.parameters = elements * es;
     plan.gradients = plan.parameters;
-    plan.optimizer_state = plan.adamw_moments + plan.muon_momentum + (c.dtype == DType::BF16 ? 4 * elements : 0);
+    int64_t stepped = elements;  // the elements the optimizers update on this rank
+    if (s.world_size > 1) {      // nn/data_parallel.h: the buckets, and under ZeRO-1 this rank's shards
+        std::vector<BucketParam> params;
+        for (size_t k = 0; k < numels.size(); ++k) {
+            const bool matrix = muon && block_matrix[k].first != 0;
+            params.push_back({numels[k], matrix, block_matrix[k].first, block_matrix[k].second});
+        }
+        const std::vector<BucketPlan> buckets = plan_buckets(params, es, s.world_size, s.bucket_cap_bytes);
+        for (const BucketPlan& b : buckets) plan.data_parallel += s.world_size * b.part * es;
+        if (s.shard_optimizer_state) {
+            plan.adamw_moments = plan.muon_momentum = 0;
+            adamw_numels.clear();
+            classes.clear();
+            stepped = 0;
+            for (const ShardPlan& sp : plan_shards(buckets, params, s.rank)) {
+                stepped += sp.numel;
+                if (!params[sp.param].matrix) {
+                    adamw_numels.push_back(sp.numel);
+                    plan.adamw_moments += 2 * ss * sp.numel;
+                    continue;
+                }
+                plan.muon_momentum += ss * sp.numel;
+                const std::pair<int64_t, int64_t> shape = block_matrix[sp.param];
+                auto it = std::find_if(classes.begin(), classes.end(), [&](const auto& e) { return e.first == shape; });
+                if (it == classes.end()) classes.push_back({shape, 1});
+                else ++it->second;
+            }
+            plan.data_parallel += stepped * es;
+        }
+    }
+    plan.optimizer_state = plan.adamw_moments + plan.muon_momentum + (c.dtype == DType::BF16 ? 4 * stepped : 0);
     if (c.device.is_cuda()) plan.optimizer_state += adamw_table_bytes(adamw_numels);
     plan.batch = 2 * B * T * 8;
 
-    Replay r(plan.parameters + plan.optimizer_state + plan.batch);
+    Replay r(plan.parameters + plan.optimizer_state + plan.batch + plan.data_parallel);
     r.allocations = &plan.allocations;
     {
         GptReplay model(r, c, rows, T);

@@ -53,6 +53,13 @@ struct MemorySettings {
     bool offload = false;                   // GPTConfig::offload
     int64_t micro_batch = 0;                // rows per micro-batch (gradient accumulation); 0: the whole batch
     StepOptimizer optimizer = StepOptimizer::AdamW;
+    // Data parallel (nn/data_parallel.h) over world_size ranks, of which this is `rank`: the bucket
+    // buffers (DataParallel::bucket_bytes) are resident; with shard_optimizer_state (ZeRO-1) the
+    // rank's shards and the optimizers' state of them only. B is then each rank's batch.
+    int world_size = 1;
+    int rank = 0;
+    bool shard_optimizer_state = false;
+    int64_t bucket_cap_bytes = int64_t(25) << 20;  // DataParallelOptions::bucket_cap_bytes
 };
 
 // `config` with the settings' fields set: policy, recompute_activation, fused_head_loss, offload,
@@ -68,6 +75,8 @@ struct StepMemory {
                                   // bf16 parameters, on CUDA AdamW's device table of its multi-tensor step
     int64_t adamw_moments = 0;    // AdamW's m and v (stat_dtype) of its parameters
     int64_t muon_momentum = 0;    // Muon's momentum buffers (stat_dtype) of the blocks' matrices
+    int64_t data_parallel = 0;    // with world_size > 1: the bucket buffers, and under ZeRO-1 the rank's shards
+                                  // (the two above and the masters are then of the shards)
     int64_t batch = 0;            // idx and targets, [B, T] i64 each
     int64_t gradients = 0;        // every parameter's gradient (config.dtype), alive after a backward
     int64_t peak = 0;             // memory_stats(config.device).peak_allocated_bytes over the step
