@@ -41,8 +41,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -235,6 +235,47 @@ if [ "$MODE" = muon ]; then
         summary+=("preset, $optimizer: $(grep -E 'optimizer state:' "$GPU_OUT/muon_preset_$optimizer.log")")
     done
     summary+=("$(tail -3 "$GPU_OUT/bench_muon.log" | tr '\n' ';')")
+fi
+
+# Data parallel on every GPU of the machine (torchrun --no-python, one process per GPU; NCCL): the
+# distributed tests on one GPU, then the preset's step on one GPU and on all of them, plain and
+# with the optimizer state sharded (ZeRO-1), AdamW and Muon. --batch is each GPU's.
+if [ "$MODE" = distributed ]; then
+    gpus=$(nvidia-smi -L | wc -l)
+    step "distributed tests" ./build-gpu/normtape_tests "-tc=*distributed*,*rendezvous*,*post-accumulate*" \
+        > "$GPU_OUT/distributed_tests.log" 2>&1
+    summary+=("distributed tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/distributed_tests.log")")
+    preset=(--preset gpt2-medium-ish --policy normalized --steps 16 --log-every 4 --check-replicas)
+    for optimizer in adamw muon; do
+        step "one GPU, $optimizer" ./build-gpu/train_gpt "${preset[@]}" --optimizer $optimizer \
+            --json "$GPU_OUT/dp1_$optimizer.json" --chart "$GPU_OUT/dp1.svg" > "$GPU_OUT/dp1_$optimizer.log" 2>&1
+        for shard in off on; do
+            step "$gpus GPUs, $optimizer, shard $shard" python3 -m torch.distributed.run --standalone --no-python \
+                --nproc-per-node "$gpus" ./build-gpu/train_gpt "${preset[@]}" --optimizer $optimizer \
+                --shard-optimizer $shard --json "$GPU_OUT/dp${gpus}_${optimizer}_$shard.json" \
+                --chart "$GPU_OUT/dp.svg" > "$GPU_OUT/dp${gpus}_${optimizer}_$shard.log" 2>&1
+        done
+        for f in "$GPU_OUT"/dp1_$optimizer.log "$GPU_OUT"/dp${gpus}_${optimizer}_*.log; do
+            summary+=("$(basename "$f" .log): $(grep -E 'median step time|optimizer state:|peak allocated' "$f" | tr '\n' ' ')")
+        done
+    done
+    python3 - "$GPU_OUT" "$gpus" <<'PY' | tee "$GPU_OUT/distributed.txt"
+import json, sys
+out, gpus = sys.argv[1], sys.argv[2]
+for opt in ("adamw", "muon"):
+    one = json.load(open(f"{out}/dp1_{opt}.json"))["runs"][0]
+    for shard in ("off", "on"):
+        try:
+            many = json.load(open(f"{out}/dp{gpus}_{opt}_{shard}.json"))["runs"][0]
+        except OSError:
+            print(f"{opt} shard {shard}: no JSON (the run failed)"); continue
+        st, st1 = many["optimizer_state"], one["optimizer_state"]
+        state = lambda s: s["adamw_moment_bytes"] + s["muon_momentum_bytes"]
+        predicted = st["predicted_adamw_moment_bytes"] + st["predicted_muon_momentum_bytes"]
+        print(f"{opt} shard {shard}: tokens/s {many['tokens_per_s']:.0f} on {gpus} GPUs vs {one['tokens_per_s']:.0f} "
+              f"on one: {many['tokens_per_s'] / one['tokens_per_s']:.2f}x; optimizer state per rank {state(st)} "
+              f"(predicted {predicted}) vs {state(st1)} on one GPU: {state(st) / state(st1):.3f}")
+PY
 fi
 
 # nanoGPT's Shakespeare GPU configuration (the nanogpt mode's flags, evaluated every 100 steps) per

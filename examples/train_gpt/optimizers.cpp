@@ -12,32 +12,40 @@ namespace {
 constexpr double kEmbeddingLr = 0.2, kUnembeddingLr = 0.004;
 }  // namespace
 
-Optimizers make_optimizers(const Args& a, const GPT& model) {
-    Optimizers o;
-    o.peak_lr = a.lr;
+OptimizerGroups optimizer_groups(const Args& a, const GPT& model) {
+    OptimizerGroups g;
     if (a.optimizer == "adamw") {
-        std::vector<ParamGroup> groups = {{{}, 0.1}, {{}, 0.0}};  // weight decay for matrices only
-        for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-        AdamWOptions opt;
-        opt.lr = a.lr;
-        opt.beta2 = a.beta2;
-        o.adamw = std::make_unique<AdamW>(groups, opt);
-        return o;
+        g.adamw = {{{}, 0.1}, {{}, 0.0}};  // weight decay for matrices only
+        for (const Tensor& p : model.parameters()) g.adamw[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+        return g;
     }
     const MuonParamSplit split = param_groups_for_muon(model);
-    o.adamw_scale = 1.0 / std::sqrt(static_cast<double>(model.config().n_embd) / 768.0);
-    AdamWOptions opt;  // its lr: s (C / 768)^-0.5 times the schedule's multiplier
-    opt.beta1 = 0.8;
-    opt.beta2 = 0.95;
-    opt.eps = 1e-10;
-    opt.weight_decay = 0.0;
-    o.adamw = std::make_unique<AdamW>(std::vector<ParamGroup>{{split.embeddings, 0.0, kEmbeddingLr},
-                                                              {split.head, 0.0, kUnembeddingLr},
-                                                              {split.vectors, 0.0, kUnembeddingLr}},
-                                      opt);
-    o.muon = std::make_unique<Muon>(split.matrices, MuonOptions{});
-    o.muon_lr = a.muon_lr;
+    g.adamw = {{split.embeddings, 0.0, kEmbeddingLr}, {split.head, 0.0, kUnembeddingLr}, {split.vectors, 0.0, kUnembeddingLr}};
+    g.muon = {{split.matrices, 0.0}};
+    return g;
+}
+
+Optimizers make_optimizers(const Args& a, const GPT& model, OptimizerGroups groups) {
+    Optimizers o;
+    o.peak_lr = a.lr;
+    AdamWOptions opt;
+    opt.lr = a.lr;
+    opt.beta2 = a.beta2;
+    if (a.optimizer == "muon") {  // AdamW's lr: s (C / 768)^-0.5 times the schedule's multiplier
+        o.adamw_scale = 1.0 / std::sqrt(static_cast<double>(model.config().n_embd) / 768.0);
+        opt.beta1 = 0.8;
+        opt.beta2 = 0.95;
+        opt.eps = 1e-10;
+        opt.weight_decay = 0.0;
+        o.muon = std::make_unique<Muon>(std::move(groups.muon), MuonOptions{});
+        o.muon_lr = a.muon_lr;
+    }
+    o.adamw = std::make_unique<AdamW>(std::move(groups.adamw), opt);
     return o;
+}
+
+Optimizers make_optimizers(const Args& a, const GPT& model) {
+    return make_optimizers(a, model, optimizer_groups(a, model));
 }
 
 void Optimizers::set_lr(double lr) {

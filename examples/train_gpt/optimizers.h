@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "normtape.h"
 #include "train_args.h"
@@ -41,5 +42,13 @@ struct Optimizers {
     int64_t master_bytes() const;
 };
 
-// The optimizers of `a.optimizer` for `model` (after Module::to), with the rates of step 0 unset.
+// The parameter groups of `a.optimizer` over `model`'s parameters: AdamW's and (muon) Muon's.
+struct OptimizerGroups {
+    std::vector<normtape::ParamGroup> adamw, muon;
+};
+OptimizerGroups optimizer_groups(const Args& a, const normtape::GPT& model);
+
+// The optimizers of `a.optimizer` for `model` (after Module::to), with the rates of step 0 unset:
+// over optimizer_groups(a, model), or over `groups` (a data-parallel run's shards, nn/data_parallel.h).
 Optimizers make_optimizers(const Args& a, const normtape::GPT& model);
+Optimizers make_optimizers(const Args& a, const normtape::GPT& model, OptimizerGroups groups);

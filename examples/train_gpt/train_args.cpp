@@ -183,6 +183,7 @@ void check_args(const Args& a) {
     check_choice(a, "preset", a.preset, {"", "gpt2-medium-ish"});
     check_choice(a, "on-nan", a.on_nan, {"stop", "continue"});
     check_choice(a, "offload", a.offload, {"on", "off"});
+    check_choice(a, "shard-optimizer", a.shard_optimizer, {"on", "off"});
     check_choice(a, "checkpoint", a.checkpoint, {"none", "blocks"});
     check_choice(a, "fused-loss", a.fused_loss, {"on", "off"});
     if (!a.memory_budget.empty()) parse_budget(a.memory_budget);

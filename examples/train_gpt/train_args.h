@@ -57,6 +57,14 @@ struct Args {
     std::string memory_budget;
     bool memory_sweep = false;
     std::vector<std::string> sweep_reference;  // bench_torch_gpt.py JSON files drawn beside the sweep
+    // Several processes (core/distributed.h; mpirun, srun or torchrun): --batch is each rank's, the
+    // step's batch is world_size times it. --shard-optimizer on keeps each rank's part of the
+    // optimizers' state only (ZeRO-1, nn/data_parallel.h); --check-replicas compares every
+    // parameter across ranks after each step (always on in debug builds).
+    std::string shard_optimizer = "off";
+    bool check_replicas = false;
+    int world_size = 1, rank = 0;  // the process group's, set by main
+    int device_index = 0;          // this process's GPU: Device::cuda(device_index)
     // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name
     // the checkpoint, not a flag, as their source.
     std::set<std::string> from_checkpoint;

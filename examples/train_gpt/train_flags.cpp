@@ -69,6 +69,12 @@ void add_flags(CLI::App& app, Args& a) {
                    "on: the loss runs lm_head and the cross-entropy as one op (GPTConfig::fused_head_loss), which "
                    "stores no [B, T, V] logits, only their log-sum-exp per position, and makes them again in backward; "
                    "off: lm_head's logits, then the cross-entropy");
+    app.add_option("--shard-optimizer", a.shard_optimizer,
+                   "on: with several processes (mpirun -np N, srun, torchrun), each keeps the optimizers' state of "
+                   "1/N of the parameters (ZeRO-1); off: every process keeps all of it");
+    app.add_flag("--check-replicas", a.check_replicas,
+                 "with several processes, check after every step that every parameter has the same bits on every "
+                 "rank (always on in debug builds) (default: off)");
     app.add_flag("--memory-report", a.memory_report,
                  "after each run's first forward, print the largest saved tensors and the saved bytes by part of the "
                  "model (norms, attention, MLP, ...) (default: off)");

@@ -64,7 +64,7 @@ using namespace normtape;
 
 namespace {
 
-Device device_of(const Args& a) { return a.device == "cuda" ? Device::CUDA : Device::CPU; }
+Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda(a.device_index) : Device::CPU; }
 DType dtype_of(const Args& a) { return a.dtype == "bf16" ? DType::BF16 : DType::F32; }
 
 GPTConfig make_config(const Args& a, SavePolicy policy) {
@@ -191,6 +191,9 @@ MemorySettings settings_of(const Args& a, SavePolicy policy) {
     s.offload = a.offload == "on";
     s.micro_batch = micro_batch(a);
     s.optimizer = a.optimizer == "muon" ? StepOptimizer::Muon : StepOptimizer::AdamW;
+    s.world_size = a.world_size;
+    s.rank = a.rank;
+    s.shard_optimizer_state = a.shard_optimizer == "on";
     return s;
 }
 void set_settings(Args& a, const MemorySettings& s) {
@@ -210,17 +213,28 @@ Tensor micro_rows(const Tensor& t, int64_t k, int64_t micro) {
 }
 
 // One run of one policy; with `sample`, --sample bytes drawn from the trained model are printed.
-RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume, bool sample) {
+// Note [Training on several processes]
+// With world_size W > 1 (mpirun -np W, srun, torchrun: core/distributed.h) every rank builds the
+// same model, draws the same batch of W * B rows (--batch B is each rank's) and trains on its rows
+// [rank B, (rank + 1) B), with DataParallel (nn/data_parallel.h) averaging the gradients: the
+// step is the one-process step on the W B rows, up to the order of the sums. The loss printed is
+// the mean over the ranks; every rank evaluates the same held-out batches (of W B rows); rank 0
+// alone prints and writes files. A checkpoint holds the whole state as a one-process run's, with
+// the batch of W B rows: a resumed run on W' ranks trains W B / W' rows on each.
+
+RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume, bool sample,
+                ProcessGroup& group) {
     using clock = std::chrono::steady_clock;
     const Device dev = device_of(a);
     manual_seed(a.seed);
     GPT model(make_config(a, policy));
     Optimizers optimizer = make_optimizers(a, model);  // Note [The optimizers]
     TextSplit split = split_text(a, text);
-    Batcher batcher(std::move(split.train), a.batch, a.seq, a.vocab, a.seed, dev);
+    const int64_t global_batch = a.batch * a.world_size;  // Note [Training on several processes]
+    Batcher batcher(std::move(split.train), global_batch, a.seq, a.vocab, a.seed, dev);
     // The held-out batches: the same ones at every evaluation (Note [Held-out loss] in train_data.h).
     std::optional<Batcher> val;
-    if (!split.val.empty()) val.emplace(std::move(split.val), a.batch, a.seq, a.vocab, a.seed + 1, dev);
+    if (!split.val.empty()) val.emplace(std::move(split.val), global_batch, a.seq, a.vocab, a.seed + 1, dev);
     const std::string val_start = val ? val->state() : "";
     const WarmupCosineLR schedule = lr_schedule(a);
     RunResult r;
@@ -261,6 +275,20 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         }
         std::printf("resumed from %s at step %lld\n", resume->path.c_str(), static_cast<long long>(start));
     }
+    std::unique_ptr<DataParallel> dp;  // Note [Training on several processes]
+    if (a.world_size > 1) {
+        DataParallelOptions options;
+        options.shard_optimizer_state = a.shard_optimizer == "on";
+        options.check_replicas = options.check_replicas || a.check_replicas;
+        dp = std::make_unique<DataParallel>(group, model.parameters(), optimizer.adamw->groups(),
+                                            optimizer.muon ? optimizer.muon->groups() : std::vector<ParamGroup>{},
+                                            options);
+        if (dp->sharded()) {  // each rank's part of the state; a resumed run's comes from the whole
+            Optimizers shards = make_optimizers(a, model, {dp->adamw_groups(), dp->muon_groups()});
+            if (resume) dp->scatter_state(optimizer.adamw.get(), optimizer.muon.get(), shards.adamw.get(), shards.muon.get());
+            optimizer = std::move(shards);
+        }
+    }
     const int64_t end = a.stop_at > 0 ? a.stop_at : a.steps;
     auto save = [&](int64_t steps_done) {
         if (r.nonfinite_step > 0) {  // a checkpoint of a diverged model would replace a good one
@@ -269,10 +297,19 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                         static_cast<long long>(r.nonfinite_step));
             return;
         }
+        std::optional<Optimizers> whole;  // ZeRO-1: every rank's part, gathered for rank 0 to write
+        if (dp && dp->sharded()) {
+            if (a.rank == 0) whole.emplace(make_optimizers(a, model));
+            dp->gather_state(optimizer.adamw.get(), optimizer.muon.get(), whole ? whole->adamw.get() : nullptr,
+                             whole ? whole->muon.get() : nullptr);
+        }
+        if (a.rank != 0) return;
+        Args config = a;
+        config.batch = global_batch;  // the step's rows, whatever the ranks
         std::map<std::string, std::string> metadata = {
             {"format", "normtape-gpt"},
             {"policy", policy_name(policy)},
-            {"train_gpt.config", run_config(a, policy, text).dump()},
+            {"train_gpt.config", run_config(config, policy, text).dump()},
             {"train_gpt.step", std::to_string(steps_done)},
             {"train_gpt.batcher", batcher.state()},
             {"train_gpt.philox", std::to_string(philox_state().seed) + " " + std::to_string(philox_state().offset)}};
@@ -282,7 +319,8 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                           static_cast<long long>(r.best_val_step));
             metadata["train_gpt.best_val"] = best;
         }
-        save_checkpoint(a.save, model, metadata, optimizer.adamw.get(), optimizer.muon.get());
+        const Optimizers& o = whole ? *whole : optimizer;
+        save_checkpoint(a.save, model, metadata, o.adamw.get(), o.muon.get());
         std::printf("checkpoint: %s (step %lld)\n", a.save.c_str(), static_cast<long long>(steps_done));
     };
 
@@ -304,6 +342,10 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     r.phase_timing = phases.method();
     for (int64_t step = start; step < end; ++step) {
         auto [idx, targets] = batcher.next();  // the whole batch, micro-batches or not
+        if (a.world_size > 1) {  // this rank's rows
+            idx = idx.narrow(0, a.rank * a.batch, a.batch).clone();
+            targets = targets.narrow(0, a.rank * a.batch, a.batch).clone();
+        }
         // activation recompute's saving, measured on the first (micro-)batch before the step's peak
         // is reset (not with checkpointed blocks, which keep only their inputs either way).
         if (step == start && recompute_saving_measured(a))
@@ -328,16 +370,20 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                     r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
                     if (recompute_saving_measured(a)) r.recompute_saving_bytes -= r.saved_activation_bytes;
                 }
+                if (dp) dp->set_sync(k == n_micro - 1);  // the buckets are reduced during the last backward
                 if (n_micro == 1) loss.backward();
                 else scale(loss, static_cast<double>(micro) / static_cast<double>(a.batch)).backward();
                 phases.mark_backward_done(k);
                 losses.push_back(loss.detach());
             }
-            Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
+            if (dp) dp->finish_gradients();
+            Tensor norm = dp ? dp->clip_grad_norm_(1.0)  // over every rank's gradient
+                             : clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
             optimizer.set_lr(schedule.lr(step));
             // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
             // skipped (on the device, which knows the norm) and the step not counted.
             optimizer.step(a.on_nan == "continue" ? nullptr : &norm);
+            if (dp) dp->after_step();  // ZeRO-1: the parameters gathered from every rank's part
             optimizer.zero_grad();
             phases.mark_optimizer_done();
             synchronize(dev);
@@ -358,6 +404,11 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, m.peak_reserved_bytes);
         double loss_sum = 0;  // the micro-batches' mean, in double; the step's loss as an f32
         for (const Tensor& loss : losses) loss_sum += loss.item<double>();
+        if (a.world_size > 1) {  // the ranks' mean
+            Tensor sum = full({1}, loss_sum, TensorOptions().dtype(DType::F64).device(dev));
+            group.all_reduce(sum);
+            loss_sum = sum.item<double>() / a.world_size;
+        }
         r.losses.push_back(static_cast<float>(loss_sum / static_cast<double>(n_micro)));
         r.step_ms.push_back(ms);
         const bool save_now = !a.save.empty() && !a.save_best &&
@@ -378,7 +429,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         if (step % a.log_every == 0 || step == end - 1 || r.nonfinite_step == step + 1)
             std::printf("[%-6s] step %5lld/%lld | loss %.4f | %8.0f tok/s | allocated %s | peak %s\n",
                         policy_name(policy), static_cast<long long>(step + 1), static_cast<long long>(a.steps),
-                        r.losses.back(), static_cast<double>(a.batch * a.seq) / (ms / 1000.0),
+                        r.losses.back(), static_cast<double>(global_batch * a.seq) / (ms / 1000.0),
                         mib(m.allocated_bytes).c_str(), mib(m.peak_allocated_bytes).c_str());
         if (val && !stop && (step + 1 == end || (a.eval_every > 0 && (step + 1) % a.eval_every == 0))) {
             const double v = evaluate(model, *val, val_start, a.eval_batches);
@@ -436,7 +487,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         std::printf("[%-6s] validation: best loss %.4f at step %lld (%zu evaluation%s of %lld held-out batches)\n",
                     policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
                     r.val_losses.size(), r.val_losses.size() == 1 ? "" : "s", static_cast<long long>(a.eval_batches));
-    r.tokens_per_s = static_cast<double>(a.batch * a.seq) / (r.step_ms_median / 1000.0);
+    r.tokens_per_s = static_cast<double>(global_batch * a.seq) / (r.step_ms_median / 1000.0);
     std::printf("[%-6s] trained %zu steps in %.1f s (the steps' own time: evaluations and checkpoints not counted)\n",
                 policy_name(policy), r.step_ms.size(), r.train_seconds);
     if (sample && a.sample > 0 && r.nonfinite_step == 0) print_sample(model, policy, a.sample, a.seed);
@@ -449,7 +500,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
 // --memory-sweep: every setting of memory_settings_grid whose predicted peak fits `budget` (0:
 // any) trained for --steps steps, then the report (examples/train_gpt/memory_sweep.h). Exits 1
 // when a measured peak exceeds its prediction.
-int sweep(const Args& a, const std::string& text, int64_t budget) {
+int sweep(const Args& a, const std::string& text, int64_t budget, ProcessGroup& group) {
     const GPTConfig config = make_config(a, SavePolicy::Input);
     const std::vector<SweepReference> refs = read_sweep_references(a.sweep_reference);
     const StepCostModel costs = calibrate_step_costs(config, a.batch, a.seq);
@@ -466,7 +517,7 @@ int sweep(const Args& a, const std::string& text, int64_t budget) {
         run.log_every = run.steps;  // the last step's line only
         run.sample = 0;
         std::printf("--- memory sweep %zu: %s\n", points.size() + 1, p.label.c_str());
-        const RunResult r = train(run, text, s.policy, nullptr, false);
+        const RunResult r = train(run, text, s.policy, nullptr, false, group);
         p.peak = r.peak_allocated_bytes;
         p.step_ms = r.step_ms_median;
         p.pick = plan && plan->fits && settings_label(plan->settings) == p.label;
@@ -495,7 +546,7 @@ void plan_budget(Args& a, int64_t budget) {
                 with_commas(plan.predicted_peak).c_str(), plan.predicted_step_ms);
 }
 
-int run(const Args& a_in, ResumeState* resume) {
+int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
     Args a = a_in;
     const int64_t budget = a.memory_budget.empty()      ? 0
                            : a.memory_budget == "auto" ? memory_available_bytes(device_of(a))
@@ -515,8 +566,13 @@ int run(const Args& a_in, ResumeState* resume) {
                 a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
                                   : a.device.c_str());
     std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
+    if (a.world_size > 1)
+        std::printf("data parallel: %d processes (%s), %lld rows each, %lld a step; optimizer state %s\n", a.world_size,
+                    group.launcher().c_str(), static_cast<long long>(a.batch),
+                    static_cast<long long>(a.batch * a.world_size),
+                    a.shard_optimizer == "on" ? "sharded (ZeRO-1)" : "on every process");
 
-    if (a.memory_sweep) return sweep(a, text, budget);
+    if (a.memory_sweep) return sweep(a, text, budget, group);
     if (budget > 0) plan_budget(a, budget);
 
     std::vector<SavePolicy> policies;  // both: input, output; all: the three
@@ -526,7 +582,7 @@ int run(const Args& a_in, ResumeState* resume) {
     if (a.policy == "all" || a.policy == "normalized") policies.push_back(SavePolicy::Normalized);
     std::vector<RunResult> runs;
     for (SavePolicy p : policies) {
-        runs.push_back(train(a, text, p, resume, p == policies.back()));
+        runs.push_back(train(a, text, p, resume, p == policies.back(), group));
         if (runs.back().nonfinite_step > 0 && a.on_nan == "stop") break;
     }
 
@@ -539,8 +595,10 @@ int run(const Args& a_in, ResumeState* resume) {
     print_recompute(a, runs, predicted.recompute);
     if (runs.size() < 2) print_saved_bytes(a, runs);  // with two or more, the table shows them
     const bool saved_ok = print_saved_prediction(a, runs);
-    if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
-    write_chart(a, runs);
+    if (a.rank == 0) {  // Note [Training on several processes]: one writer
+        if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
+        write_chart(a, runs);
+    }
     const RunResult& last = runs.back();
     if (last.nonfinite_step > 0 && a.on_nan == "stop") {
         std::fprintf(stderr,
@@ -598,7 +656,18 @@ int out_of_memory(const Args& a, const char* what) {
 
 int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);  // every line reaches a log as it is printed
+    std::unique_ptr<ProcessGroup> group;  // Note [Training on several processes]
+    try {
+        group = std::make_unique<ProcessGroup>();
+    } catch (const Error& e) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.what());
+        return 2;
+    }
+    if (group->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;  // rank 0 prints
     Args a;
+    a.world_size = group->world_size();
+    a.rank = group->rank();
+    a.device_index = group->device_index();
     CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
     app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     add_flags(app, a);
@@ -609,6 +678,10 @@ int main(int argc, char** argv) {
             if (!a.preset.empty()) throw UsageError("--resume takes the model from the checkpoint: leave out --preset");
             resume = read_resume(a.resume);
             apply_resume_config(app, a, *resume);
+            if (a.batch % a.world_size != 0)  // the checkpoint's batch is the step's, over every rank
+                throw UsageError("--resume " + a.resume + ": the checkpoint's batch of " + std::to_string(a.batch) +
+                                 " rows does not divide among " + std::to_string(a.world_size) + " processes");
+            a.batch /= a.world_size;
         }
         apply_preset(app, a);
         if (a.optimizer == "muon" && app.count("--beta2"))
@@ -638,8 +711,13 @@ int main(int argc, char** argv) {
             throw UsageError("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(resume->step) +
                              ", nothing is left to train up to step " +
                              std::to_string(a.stop_at > 0 ? a.stop_at : a.steps));
+        if (a.world_size > 1 && (a.memory_sweep || !a.memory_budget.empty()))
+            throw UsageError(std::string(a.memory_sweep ? "--memory-sweep" : "--memory-budget") +
+                             " plans one process's memory: run it without mpirun, srun or torchrun");
+        if (a.world_size == 1 && a.shard_optimizer == "on")
+            throw UsageError("--shard-optimizer on shards the state across processes: start several (mpirun -np N)");
         set_detect_anomaly(a.detect_anomaly);
-        return run(a, resume ? &*resume : nullptr);
+        return run(a, resume ? &*resume : nullptr, *group);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
