@@ -91,6 +91,30 @@ TEST_CASE("distributed: a group of one process runs every collective as a copy")
     CHECK_THROWS_KIND_WITH(ProcessGroup(), Error, "one process group per process");
 }
 
+TEST_CASE("distributed: a group of one process runs NCCL's collectives on its GPU") {
+    if (under_mpirun()) SKIP_TEST("runs in one process");
+    REQUIRE_CUDA_OR_SKIP();
+    ProcessGroup group;
+    const Device device = Device::cuda(group.device_index());
+    const TensorOptions gpu = TensorOptions().device(device);
+    for (DType dtype : {DType::F32, DType::BF16}) {
+        Tensor t = from_vector<float>({1, 2, 3, 4}, {4}).to(dtype).to(device);
+        group.all_reduce(t);
+        CHECK(t.to(DType::F32).to(Device::CPU).to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+        Tensor gathered = zeros({4}, TensorOptions(gpu).dtype(dtype));
+        group.all_gather(t, gathered);
+        CHECK(gathered.to(DType::F32).to(Device::CPU).to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+        Tensor part = zeros({4}, TensorOptions(gpu).dtype(dtype));
+        group.reduce_scatter(t, part);
+        CHECK(part.to(DType::F32).to(Device::CPU).to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+    }
+    Tensor ids = full({3}, 7.0, TensorOptions(gpu).dtype(DType::I64));
+    group.broadcast(ids, 0);
+    CHECK(ids.to(Device::CPU).to_vector<int64_t>() == std::vector<int64_t>{7, 7, 7});
+    Tensor cpu = zeros({4}), on_gpu = zeros({4}, gpu);
+    CHECK_THROWS_KIND_WITH(group.all_gather(cpu, on_gpu), DeviceError, "one device");
+}
+
 TEST_CASE("distributed: a group refuses a timeout that is not positive") {
     if (under_mpirun()) SKIP_TEST("runs in one process");
     ProcessGroupOptions options;
