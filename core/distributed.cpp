@@ -102,6 +102,11 @@ struct ProcessGroupState {
     // Marks the group broken and throws DistributedError for collective `number` (`what`).
     [[noreturn]] void timed_out(int64_t number, const std::string& what);
     double timeout_s() const { return options.timeout_s; }
+#if NORMTAPE_WITH_NCCL
+    // A non-blocking communicator's call returns ncclInProgress until its work is queued; the next
+    // call must wait for that (polled against the timeout, as collective `number`).
+    void nccl_settle(int64_t number, const std::string& what);
+#endif
 };
 
 struct WorkState {
@@ -150,6 +155,20 @@ void nccl_check(ncclResult_t r, const char* call, ncclComm_t comm) {
 }
 }  // namespace
 #define NCCL_CHECK(call, comm) ::normtape::detail::nccl_check((call), #call, (comm))
+#endif
+
+#if NORMTAPE_WITH_NCCL
+void ProcessGroupState::nccl_settle(int64_t number, const std::string& what) {
+    const auto deadline = clock::now() + std::chrono::duration<double>(options.timeout_s);
+    for (;;) {
+        ncclResult_t r = ncclInProgress;
+        nccl_check(ncclCommGetAsyncError(nccl, &r), "ncclCommGetAsyncError", nccl);
+        if (r == ncclSuccess) return;
+        nccl_check(r, what.c_str(), nccl);
+        if (clock::now() > deadline) timed_out(number, what);
+        std::this_thread::yield();
+    }
+}
 #endif
 
 int64_t ProcessGroupState::begin() {
@@ -500,15 +519,7 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
             ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
             config.blocking = 0;  // Note [Collective timeouts]: a start that hangs can be aborted
             NCCL_CHECK(ncclCommInitRankConfig(&s.nccl, s.world, id, s.rank, &config), nullptr);
-            const auto deadline = clock::now() + std::chrono::duration<double>(s.timeout_s());
-            for (;;) {
-                ncclResult_t r = ncclInProgress;
-                NCCL_CHECK(ncclCommGetAsyncError(s.nccl, &r), s.nccl);
-                if (r == ncclSuccess) break;
-                detail::nccl_check(r, "ncclCommInitRankConfig", s.nccl);
-                if (clock::now() > deadline) s.timed_out(number, "the start of NCCL's communicator");
-                std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            }
+            s.nccl_settle(number, "the start of NCCL's communicator");
         }
         work->number = s.begin();
         work->device = dev;
@@ -531,6 +542,7 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
         case Op::Broadcast: r = ncclBroadcast(inp, outp, count, type, root, s.nccl, s.nccl_stream); break;
         }
         detail::nccl_check(r, name, s.nccl);
+        if (r == ncclInProgress) s.nccl_settle(work->number, work->what);
         CUDA_CHECK(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventRecord(work->done, s.nccl_stream));
         return Work(std::move(work));

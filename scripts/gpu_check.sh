@@ -245,7 +245,7 @@ if [ "$MODE" = distributed ]; then
     step "distributed tests" ./build-gpu/normtape_tests "-tc=*distributed*,*rendezvous*,*post-accumulate*" \
         > "$GPU_OUT/distributed_tests.log" 2>&1
     summary+=("distributed tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/distributed_tests.log")")
-    preset=(--preset gpt2-medium-ish --policy normalized --steps 16 --log-every 4 --check-replicas)
+    preset=(--preset gpt2-medium-ish --policy normalized --steps 16 --log-every 4)
     for optimizer in adamw muon; do
         step "one GPU, $optimizer" ./build-gpu/train_gpt "${preset[@]}" --optimizer $optimizer \
             --json "$GPU_OUT/dp1_$optimizer.json" --chart "$GPU_OUT/dp1.svg" > "$GPU_OUT/dp1_$optimizer.log" 2>&1
@@ -256,9 +256,16 @@ if [ "$MODE" = distributed ]; then
                 --chart "$GPU_OUT/dp.svg" > "$GPU_OUT/dp${gpus}_${optimizer}_$shard.log" 2>&1
         done
         for f in "$GPU_OUT"/dp1_$optimizer.log "$GPU_OUT"/dp${gpus}_${optimizer}_*.log; do
-            summary+=("$(basename "$f" .log): $(grep -E 'median step time|optimizer state:|peak allocated' "$f" | tr '\n' ' ')")
+            summary+=("$(basename "$f" .log): $(grep -E 'median per step|optimizer state:|peak allocated' "$f" | tr '\n' ' ')")
         done
     done
+    # Started by mpirun instead, every parameter compared across the ranks after each step.
+    if command -v mpirun > /dev/null; then
+        step "mpirun, $gpus GPUs, replicas checked" mpirun --allow-run-as-root -np "$gpus" ./build-gpu/train_gpt \
+            "${preset[@]}" --steps 4 --optimizer muon --shard-optimizer on --check-replicas --chart "$GPU_OUT/dp.svg" \
+            > "$GPU_OUT/dp_mpirun.log" 2>&1
+        summary+=("mpirun: $(grep -E 'data parallel:|step +4/' "$GPU_OUT/dp_mpirun.log" | tr '\n' ' ')")
+    fi
     python3 - "$GPU_OUT" "$gpus" <<'PY' | tee "$GPU_OUT/distributed.txt"
 import json, sys
 out, gpus = sys.argv[1], sys.argv[2]
