@@ -8,8 +8,11 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "normtape.h"
@@ -37,6 +40,35 @@ RunResult run_worker(const TempDir& dir, const std::string& name) {
 }
 
 bool mpirun_available() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
+
+// train_gpt on `ranks` processes (mpirun -np ranks; 1: without mpirun) with `args`, in `dir`.
+RunResult run_train_gpt_on(const TempDir& dir, int ranks, const std::string& args) {
+    const std::string launcher = ranks == 1 ? "" :
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+        "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" timeout 300 mpirun -np " + std::to_string(ranks) + " ";
+    const std::string out = dir / "stdout", err = dir / "stderr";
+    const std::string cmd = "cd " + dir.path.string() + " && " + launcher + NORMTAPE_TRAIN_GPT + " " + args + " > " + out +
+                            " 2> " + err;
+    const int status = std::system(cmd.c_str());
+    return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+std::vector<double> losses_of(const std::string& json_path) {
+    std::ifstream f(json_path);
+    return nlohmann::json::parse(f)["runs"][0]["losses"].get<std::vector<double>>();
+}
+
+// The largest |a - b| / |b| over two lists of losses of one length.
+double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+    return worst;
+}
+
+// The demo model of the train_gpt cases: two layers on random tokens, f32 on the cpu.
+const std::string kDemo = "--data random --device cpu --steps 6 --layers 2 --embd 32 --heads 2 --seq 16 --log-every 1 "
+                          "--policy input --threads 1 --chart run.svg ";
 
 #define REQUIRE_MPIRUN_OR_SKIP()                                                         \
     do {                                                                                 \
@@ -366,6 +398,85 @@ TEST_CASE("distributed: mpirun -np 2 trains as one process with the doubled batc
     CAPTURE(r.out);
     CHECK(r.code == 0);
     CHECK(r.out.find("Status: SUCCESS") != std::string::npos);
+}
+
+TEST_CASE("distributed: train_gpt on 2 ranks trains as one process with the doubled batch, and ZeRO-1 as plain") {
+    if (under_mpirun()) SKIP_TEST("starts mpirun itself");
+    REQUIRE_MPIRUN_OR_SKIP();
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("mpi_train_gpt");
+    for (const char* optimizer : {"adamw", "muon"}) {
+        CAPTURE(optimizer);
+        const std::string args = kDemo + "--optimizer " + optimizer + " ";
+        RunResult one = run_train_gpt_on(dir, 1, args + "--batch 4 --json one.json --save one.safetensors");
+        REQUIRE(one.code == 0);
+        RunResult plain = run_train_gpt_on(dir, 2, args + "--batch 2 --check-replicas --json plain.json --save plain.safetensors");
+        CAPTURE(plain.err);
+        REQUIRE(plain.code == 0);
+        CHECK(plain.out.find("data parallel: 2 processes (mpi), 2 rows each, 4 a step") != std::string::npos);
+        CHECK(lines(plain.out) == lines(one.out) + 1);  // rank 0 alone prints: that line more
+        RunResult sharded = run_train_gpt_on(
+            dir, 2, args + "--batch 2 --check-replicas --shard-optimizer on --json sharded.json --save sharded.safetensors");
+        CAPTURE(sharded.err);
+        REQUIRE(sharded.code == 0);
+        // The step's gradient sums its rows in another order: f32 rounding, no more.
+        CHECK(worst_relative(losses_of(dir / "plain.json"), losses_of(dir / "one.json")) <= 2e-6);
+        CHECK(worst_relative(losses_of(dir / "sharded.json"), losses_of(dir / "plain.json")) <= 1e-6);
+        // The checkpoints: the same model and (ZeRO-1's gathered from both ranks) optimizer state.
+        const NamedTensors a = load_safetensors(dir / "plain.safetensors"), b = load_safetensors(dir / "sharded.safetensors");
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+            CAPTURE(a[i].first);
+            REQUIRE(b[i].first == a[i].first);
+            CHECK(normwise_error(b[i].second, a[i].second) <= 1e-5);
+        }
+        // Each rank's half of the state, measured = predicted.
+        CHECK(sharded.out.find("(predicted") != std::string::npos);
+        CHECK(sharded.out.find("= measured)") != std::string::npos);
+    }
+}
+
+TEST_CASE("distributed: a checkpoint of 2 ranks resumes on 1 and on 2") {
+    if (under_mpirun()) SKIP_TEST("starts mpirun itself");
+    REQUIRE_MPIRUN_OR_SKIP();
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("mpi_resume");
+    const std::string args = kDemo + "--optimizer muon --batch 2 --shard-optimizer on ";
+    REQUIRE(run_train_gpt_on(dir, 2, args + "--json whole.json").code == 0);
+    REQUIRE(run_train_gpt_on(dir, 2, args + "--stop-at 3 --save ck.safetensors").code == 0);
+    const std::vector<double> whole = losses_of(dir / "whole.json"), last(whole.begin() + 3, whole.end());
+    // On 2 ranks, sharded or not: bit for bit the run that never stopped.
+    for (const char* shard : {"on", "off"}) {
+        RunResult r = run_train_gpt_on(dir, 2, "--resume ck.safetensors --threads 1 --chart run.svg --json two.json "
+                                               "--shard-optimizer " + std::string(shard));
+        CAPTURE(r.err);
+        REQUIRE(r.code == 0);
+        CHECK(r.out.find("2 rows each, 4 a step") != std::string::npos);
+        CHECK(losses_of(dir / "two.json") == last);
+    }
+    // On 1 process, the checkpoint's 4 rows a step: the same to f32 rounding.
+    RunResult r = run_train_gpt_on(dir, 1, "--resume ck.safetensors --threads 1 --chart run.svg --json one.json");
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("B=4 ") != std::string::npos);
+    CHECK(worst_relative(losses_of(dir / "one.json"), last) <= 2e-6);
+    // 3 ranks cannot split the 4 rows.
+    r = run_train_gpt_on(dir, 3, "--resume ck.safetensors --threads 1 --chart run.svg");
+    CHECK(r.code == 2);
+    CHECK(r.err.find("does not divide among 3 processes") != std::string::npos);
+}
+
+TEST_CASE("distributed: train_gpt refuses --shard-optimizer in one process and the memory planner in several") {
+    if (under_mpirun()) SKIP_TEST("starts mpirun itself");
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("mpi_refused");
+    check_refused(run_train_gpt_on(dir, 1, kDemo + "--batch 2 --shard-optimizer on"), {"--shard-optimizer on", "mpirun"});
+    check_refused(run_train_gpt_on(dir, 1, kDemo + "--batch 2 --shard-optimizer maybe"), {"shard-optimizer", "maybe"});
+    if (!mpirun_available()) return;
+    RunResult r = run_train_gpt_on(dir, 2, "--data random --device cpu --steps 2 --layers 1 --embd 32 --heads 2 "
+                                           "--seq 16 --batch 2 --chart run.svg --memory-sweep");
+    CHECK(r.code == 2);
+    CHECK(r.err.find("--memory-sweep plans one process's memory") != std::string::npos);
 }
 
 }  // TEST_SUITE

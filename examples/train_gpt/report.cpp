@@ -253,7 +253,8 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                    {"val_fraction", a.val_fraction}, {"eval_every", a.eval_every},
                    {"eval_batches", a.eval_batches}, {"save_best", a.save_best}, {"offload", a.offload == "on"},
                    {"checkpoint", a.checkpoint}, {"micro_batch", micro_batch(a)},
-                   {"fused_loss", a.fused_loss == "on"}};
+                   {"fused_loss", a.fused_loss == "on"}, {"processes", a.world_size},
+                   {"shard_optimizer", a.shard_optimizer == "on"}};  // batch: each process's rows
     j["predicted_saving_bytes"] = predicted.norm_policy;
     j["predicted_recompute_saving_bytes"] = predicted.recompute;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
