@@ -84,6 +84,7 @@ struct ProcessGroupState {
     MPI_Comm monitor = MPI_COMM_NULL;  // the arrivals (Note [Collective timeouts])
     MPI_Op bf16_sum = MPI_OP_NULL;
     std::vector<int64_t> reached;      // per rank: the highest collective number it announced
+    std::vector<int64_t> heard;        // per rank: the announcements received from it
     std::deque<std::pair<std::unique_ptr<int64_t>, MPI_Request>> sent;  // announcements in flight
 #endif
 #if NORMTAPE_WITH_NCCL
@@ -122,6 +123,7 @@ struct WorkState {
 #endif
     bool local = false;             // world size 1 on the cpu: nothing to wait for
     std::function<void()> finish;   // run once the collective is done
+    Tensor input, output;           // held until the collective is done: their bytes stay theirs
 };
 
 #if NORMTAPE_WITH_MPI
@@ -174,7 +176,7 @@ void ProcessGroupState::nccl_settle(int64_t number, const std::string& what) {
 int64_t ProcessGroupState::begin() {
     const int64_t number = next++;
 #if NORMTAPE_WITH_MPI
-    if (mpi && world > 1) {
+    if (comm != MPI_COMM_NULL && world > 1) {
         while (!sent.empty()) {  // let go of the announcements that have left
             int done = 0;
             MPI_CHECK(MPI_Test(&sent.front().second, &done, MPI_STATUS_IGNORE));
@@ -197,7 +199,7 @@ int64_t ProcessGroupState::begin() {
 std::vector<int> ProcessGroupState::missing(int64_t number) {
     std::vector<int> out;
 #if NORMTAPE_WITH_MPI
-    if (mpi && world > 1) {
+    if (comm != MPI_COMM_NULL && world > 1) {
         for (;;) {
             int flag = 0;
             MPI_Status st;
@@ -206,6 +208,7 @@ std::vector<int> ProcessGroupState::missing(int64_t number) {
             int64_t n = 0;
             MPI_Recv(&n, 1, MPI_INT64_T, st.MPI_SOURCE, kArrivalTag, monitor, MPI_STATUS_IGNORE);
             reached[st.MPI_SOURCE] = std::max(reached[st.MPI_SOURCE], n);
+            ++heard[st.MPI_SOURCE];
         }
         for (int r = 0; r < world; ++r)
             if (reached[r] < number) out.push_back(r);
@@ -220,7 +223,7 @@ void ProcessGroupState::timed_out(int64_t number, const std::string& what) {
     why << "collective #" << number << " (" << what << ") on rank " << rank << " of " << world
         << " did not finish within " << options.timeout_s << " s: ";
 #if NORMTAPE_WITH_MPI
-    if (mpi && world > 1) {
+    if (comm != MPI_COMM_NULL && world > 1) {
         std::vector<int> late = missing(number);
         if (!late.empty())
             why << (late.size() == 1 ? "rank " : "ranks ") << ranks_str(late) << (late.size() == 1 ? " has" : " have")
@@ -239,6 +242,21 @@ void ProcessGroupState::timed_out(int64_t number, const std::string& what) {
 }
 
 }  // namespace detail
+
+bool mpi_is_built() {
+#if NORMTAPE_WITH_MPI
+    return true;
+#else
+    return false;
+#endif
+}
+bool nccl_is_built() {
+#if NORMTAPE_WITH_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
 
 // ---------------------------------------------------------------- Work
 
@@ -327,9 +345,12 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options) : state_(std::make_uniqu
     s.options = options;
     try {
         // Note [Starting a process group]
-        const bool by_mpi = env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMI_SIZE") || env_set("PMIX_RANK") ||
-                            env_set("SLURM_STEP_NUM_TASKS");
-        const bool by_torchrun = !by_mpi && env_set("WORLD_SIZE") && env_set("RANK");
+        // torchrun's own variable first: torchrun may itself run under srun or mpirun.
+        const bool by_torchrun = env_set("TORCHELASTIC_RUN_ID") ||
+                                 (env_set("WORLD_SIZE") && env_set("RANK") && !env_set("OMPI_COMM_WORLD_SIZE") &&
+                                  !env_set("PMI_SIZE") && !env_set("PMIX_RANK") && !env_set("SLURM_STEP_NUM_TASKS"));
+        const bool by_mpi = !by_torchrun && (env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMI_SIZE") ||
+                                             env_set("PMIX_RANK") || env_set("SLURM_STEP_NUM_TASKS"));
         if (by_mpi) {
             const int asked = std::max({env_int("OMPI_COMM_WORLD_SIZE", 1), env_int("PMI_SIZE", 1),
                                         env_int("SLURM_STEP_NUM_TASKS", 1)});
@@ -350,8 +371,12 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options) : state_(std::make_uniqu
             MPI_Comm_set_errhandler(s.monitor, MPI_ERRORS_RETURN);
             MPI_CHECK(MPI_Comm_rank(s.comm, &s.rank));
             MPI_CHECK(MPI_Comm_size(s.comm, &s.world));
+            NT_CHECK_AS(DistributedError, !env_set("WORLD_SIZE") || env_int("WORLD_SIZE", 0) == s.world,
+                        "ProcessGroup: MPI runs ", s.world, " processes but WORLD_SIZE says ", env_int("WORLD_SIZE", 0),
+                        ": start the job with one launcher");
             MPI_CHECK(MPI_Op_create(&detail::bf16_sum_op, 1, &s.bf16_sum));
             s.reached.assign(s.world, -1);
+            s.heard.assign(s.world, 0);
             s.launcher = "mpi";
             s.local_rank = std::max({env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0), env_int("MPI_LOCALRANKID", 0),
                                      env_int("SLURM_LOCALID", 0)});
@@ -403,10 +428,14 @@ ProcessGroup::~ProcessGroup() {
 #endif
 #if NORMTAPE_WITH_MPI
     if (s.comm != MPI_COMM_NULL && !s.broken) {
+        // Every announcement sent, and every one sent here received, before MPI lets go of them.
         for (auto& [value, req] : s.sent) MPI_Wait(&req, MPI_STATUS_IGNORE);
         s.sent.clear();
-        MPI_Barrier(s.monitor);  // every announcement has been sent; read the rest, then let go
-        s.missing(s.next);
+        std::vector<int64_t> counts(s.world);
+        MPI_Allgather(&s.next, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, s.monitor);
+        for (int r = 0; r < s.world; ++r)
+            for (int64_t n = 0; r != s.rank && s.heard[r] < counts[r]; ++s.heard[r])
+                MPI_Recv(&n, 1, MPI_INT64_T, r, detail::kArrivalTag, s.monitor, MPI_STATUS_IGNORE);
         MPI_Op_free(&s.bf16_sum);
         MPI_Comm_free(&s.monitor);
         MPI_Comm_free(&s.comm);
@@ -450,11 +479,9 @@ void check_tensor(Op op, const char* arg, const Tensor& t, int device_index) {
     NT_CHECK(t.defined(), "ProcessGroup::", op_name(op), ": expected a defined ", arg, ", got an undefined tensor");
     NT_CHECK(t.is_contiguous(), "ProcessGroup::", op_name(op), ": expected a contiguous ", arg,
              ", got one of strides that are not row-major");
-    const bool sums = op == Op::AllReduce || op == Op::ReduceScatter;
     const DType d = t.dtype();
     NT_CHECK_AS(DTypeError, d == DType::F32 || d == DType::F64 || d == DType::BF16 || d == DType::I64,
                 "ProcessGroup::", op_name(op), ": expected ", arg, " of dtype f32, f64, bf16 or i64, got ", dtype_name(d));
-    (void)sums;
     NT_CHECK_AS(DeviceError, t.device().is_cpu() || t.device().index == device_index, "ProcessGroup::", op_name(op),
                 ": expected ", arg, " on this process's GPU ", device_name(Device::cuda(device_index)), ", got ",
                 device_name(t.device()));
@@ -484,13 +511,27 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
                     ") x input's ", n, " elements, got ", out.numel());
     if (op == Op::AllReduce || op == Op::Broadcast)
         NT_CHECK_AS(ShapeError, in.numel() == out.numel(), "ProcessGroup::", name, ": expected one tensor");
-    s.check_usable(name);
     const size_t esize = element_size(in.dtype());
+    char* inp = detail::byte_ptr(in);
+    char* outp = detail::byte_ptr(out);
+    // In place means exactly: one tensor (all_reduce, broadcast), the output this rank's part of the
+    // input (reduce_scatter), the input this rank's part of the output (all_gather). Any other overlap
+    // is refused: MPI and NCCL would read what they have already written.
+    const int64_t part_bytes = n * static_cast<int64_t>(esize);
+    const bool in_place = inp == outp || (op == Op::ReduceScatter && inp + s.rank * part_bytes == outp) ||
+                          (op == Op::AllGather && outp + s.rank * part_bytes == inp);
+    const bool overlap = inp < outp + out.nbytes() && outp < inp + in.nbytes();
+    NT_CHECK(in_place || !overlap, "ProcessGroup::", name, ": expected input and output apart or exactly in place (",
+             op == Op::ReduceScatter ? "the output this rank's part of the input"
+             : op == Op::AllGather   ? "the input this rank's part of the output"
+                                     : "one tensor",
+             "), got bytes that overlap otherwise");
+    s.check_usable(name);
     auto work = std::make_unique<detail::WorkState>();
     work->group = &s;
     work->what = std::string(name) + " of " + with_commas(n) + " " + dtype_name(in.dtype()) + " elements";
-    char* inp = detail::byte_ptr(in);
-    char* outp = detail::byte_ptr(out);
+    work->input = in;
+    work->output = out;
 
     if (in.device().is_cuda()) {
 #if NORMTAPE_WITH_NCCL
@@ -521,7 +562,6 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
             NCCL_CHECK(ncclCommInitRankConfig(&s.nccl, s.world, id, s.rank, &config), nullptr);
             s.nccl_settle(number, "the start of NCCL's communicator");
         }
-        work->number = s.begin();
         work->device = dev;
         const ncclDataType_t type = in.dtype() == DType::F32    ? ncclFloat32
                                     : in.dtype() == DType::F64  ? ncclFloat64
@@ -534,6 +574,7 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
         CUDA_CHECK(cudaStreamWaitEvent(s.nccl_stream, ready, 0));
         CUDA_CHECK(cudaEventDestroy(ready));
         const size_t count = static_cast<size_t>(n);
+        work->number = s.begin();
         ncclResult_t r = ncclSuccess;
         switch (op) {
         case Op::AllReduce: r = ncclAllReduce(inp, outp, count, type, ncclSum, s.nccl, s.nccl_stream); break;
@@ -541,7 +582,11 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
         case Op::AllGather: r = ncclAllGather(inp, outp, count, type, s.nccl, s.nccl_stream); break;
         case Op::Broadcast: r = ncclBroadcast(inp, outp, count, type, root, s.nccl, s.nccl_stream); break;
         }
-        detail::nccl_check(r, name, s.nccl);
+        if (r != ncclSuccess && r != ncclInProgress) {  // the ranks' collectives no longer match
+            s.broken = true;
+            s.broken_why = std::string(name) + " failed in NCCL";
+            detail::nccl_check(r, name, s.nccl);
+        }
         if (r == ncclInProgress) s.nccl_settle(work->number, work->what);
         CUDA_CHECK(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventRecord(work->done, s.nccl_stream));
@@ -552,8 +597,8 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
 #endif
     }
 
-    work->number = s.begin();
     if (s.world == 1) {  // a one-rank group on the cpu: the collective is a copy, or nothing
+        work->number = s.begin();
         if (inp != outp) std::memcpy(outp, inp, static_cast<size_t>(n) * esize);
         work->local = true;
         return Work(std::move(work));
@@ -562,12 +607,11 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
     NT_CHECK_AS(DistributedError, s.launcher == "mpi", "ProcessGroup::", name,
                 ": cpu tensors need MPI, and this job was started by ", s.launcher, "; start it with mpirun");
     NT_CHECK_AS(ShapeError, n <= INT32_MAX, "ProcessGroup::", name, ": expected at most 2^31 - 1 elements a rank, got ", n);
+    work->number = s.begin();
     const int count = static_cast<int>(n);
     const DType d = in.dtype();
     MPI_Datatype type = d == DType::F32 ? MPI_FLOAT : d == DType::F64 ? MPI_DOUBLE : d == DType::BF16 ? MPI_UINT16_T : MPI_INT64_T;
     MPI_Op sum = d == DType::BF16 ? s.bf16_sum : MPI_SUM;
-    const bool in_place = inp == outp || (op == Op::ReduceScatter && inp + s.rank * n * esize == outp) ||
-                          (op == Op::AllGather && outp + s.rank * n * esize == inp);
     switch (op) {
     case Op::AllReduce:
         MPI_CHECK(MPI_Iallreduce(in_place ? MPI_IN_PLACE : inp, outp, count, type, sum, s.comm, &work->request));
@@ -609,6 +653,20 @@ void ProcessGroup::broadcast(Tensor& t, int root) {
     NT_CHECK(root >= 0 && root < state_->world, "ProcessGroup::broadcast: expected a root rank in [0, ",
              state_->world, "), got ", root);
     start_collective(*state_, Op::Broadcast, t, t, root).wait();
+}
+
+void ProcessGroup::abort(int code) {
+    detail::ProcessGroupState& s = *state_;
+    if (s.world == 1) return;
+#if NORMTAPE_WITH_MPI
+    if (s.comm != MPI_COMM_NULL) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+#if NORMTAPE_WITH_NCCL
+    if (s.nccl) ncclCommAbort(s.nccl), s.nccl = nullptr;
+#endif
+    (void)code;
+    s.broken = true;
+    s.broken_why = "aborted after an error on this rank";
 }
 
 void ProcessGroup::barrier() {

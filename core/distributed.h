@@ -5,15 +5,16 @@
 // these are in nn/data_parallel.h.
 //
 // Note [Starting a process group]
-// ProcessGroup() reads the launcher's environment, in this order:
-// - mpirun / mpiexec (OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH's PMI_SIZE) or srun (SLURM_NTASKS):
-//   MPI is started (MPI_Init_thread, funneled) and gives the rank and the world size; NCCL's unique
-//   id is broadcast through MPI. The local rank (the GPU a process takes) is
-//   OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID.
-// - torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): no MPI; rank 0 hands NCCL's
-//   unique id to the others over TCP at MASTER_ADDR, port MASTER_PORT + 1 (torchrun's own store holds
-//   MASTER_PORT; NORMTAPE_RENDEZVOUS_PORT sets another; core/rendezvous.h). Only CUDA
-//   tensors have collectives then (cpu tensors need MPI).
+// ProcessGroup() reads the launcher's environment:
+// - torchrun (TORCHELASTIC_RUN_ID; or RANK and WORLD_SIZE without an MPI launcher's variables; with
+//   LOCAL_RANK, MASTER_ADDR, MASTER_PORT): no MPI. Rank 0 hands NCCL's unique id to the others over
+//   TCP at MASTER_ADDR, port MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT;
+//   NORMTAPE_RENDEZVOUS_PORT sets another; core/rendezvous.h). Only CUDA tensors have collectives
+//   then (cpu tensors need MPI).
+// - mpirun / mpiexec (OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH's PMI_SIZE, PMIx's PMIX_RANK) or srun
+//   (SLURM_STEP_NUM_TASKS): MPI is started (MPI_Init_thread, funneled) and gives the rank and the
+//   world size; NCCL's unique id is broadcast through MPI. The local rank (the GPU a process takes)
+//   is OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID.
 // - neither: one process, rank 0 of 1. Collectives over cpu tensors are then local (a sum over one
 //   rank is the tensor itself); over CUDA tensors they still go through NCCL, with one rank.
 // A launcher that asks for more than one process in a build without MPI (NORMTAPE_WITH_MPI) or
@@ -46,6 +47,11 @@ struct ProcessGroupState;  // core/distributed.cpp
 struct WorkState;
 }  // namespace detail
 
+// True when this build runs several processes through MPI (NORMTAPE_WITH_MPI: found by CMake),
+// and CUDA tensors' collectives through NCCL (NORMTAPE_WITH_NCCL).
+bool mpi_is_built();
+bool nccl_is_built();
+
 struct ProcessGroupOptions {
     // Seconds a collective (or the start of NCCL's communicator) may wait for the other ranks
     // before it throws DistributedError (Note [Collective timeouts]); > 0.
@@ -53,6 +59,8 @@ struct ProcessGroupOptions {
 };
 
 // A collective in flight: returned by the *_async functions, which queue the collective and return.
+// It holds its tensors until it is done, so their bytes are not reused meanwhile; the caller must
+// not read or write them until wait() returns.
 // wait() blocks the calling thread until it is done (cpu: MPI_Wait, polled against the timeout; CUDA:
 // until NCCL's kernel has finished on the GPU) and throws what the collective failed with. A Work
 // destroyed before wait() waits, and reports a failure on stderr (a destructor cannot throw): call
@@ -78,14 +86,15 @@ private:
 // with it (MPI_Finalize, unless a collective timed out: the launcher then ends the job).
 //
 // Collectives take contiguous tensors of f32, f64, bf16 (sums in f32 arithmetic, rounded once per
-// addition, as NCCL adds bf16) or i64 (all_gather and broadcast only); every rank passes tensors of
-// the same dtype, device type and size. A CUDA tensor must be on this process's GPU
+// addition, as NCCL adds bf16) or i64; every rank passes tensors of the same dtype, device type and
+// size. Input and output are apart, or exactly in place as each function says. A CUDA tensor must be on this process's GPU
 // (device_index()). The collective runs in tensor order: the work queued on normtape's stream before
 // it is done before it reads, and the work queued after it waits for it (NCCL runs on a stream of
 // its own, so that the queue can go on with other work meanwhile). Each throws Error naming it for
 // an undefined or non-contiguous tensor, DTypeError for a dtype it does not take or two tensors of
 // different dtypes, DeviceError for two devices or a GPU other than this process's, ShapeError for
-// sizes that do not fit, DistributedError when the group is broken, has no backend for the tensor's
+// sizes that do not fit, Error for input and output that overlap other than in place,
+// DistributedError when the group is broken, has no backend for the tensor's
 // device (a cpu tensor without MPI at world_size() > 1) or NCCL / MPI report an error (its string
 // quoted).
 class ProcessGroup {
@@ -128,6 +137,12 @@ public:
 
     // Collectives called so far (the number of the next one, Note [Collective timeouts]).
     int64_t collectives() const;
+
+    // After an error on this rank only, ends the job rather than let the others wait for it until
+    // their timeout: under MPI, MPI_Abort(code) (every process ends; this call does not return);
+    // otherwise NCCL's communicator is aborted and the group broken, and the caller exits (torchrun
+    // then ends the others). Nothing to do for one process.
+    void abort(int code);
 
 private:
     std::unique_ptr<detail::ProcessGroupState> state_;

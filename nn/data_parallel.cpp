@@ -211,7 +211,8 @@ void DataParallel::on_gradient(size_t k) {
     if (!sync_) return;
     auto [bi, slot] = where_[k];
     Bucket& b = buckets_[bi];
-    if (b.arrived[slot]) return;
+    NT_CHECK(!b.arrived[slot], "DataParallel: parameter #", k, " got a second gradient before finish_gradients(): "
+             "for micro-batches, set_sync(false) before each backward but the last");
     const Tensor& p = params_[k];
     b.buffer.narrow(0, b.plan.offsets[slot], p.numel()).copy_(flat(p.grad()));
     b.arrived[slot] = true;
@@ -354,10 +355,18 @@ void DataParallel::gather_state(const AdamW* shard_adamw, const Muon* shard_muon
     const int W = group_.world_size();
     const DType dtype = params_[0].dtype();
     const Device device = params_[0].device();
+    // Every check before the first collective, so that a rank cannot fail between two of them.
     for (const Bucket& b : buckets_) {
         const bool muon = b.plan.matrices;
         NT_CHECK(muon ? shard_muon != nullptr : shard_adamw != nullptr, "DataParallel::gather_state: expected ",
                  muon ? "Muon" : "AdamW", "'s sharded optimizer, got null");
+        for (const Piece& piece : b.pieces) muon ? (void)shard_muon->state(piece.shard) : (void)shard_adamw->state(piece.shard);
+        for (size_t p : b.plan.params)
+            if (muon ? full_muon != nullptr : full_adamw != nullptr)
+                muon ? (void)full_muon->state(params_[p]) : (void)full_adamw->state(params_[p]);
+    }
+    for (const Bucket& b : buckets_) {
+        const bool muon = b.plan.matrices;
         const size_t kinds = muon ? 2 : 3;
         for (size_t kind = 0; kind < kinds; ++kind) {
             const bool master = kind == kinds - 1;

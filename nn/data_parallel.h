@@ -110,8 +110,10 @@ public:
     // after finish_gradients().
     void set_sync(bool sync) { sync_ = sync; }
     // After the backward (the last micro-batch's): every bucket reduced and divided by
-    // world_size; plain: every parameter's grad() is the ranks' mean; ZeRO-1: every shard's grad()
-    // is its part of the mean and the parameters' grads are dropped. Throws as the collectives.
+    // world_size; plain: every parameter's grad() is the ranks' mean (zeros for one that no rank
+    // gave a gradient); ZeRO-1: every shard's grad() is its part of the mean and the parameters'
+    // grads are dropped. Throws as the collectives. A backward that gives a parameter a second
+    // gradient before this (two backwards with sync on) throws Error from inside that backward.
     void finish_gradients();
     // clip_grad_norm_tensor_ over the whole gradient (with ZeRO-1: every rank's shards, their sum
     // of squares all-reduced; the norm is then read on the host). Returns the norm before clipping,

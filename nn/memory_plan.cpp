@@ -872,6 +872,12 @@ void check_sizes(const GPTConfig& c, const MemorySettings& s, int64_t B, int64_t
     NT_CHECK(s.micro_batch >= 0 && s.micro_batch <= B && (s.micro_batch == 0 || B % s.micro_batch == 0),
              "predict_peak: expected micro_batch 0 (the whole batch) or a divisor of B = ", B, ", got ",
              s.micro_batch);
+    NT_CHECK(s.world_size >= 1 && s.rank >= 0 && s.rank < s.world_size, "predict_peak: expected world_size >= 1 and "
+             "a rank in [0, world_size), got world_size ", s.world_size, " and rank ", s.rank);
+    NT_CHECK(!s.shard_optimizer_state || s.world_size > 1,
+             "predict_peak: expected shard_optimizer_state with world_size > 1 (there is nothing to shard across), got "
+             "world_size 1");
+    NT_CHECK(s.bucket_cap_bytes >= 1, "predict_peak: expected bucket_cap_bytes >= 1, got ", s.bucket_cap_bytes);
 }
 
 }  // namespace

@@ -125,7 +125,9 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 // Output forward fell back to saving its input (output_policy_fallbacks()); no other tensor on the
 // device (an evaluation's, a checkpoint's copies) is alive during the step.
 // Throws Error naming predict_peak for B, T or s.micro_batch out of range (B <= 0, T outside
-// [1, block_size], a micro-batch that does not divide B), and as with_settings and check_config.
+// [1, block_size], a micro-batch that does not divide B), for s.world_size < 1, s.rank outside
+// [0, world_size), shard_optimizer_state with one rank or bucket_cap_bytes < 1, and as
+// with_settings and check_config.
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
 // saved_bytes() right after GPT::loss on a [B, T] batch with checkpoint_blocks set and any

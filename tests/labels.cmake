@@ -8,7 +8,9 @@ set(normtape_slow_tests
   "^torch_crosscheck: "
   "^muon: three steps match KellerJordan/Muon's algorithm in PyTorch"
   "^train_gpt: "
-  "^checkpoint: train_gpt ")
+  "^checkpoint: train_gpt "
+  "^distributed: train_gpt "
+  "^distributed: a checkpoint of 2 ranks ")
 foreach(test IN LISTS normtape_tests_TESTS)
   foreach(pattern IN LISTS normtape_slow_tests)
     if(test MATCHES "${pattern}")

@@ -72,6 +72,7 @@ const std::string kDemo = "--data random --device cpu --steps 6 --layers 2 --emb
 
 #define REQUIRE_MPIRUN_OR_SKIP()                                                         \
     do {                                                                                 \
+        if (!mpi_is_built()) SKIP_TEST("this build has no MPI (NORMTAPE_WITH_MPI)");         \
         if (!mpirun_available()) SKIP_TEST("mpirun is not installed (Debian: openmpi-bin)"); \
     } while (0)
 
@@ -120,7 +121,16 @@ TEST_CASE("distributed: a group of one process runs every collective as a copy")
     CHECK_THROWS_KIND_WITH(group.broadcast(t, 1), Error, "broadcast", "root");
     Tensor undefined;
     CHECK_THROWS_KIND_WITH(group.all_reduce(undefined), Error, "all_reduce", "defined");
+    // In place is one layout exactly; any other overlap is refused.
+    Tensor buffer = zeros({4});
+    Tensor own = buffer.narrow(0, 0, 2), shifted = buffer.narrow(0, 1, 2);
+    group.all_gather(own, own);  // this rank's part of the output: rank 0 of 1, the whole of it
+    CHECK_THROWS_KIND_WITH(group.all_gather(shifted, own), Error, "all_gather", "overlap");
+    CHECK_THROWS_KIND_WITH(group.reduce_scatter(own, shifted), Error, "reduce_scatter", "overlap");
+    CHECK(group.collectives() == 6);  // a refused collective is not counted
     CHECK_THROWS_KIND_WITH(ProcessGroup(), Error, "one process group per process");
+    group.abort(1);  // one process: nothing to end
+    group.barrier();
 }
 
 TEST_CASE("distributed: a group of one process runs NCCL's collectives on its GPU") {
@@ -222,12 +232,29 @@ TEST_CASE("distributed: DataParallel on one process trains as without it (ZeRO-1
         }
         // ZeRO-1's gradient norm adds its shards' squares in another order: the clipping factor,
         // and so the parameters, agree to rounding.
+        // Two backwards with sync on would reduce the first one's gradients only: refused.
+        model.loss(batch.idx, batch.targets).backward();
+        CHECK_THROWS_KIND_WITH(model.loss(batch.idx, batch.targets).backward(), Error, "second gradient", "set_sync(false)");
         const std::vector<Tensor> a = plain.parameters(), b = model.parameters();
         for (size_t k = 0; k < a.size(); ++k) {
             if (!shard) CHECK(a[k].to_vector<double>() == b[k].to_vector<double>());
             else CHECK_CLOSE(b[k], a[k], (Tolerance{1e-13, 1e-13}));
         }
     }
+}
+
+TEST_CASE("distributed: predict_peak refuses a rank outside the world and ZeRO-1 on one rank") {
+    GPTConfig c = tiny_config();
+    MemorySettings s;
+    s.world_size = 0;
+    CHECK_THROWS_KIND_WITH(predict_peak(c, s, 2, 8), Error, "predict_peak", "world_size >= 1");
+    s.world_size = 2;
+    s.rank = 2;
+    CHECK_THROWS_KIND_WITH(predict_peak(c, s, 2, 8), Error, "predict_peak", "rank 2");
+    s.world_size = 1;
+    s.rank = 0;
+    s.shard_optimizer_state = true;
+    CHECK_THROWS_KIND_WITH(predict_peak(c, s, 2, 8), Error, "predict_peak", "shard_optimizer_state");
 }
 
 TEST_CASE("distributed: DataParallel refuses parameters it cannot bucket") {
@@ -472,7 +499,7 @@ TEST_CASE("distributed: train_gpt refuses --shard-optimizer in one process and t
     TempDir dir("mpi_refused");
     check_refused(run_train_gpt_on(dir, 1, kDemo + "--batch 2 --shard-optimizer on"), {"--shard-optimizer on", "mpirun"});
     check_refused(run_train_gpt_on(dir, 1, kDemo + "--batch 2 --shard-optimizer maybe"), {"shard-optimizer", "maybe"});
-    if (!mpirun_available()) return;
+    if (!mpi_is_built() || !mpirun_available()) return;
     RunResult r = run_train_gpt_on(dir, 2, "--data random --device cpu --steps 2 --layers 1 --embd 32 --heads 2 "
                                            "--seq 16 --batch 2 --chart run.svg --memory-sweep");
     CHECK(r.code == 2);

@@ -108,7 +108,7 @@ TextSplit split_text(const Args& a, const std::string& text) {
     return split;
 }
 
-double evaluate(GPT& model, Batcher& val, const std::string& start, int64_t batches) {
+double evaluate(GPT& model, Batcher& val, const std::string& start, int64_t batches, int rank, int world) {
     NoGradGuard no_grad;
     struct EvalMode {  // training mode comes back even if a forward throws
         GPT& m;
@@ -119,6 +119,11 @@ double evaluate(GPT& model, Batcher& val, const std::string& start, int64_t batc
     double total = 0;
     for (int64_t k = 0; k < batches; ++k) {
         auto [idx, targets] = val.next();
+        if (world > 1) {
+            const int64_t rows = idx.size(0) / world;
+            idx = idx.narrow(0, rank * rows, rows).clone();
+            targets = targets.narrow(0, rank * rows, rows).clone();
+        }
         total += model.loss(idx, targets).to(DType::F32).item<float>();
     }
     return total / static_cast<double>(batches);

@@ -44,5 +44,8 @@ TextSplit split_text(const Args& a, const std::string& text);
 // The validation loss: the mean of model.loss over `batches` batches of `val` under NoGradGuard
 // and in evaluation mode (no dropout; the model is back in training mode on return), the same
 // batches at every call (`val` is rewound to `start`, a state of its own). Waits for the device
-// (each loss is read on the host).
-double evaluate(normtape::GPT& model, normtape::Batcher& val, const std::string& start, int64_t batches);
+// (each loss is read on the host). With `world` processes, this one (`rank`) scores its rows of
+// each batch, [rank b, (rank + 1) b) of its world b rows (Note [Training on several processes]):
+// the mean over the ranks is the whole batches' loss.
+double evaluate(normtape::GPT& model, normtape::Batcher& val, const std::string& start, int64_t batches,
+                int rank = 0, int world = 1);

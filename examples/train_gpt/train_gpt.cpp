@@ -218,8 +218,8 @@ Tensor micro_rows(const Tensor& t, int64_t k, int64_t micro) {
 // same model, draws the same batch of W * B rows (--batch B is each rank's) and trains on its rows
 // [rank B, (rank + 1) B), with DataParallel (nn/data_parallel.h) averaging the gradients: the
 // step is the one-process step on the W B rows, up to the order of the sums. The loss printed is
-// the mean over the ranks; every rank evaluates the same held-out batches (of W B rows); rank 0
-// alone prints and writes files. A checkpoint holds the whole state as a one-process run's, with
+// the mean over the ranks, and so is the held-out loss (each rank scores its rows of the same
+// batches of W B rows); rank 0 alone prints and writes files. A checkpoint holds the whole state as a one-process run's, with
 // the batch of W B rows: a resumed run on W' ranks trains W B / W' rows on each.
 
 RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume, bool sample,
@@ -228,7 +228,12 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     const Device dev = device_of(a);
     manual_seed(a.seed);
     GPT model(make_config(a, policy));
-    Optimizers optimizer = make_optimizers(a, model);  // Note [The optimizers]
+    // Note [The optimizers]. With ZeRO-1 they are made over this rank's shards once DataParallel
+    // exists (below); the whole state is made only to resume, and freed once scattered.
+    const bool sharded = a.world_size > 1 && a.shard_optimizer == "on";
+    Optimizers optimizer;
+    std::optional<Optimizers> whole;
+    if (!sharded) optimizer = make_optimizers(a, model);
     TextSplit split = split_text(a, text);
     const int64_t global_batch = a.batch * a.world_size;  // Note [Training on several processes]
     Batcher batcher(std::move(split.train), global_batch, a.seq, a.vocab, a.seed, dev);
@@ -240,19 +245,20 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     RunResult r;
     int64_t start = 0;
     if (resume) {  // Note [Resuming a run]
+        Optimizers& loaded = sharded ? whole.emplace(make_optimizers(a, model)) : optimizer;
         try {
-            load_checkpoint(resume->path, resume->tensors, resume->metadata, model, optimizer.adamw.get(),
-                            optimizer.muon.get());
+            load_checkpoint(resume->path, resume->tensors, resume->metadata, model, loaded.adamw.get(),
+                            loaded.muon.get());
         } catch (const Error& e) {  // the file cannot resume this run: found before training, as a flag
             throw UsageError(std::string("--resume: ") + e.what());
         }
         resume->tensors.clear();  // copied into the model and the optimizer: free the host copies
         // Every step of a run is one optimizer step (a skipped one is not counted, and stops the run).
-        if (optimizer.step_count() != resume->step || (optimizer.muon && optimizer.muon->step_count() != resume->step))
+        if (loaded.step_count() != resume->step || (loaded.muon && loaded.muon->step_count() != resume->step))
             throw UsageError("--resume " + resume->path + ": the checkpoint's training step (train_gpt.step " +
                              std::to_string(resume->step) + ") differs from its optimizer's step count (\"step\": " +
-                             std::to_string(optimizer.step_count()) +
-                             (optimizer.muon ? ", Muon's " + std::to_string(optimizer.muon->step_count()) : "") +
+                             std::to_string(loaded.step_count()) +
+                             (loaded.muon ? ", Muon's " + std::to_string(loaded.muon->step_count()) : "") +
                              " in its optimizers' metadata): expected them equal, as every run saves them "
                              "(the file was modified?)");
         try {
@@ -280,13 +286,12 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         DataParallelOptions options;
         options.shard_optimizer_state = a.shard_optimizer == "on";
         options.check_replicas = options.check_replicas || a.check_replicas;
-        dp = std::make_unique<DataParallel>(group, model.parameters(), optimizer.adamw->groups(),
-                                            optimizer.muon ? optimizer.muon->groups() : std::vector<ParamGroup>{},
-                                            options);
-        if (dp->sharded()) {  // each rank's part of the state; a resumed run's comes from the whole
-            Optimizers shards = make_optimizers(a, model, {dp->adamw_groups(), dp->muon_groups()});
-            if (resume) dp->scatter_state(optimizer.adamw.get(), optimizer.muon.get(), shards.adamw.get(), shards.muon.get());
-            optimizer = std::move(shards);
+        OptimizerGroups groups = optimizer_groups(a, model);
+        dp = std::make_unique<DataParallel>(group, model.parameters(), groups.adamw, groups.muon, options);
+        if (sharded) {  // each rank's part of the state; a resumed run's comes from the whole
+            optimizer = make_optimizers(a, model, {dp->adamw_groups(), dp->muon_groups()});
+            if (whole) dp->scatter_state(whole->adamw.get(), whole->muon.get(), optimizer.adamw.get(), optimizer.muon.get());
+            whole.reset();
         }
     }
     const int64_t end = a.stop_at > 0 ? a.stop_at : a.steps;
@@ -297,11 +302,11 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                         static_cast<long long>(r.nonfinite_step));
             return;
         }
-        std::optional<Optimizers> whole;  // ZeRO-1: every rank's part, gathered for rank 0 to write
-        if (dp && dp->sharded()) {
-            if (a.rank == 0) whole.emplace(make_optimizers(a, model));
-            dp->gather_state(optimizer.adamw.get(), optimizer.muon.get(), whole ? whole->adamw.get() : nullptr,
-                             whole ? whole->muon.get() : nullptr);
+        std::optional<Optimizers> gathered;  // ZeRO-1: every rank's part, gathered for rank 0 to write
+        if (sharded) {
+            if (a.rank == 0) gathered.emplace(make_optimizers(a, model));
+            dp->gather_state(optimizer.adamw.get(), optimizer.muon.get(), gathered ? gathered->adamw.get() : nullptr,
+                             gathered ? gathered->muon.get() : nullptr);
         }
         if (a.rank != 0) return;
         Args config = a;
@@ -319,7 +324,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                           static_cast<long long>(r.best_val_step));
             metadata["train_gpt.best_val"] = best;
         }
-        const Optimizers& o = whole ? *whole : optimizer;
+        const Optimizers& o = gathered ? *gathered : optimizer;
         save_checkpoint(a.save, model, metadata, o.adamw.get(), o.muon.get());
         std::printf("checkpoint: %s (step %lld)\n", a.save.c_str(), static_cast<long long>(steps_done));
     };
@@ -432,7 +437,12 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                         r.losses.back(), static_cast<double>(global_batch * a.seq) / (ms / 1000.0),
                         mib(m.allocated_bytes).c_str(), mib(m.peak_allocated_bytes).c_str());
         if (val && !stop && (step + 1 == end || (a.eval_every > 0 && (step + 1) % a.eval_every == 0))) {
-            const double v = evaluate(model, *val, val_start, a.eval_batches);
+            double v = evaluate(model, *val, val_start, a.eval_batches, a.rank, a.world_size);
+            if (a.world_size > 1) {  // the ranks' mean: every rank then takes the same decisions on it
+                Tensor sum = full({1}, v, TensorOptions().dtype(DType::F64).device(dev));
+                group.all_reduce(sum);
+                v = sum.item<double>() / a.world_size;
+            }
             r.val_steps.push_back(step + 1);
             r.val_losses.push_back(v);
             const bool best = std::isfinite(v) && (std::isnan(r.best_val_loss) || v < r.best_val_loss);
@@ -652,6 +662,13 @@ int out_of_memory(const Args& a, const char* what) {
     return 1;
 }
 
+// A rank that stops on an error ends the whole job (ProcessGroup::abort) rather than leave the
+// others waiting for it in a collective until their timeout; returns `code`.
+int end_job(ProcessGroup& group, int code) {
+    group.abort(code);
+    return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -677,6 +694,7 @@ int main(int argc, char** argv) {
         if (!a.resume.empty()) {
             if (!a.preset.empty()) throw UsageError("--resume takes the model from the checkpoint: leave out --preset");
             resume = read_resume(a.resume);
+            a.batch *= a.world_size;  // a --batch given is each rank's; the checkpoint's is the step's
             apply_resume_config(app, a, *resume);
             if (a.batch % a.world_size != 0)  // the checkpoint's batch is the step's, over every rank
                 throw UsageError("--resume " + a.resume + ": the checkpoint's batch of " + std::to_string(a.batch) +
@@ -722,16 +740,16 @@ int main(int argc, char** argv) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
         std::fprintf(stderr, "train_gpt: %s (see --help)\n", e.what());
-        return 2;
+        return end_job(*group, 2);
     } catch (const UsageError& e) {
         std::fprintf(stderr, "train_gpt: %s\n", e.what());
-        return 2;
+        return end_job(*group, 2);
     } catch (const OutOfMemoryError& e) {
-        return out_of_memory(a, e.what());
+        return end_job(*group, out_of_memory(a, e.what()));
     } catch (const std::bad_alloc&) {
-        return out_of_memory(a, "out of host memory (std::bad_alloc)");
+        return end_job(*group, out_of_memory(a, "out of host memory (std::bad_alloc)"));
     } catch (const std::exception& e) {
         std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-        return 1;
+        return end_job(*group, 1);
     }
 }
