@@ -259,6 +259,19 @@ if [ "$MODE" = distributed ]; then
             summary+=("$(basename "$f" .log): $(grep -E 'median per step|optimizer state:|peak allocated' "$f" | tr '\n' ' ')")
         done
     done
+    # A ZeRO-1 checkpoint of step 8 written by both GPUs, resumed on one GPU (32 rows a step) and on
+    # both: their last losses beside the run that never stopped.
+    step "$gpus GPUs, checkpoint at step 8" python3 -m torch.distributed.run --standalone --no-python \
+        --nproc-per-node "$gpus" ./build-gpu/train_gpt "${preset[@]}" --optimizer muon --shard-optimizer on --stop-at 8 \
+        --save "$GPU_OUT/dp_ck.safetensors" --chart "$GPU_OUT/dp.svg" > "$GPU_OUT/dp_ck.log" 2>&1
+    step "resumed on one GPU" ./build-gpu/train_gpt --resume "$GPU_OUT/dp_ck.safetensors" --log-every 4 \
+        --chart "$GPU_OUT/dp.svg" > "$GPU_OUT/dp_resumed1.log" 2>&1
+    step "resumed on $gpus GPUs" python3 -m torch.distributed.run --standalone --no-python --nproc-per-node "$gpus" \
+        ./build-gpu/train_gpt --resume "$GPU_OUT/dp_ck.safetensors" --shard-optimizer on --log-every 4 \
+        --chart "$GPU_OUT/dp.svg" > "$GPU_OUT/dp_resumed$gpus.log" 2>&1
+    for f in dp${gpus}_muon_on dp_resumed1 dp_resumed$gpus; do
+        summary+=("$f: $(grep -E 'step +16/16' "$GPU_OUT/$f.log")")
+    done
     # Started by mpirun instead, every parameter compared across the ranks after each step.
     if command -v mpirun > /dev/null; then
         step "mpirun, $gpus GPUs, replicas checked" mpirun --allow-run-as-root -np "$gpus" ./build-gpu/train_gpt \
