@@ -606,11 +606,15 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
 #if NORMTAPE_WITH_MPI
     NT_CHECK_AS(DistributedError, s.launcher == "mpi", "ProcessGroup::", name,
                 ": cpu tensors need MPI, and this job was started by ", s.launcher, "; start it with mpirun");
-    NT_CHECK_AS(ShapeError, n <= INT32_MAX, "ProcessGroup::", name, ": expected at most 2^31 - 1 elements a rank, got ", n);
+    NT_CHECK_AS(ShapeError, n <= INT32_MAX, "ProcessGroup::", name, ": expected at most 2^31 - 1 elements a rank, got ",
+                n);
     work->number = s.begin();
     const int count = static_cast<int>(n);
     const DType d = in.dtype();
-    MPI_Datatype type = d == DType::F32 ? MPI_FLOAT : d == DType::F64 ? MPI_DOUBLE : d == DType::BF16 ? MPI_UINT16_T : MPI_INT64_T;
+    const MPI_Datatype type = d == DType::F32    ? MPI_FLOAT
+                              : d == DType::F64  ? MPI_DOUBLE
+                              : d == DType::BF16 ? MPI_UINT16_T  // summed by bf16_sum_op
+                                                 : MPI_INT64_T;
     MPI_Op sum = d == DType::BF16 ? s.bf16_sum : MPI_SUM;
     switch (op) {
     case Op::AllReduce:

@@ -87,16 +87,16 @@ private:
 //
 // Collectives take contiguous tensors of f32, f64, bf16 (sums in f32 arithmetic, rounded once per
 // addition, as NCCL adds bf16) or i64; every rank passes tensors of the same dtype, device type and
-// size. Input and output are apart, or exactly in place as each function says. A CUDA tensor must be on this process's GPU
-// (device_index()). The collective runs in tensor order: the work queued on normtape's stream before
-// it is done before it reads, and the work queued after it waits for it (NCCL runs on a stream of
-// its own, so that the queue can go on with other work meanwhile). Each throws Error naming it for
-// an undefined or non-contiguous tensor, DTypeError for a dtype it does not take or two tensors of
-// different dtypes, DeviceError for two devices or a GPU other than this process's, ShapeError for
-// sizes that do not fit, Error for input and output that overlap other than in place,
-// DistributedError when the group is broken, has no backend for the tensor's
-// device (a cpu tensor without MPI at world_size() > 1) or NCCL / MPI report an error (its string
-// quoted).
+// size. Input and output are apart, or exactly in place as each function says. A CUDA tensor must
+// be on this process's GPU (device_index()). The collective runs in tensor order: the work queued
+// on normtape's stream before it is done before it reads, and the work queued after its wait()
+// waits for it (NCCL runs on a stream of its own, so that the queue can go on with other work
+// meanwhile). Each throws Error naming it for an undefined or non-contiguous tensor, or input and
+// output that overlap other than in place; DTypeError for a dtype it does not take or two tensors
+// of different dtypes; DeviceError for two devices or a GPU other than this process's; ShapeError
+// for sizes that do not fit; DistributedError when the group is broken, has no backend for the
+// tensor's device (a cpu tensor without MPI at world_size() > 1) or NCCL / MPI report an error
+// (its string quoted).
 class ProcessGroup {
 public:
     // Throws DistributedError when the environment names a launch this build cannot run, or when

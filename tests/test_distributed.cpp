@@ -474,21 +474,21 @@ TEST_CASE("distributed: a checkpoint of 2 ranks resumes on 1 and on 2") {
     const std::vector<double> whole = losses_of(dir / "whole.json"), last(whole.begin() + 3, whole.end());
     // On 2 ranks, sharded or not: bit for bit the run that never stopped.
     for (const char* shard : {"on", "off"}) {
-        RunResult r = run_train_gpt_on(dir, 2, "--resume ck.safetensors --threads 1 --chart run.svg --json two.json "
-                                               "--shard-optimizer " + std::string(shard));
+        RunResult r = run_train_gpt_on(dir, 2, "--resume ck.safetensors --device cpu --threads 1 --chart run.svg "
+                                               "--json two.json --shard-optimizer " + std::string(shard));
         CAPTURE(r.err);
         REQUIRE(r.code == 0);
         CHECK(r.out.find("2 rows each, 4 a step") != std::string::npos);
         CHECK(losses_of(dir / "two.json") == last);
     }
     // On 1 process, the checkpoint's 4 rows a step: the same to f32 rounding.
-    RunResult r = run_train_gpt_on(dir, 1, "--resume ck.safetensors --threads 1 --chart run.svg --json one.json");
+    RunResult r = run_train_gpt_on(dir, 1, "--resume ck.safetensors --device cpu --threads 1 --chart run.svg --json one.json");
     CAPTURE(r.err);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("B=4 ") != std::string::npos);
     CHECK(worst_relative(losses_of(dir / "one.json"), last) <= 2e-6);
     // 3 ranks cannot split the 4 rows.
-    r = run_train_gpt_on(dir, 3, "--resume ck.safetensors --threads 1 --chart run.svg");
+    r = run_train_gpt_on(dir, 3, "--resume ck.safetensors --device cpu --threads 1 --chart run.svg");
     CHECK(r.code == 2);
     CHECK(r.err.find("does not divide among 3 processes") != std::string::npos);
 }
