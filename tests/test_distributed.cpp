@@ -417,7 +417,7 @@ TEST_CASE("distributed: a collective that a rank never reaches times out naming 
                      "finish within 2 s: rank 1 has not reached it") != std::string::npos);
 }
 
-TEST_CASE("distributed: mpirun -np 2 trains as one process with the doubled batch; ZeRO-1 as plain data parallel") {
+TEST_CASE("distributed: mpirun -np 2 trains as one process with the doubled batch, and ZeRO-1 as plain data parallel") {
     if (under_mpirun()) SKIP_TEST("starts mpirun itself");
     REQUIRE_MPIRUN_OR_SKIP();
     TempDir dir("mpi_data_parallel");
