@@ -23,6 +23,7 @@
 #include <source_location>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
@@ -127,6 +128,82 @@ void check_throws(F&& fn, const std::vector<std::string>& words, KindMatch match
 
 #define CHECK_THROWS_KIND_WITH(expr, Kind, ...) \
     ::normtape::testing::check_throws<Kind>([&] { (void)(expr); }, {__VA_ARGS__})
+
+// What fn() did in a child process (fork): a call that once crashed (a stack overflow, a division
+// by zero) then fails the test that checks it instead of ending the test program. fn runs with the
+// parent's memory as it was at the fork, must not need threads the parent started, and reports
+// nothing to doctest; its outcome comes back through a pipe.
+struct ChildOutcome {
+    enum { Returned, Threw, Killed } how = Killed;
+    std::string kind;     // the exception's type (Threw)
+    std::string message;  // its what() (Threw), or "signal N" (Killed), or "exit N" (an odd exit)
+    bool kind_is = false; // Threw: the exception is a Kind or derives from it
+};
+template <class Kind = std::exception>
+ChildOutcome outcome_in_child(const std::function<void()>& fn) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(fds[0]);
+        std::string report = "R";
+        try {
+            fn();
+        } catch (const std::exception& e) {
+            bool is_kind = true;
+            if constexpr (!std::is_same_v<Kind, std::exception>) is_kind = dynamic_cast<const Kind*>(&e) != nullptr;
+            report = std::string(is_kind ? "K" : "T") + type_name(typeid(e)) + '\n' + e.what();
+        }
+        for (size_t done = 0; done < report.size();) {
+            const ssize_t n = ::write(fds[1], report.data() + done, report.size() - done);
+            if (n <= 0) ::_exit(3);
+            done += static_cast<size_t>(n);
+        }
+        ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::string report;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, static_cast<size_t>(n));
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ChildOutcome o;
+    if (WIFSIGNALED(status)) {
+        o.message = "signal " + std::to_string(WTERMSIG(status));
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || report.empty()) {
+        o.message = "exit " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    } else if (report[0] == 'R') {
+        o.how = ChildOutcome::Returned;
+    } else {
+        o.how = ChildOutcome::Threw;
+        o.kind_is = report[0] == 'K';
+        const size_t eol = report.find('\n');
+        o.kind = report.substr(1, eol - 1);
+        o.message = eol == std::string::npos ? "" : report.substr(eol + 1);
+    }
+    return o;
+}
+
+// check_throws for a call that once crashed: fn() runs in a child process (outcome_in_child) and
+// must throw a Kind (or a kind derived from it) whose message holds every word given.
+template <class Kind>
+void check_throws_in_child(const std::function<void()>& fn, const std::vector<std::string>& words,
+                           std::source_location where = std::source_location::current()) {
+    const ChildOutcome o = outcome_in_child<Kind>(fn);
+    INFO("check_throws_in_child at " << where.file_name() << ":" << where.line() << ": expected "
+                                     << type_name(typeid(Kind)) << ", got "
+                                     << (o.how == ChildOutcome::Returned ? "a return"
+                                         : o.how == ChildOutcome::Killed ? "a child ended by " + o.message
+                                                                         : o.kind + ": " + o.message));
+    CHECK(o.how == ChildOutcome::Threw);
+    CHECK(o.kind_is);
+    for (const std::string& word : words) {
+        INFO("the message should contain \"" << word << "\"");
+        CHECK(o.message.find(word) != std::string::npos);
+    }
+}
 
 // Shorthands of the op and tensor tests.
 // Sets the cpu thread count back to what it was when the guard goes; with a count, sets that
