@@ -13,6 +13,7 @@
 #include "core/autograd.h"
 #include "core/bf16.h"
 #include "core/device_ptr.h"
+#include "nn/checkpoint_metadata.h"
 
 namespace normtape {
 
@@ -108,57 +109,6 @@ void check_values(const std::string& path, const std::string& name, const Tensor
                                      ": expected AdamW's second moment, a mean of squares, >= 0 (the file was modified?)");
 }
 
-// Whether `j` is an optimizer entry of the checkpoint format (nn/checkpoint.h) of its "type".
-bool well_formed(const nlohmann::json& j) {
-    if (!(j.is_object() && j.contains("type") && (j["type"] == "AdamW" || j["type"] == "Muon") && j.contains("step") &&
-          j["step"].is_number_unsigned() && j["step"].get<uint64_t>() <= uint64_t(INT64_MAX) && j.contains("groups") &&
-          j["groups"].is_array()))
-        return false;
-    const bool adamw = j["type"] == "AdamW";
-    for (const char* field : adamw ? std::vector<const char*>{"beta1", "beta2", "eps"}
-                                   : std::vector<const char*>{"momentum", "ns_steps"})
-        if (!j.contains(field) || !j[field].is_number()) return false;
-    if (!adamw && !(j.contains("nesterov") && j["nesterov"].is_boolean())) return false;
-    for (const nlohmann::json& g : j["groups"])
-        if (!(g.is_object() && g.contains("size") && g["size"].is_number_unsigned() && g.contains("weight_decay") &&
-              g["weight_decay"].is_number() && (!g.contains("lr_scale") || g["lr_scale"].is_number())))
-            return false;
-    return true;
-}
-
-// The hyperparameters of a well-formed entry, in words. Numbers in their shortest round-trip
-// decimal forms: equal strings mean equal values.
-std::string hyperparameters(const nlohmann::json& j) {
-    std::string s = j["type"] == "AdamW" ? "betas (" + j["beta1"].dump() + ", " + j["beta2"].dump() + "), eps " +
-                                               j["eps"].dump()
-                                         : "momentum " + j["momentum"].dump() + ", nesterov " + j["nesterov"].dump() +
-                                               ", ns_steps " + j["ns_steps"].dump();
-    s += ", groups";
-    for (const nlohmann::json& g : j["groups"])
-        s += " (" + g["size"].dump() + " params, weight decay " + g["weight_decay"].dump() + ", lr scale " +
-             (g.contains("lr_scale") ? g["lr_scale"] : nlohmann::json(1.0)).dump() + ")";
-    return s;
-}
-
-// The step count of the file's entry `key`, after checking it against the optimizer's own
-// entry `own` (optimizer_json): FormatError when absent or malformed, Error when the
-// hyperparameters differ.
-int64_t stored_step(const std::string& path, const std::map<std::string, std::string>& metadata, const std::string& key,
-                    const std::string& own) {
-    const nlohmann::json want = nlohmann::json::parse(own);
-    const std::string type = want["type"];
-    auto it = metadata.find(key);
-    NT_CHECK_AS(FormatError, it != metadata.end(), "load_checkpoint: ", path, ": holds no optimizer state for ", type,
-                " (no \"", key, "\" metadata; was it saved with the optimizer?)");
-    const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-    NT_CHECK_AS(FormatError, well_formed(j) && j["type"] == type, "load_checkpoint: ", path,
-                ": malformed optimizer metadata ", it->second, " (expected ", type, "'s entry)");
-    NT_CHECK(hyperparameters(want) == hyperparameters(j), "load_checkpoint: ", path, ": the ", type,
-             " optimizer's hyperparameters differ from the file's: expected ", hyperparameters(want),
-             ", the file has ", hyperparameters(j));
-    return static_cast<int64_t>(j["step"].get<uint64_t>());
-}
-
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Module& module, const std::map<std::string, std::string>& metadata,
@@ -226,8 +176,8 @@ void load_checkpoint(const std::string& path, const NamedTensors& file, const st
 
     // Each optimizer's metadata checked against it; the steps to restore.
     int64_t adamw_step = 0, muon_step = 0;
-    if (optimizer) adamw_step = stored_step(path, metadata, kAdamWKey, optimizer_json(*optimizer));
-    if (muon) muon_step = stored_step(path, metadata, kMuonKey, optimizer_json(*muon));
+    if (optimizer) adamw_step = detail::stored_step(path, metadata, kAdamWKey, optimizer_json(*optimizer));
+    if (muon) muon_step = detail::stored_step(path, metadata, kMuonKey, optimizer_json(*muon));
     const auto in_adamw = members(optimizer), in_muon = members(muon);
     if (optimizer || muon)
         for (const auto& [name, p] : params) {

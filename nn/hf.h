@@ -45,10 +45,12 @@
 //     (n_head), num_key_value_heads (n_kv_head; absent: n_head), intermediate_size (mlp_hidden),
 //     rms_norm_eps (norm_eps), max_position_embeddings (block_size), rope_theta (transformers 4)
 //     or rope_parameters.rope_theta (transformers 5; default 10000), tie_word_embeddings (absent:
-//     false). Required to be what normtape computes: rope_scaling / rope_parameters.rope_type
-//     absent, null or "default" (scaled rotary, as Llama 3.1's "llama3", is refused), no
-//     partial_rotary_factor but 1, head_dim (if given) hidden_size / num_attention_heads,
-//     hidden_act "silu", attention_bias and mlp_bias false.
+//     false). Required to be what normtape computes: rope_scaling and rope_parameters absent,
+//     null, or objects whose rope_type (or type) is absent, null or "default" and that hold no
+//     key but rope_type, type, rope_theta and partial_rotary_factor (scaled rotary, as Llama
+//     3.1's "llama3", or a "factor" without a type, is refused); partial_rotary_factor, at the
+//     top level or in either object, absent, null or 1; head_dim (if given) hidden_size /
+//     num_attention_heads; hidden_act "silu"; attention_bias and mlp_bias false.
 //   GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions (block_size), n_inner (mlp_hidden;
 //     null: 4 n_embd), layer_norm_epsilon (norm_eps), tie_word_embeddings (absent: true).
 //     Required: activation_function "gelu_new" or "gelu_pytorch_tanh" (both the tanh GELU,
@@ -82,12 +84,13 @@ namespace normtape {
 // above) and, when the embeddings are tied, lm_head.weight only if it equals the embedding, bit
 // for bit. Values are not checked (a NaN is loaded as it is). Peak host memory: the file's
 // tensors plus one converted tensor, plus the model when `device` is the cpu.
-// Throws, each message beginning "load_hf: " and naming the file: IOError when dir/config.json or
-// dir/model.safetensors is missing or cannot be read (and for a directory that is missing);
-// FormatError when config.json is not JSON, names another architecture, lacks a size or has one
+// Throws, each message beginning "load_hf: " and naming the file (a value it quotes is cut to
+// its first 80 characters): IOError when dir/config.json or dir/model.safetensors is missing or
+// cannot be read (and for a directory that is missing); FormatError when config.json is not JSON
+// or nests deeper than 64 levels, names another architecture, lacks a size or has one
 // of the wrong type or out of range ([1, 2^24]; layers [1, 4096]; heads, hidden and intermediate
 // sizes [1, 2^20]), asks for what normtape does not compute (scaled rotary, another activation,
-// biases, a head_dim other than hidden / heads), describes an invalid model (check_config's
+// biases, a head_dim other than hidden / heads, a partial rotary factor), describes an invalid model (check_config's
 // message), or when model.safetensors is not a valid safetensors file (its F16 tensors included),
 // lacks an expected tensor, holds one it does not expect, or holds a tied lm_head.weight that
 // differs from the embedding, and when dir holds a sharded checkpoint; ShapeError for a tensor of
@@ -95,6 +98,13 @@ namespace normtape {
 // DTypeError for a tensor of an integer dtype; DTypeError for a `dtype` that is not floating;
 // DeviceError and OutOfMemoryError as the GPT constructor. Nothing is left allocated after a throw.
 std::unique_ptr<GPT> load_hf(const std::string& dir, Device device = Device::CPU, DType dtype = DType::F32);
+
+namespace detail {
+// The GPTConfig of the config.json text `text` (read from `file`, which the messages name), as
+// load_hf reads it (above): arch_name is "llama" or "gpt2", dtype and device GPTConfig's defaults.
+// Throws FormatError as load_hf does for the config, and nothing else.
+GPTConfig hf_config(const std::string& text, const std::string& file);
+}  // namespace detail
 
 // Writes `model` to dir/config.json and dir/model.safetensors (the directory and its parents are
 // created if missing; the two files are replaced) so that transformers' from_pretrained(dir) reads

@@ -323,6 +323,25 @@ TEST_CASE("checkpoint: Muon's state is refused when missing, malformed, of other
         CHECK_THROWS_KIND_WITH(load_checkpoint(dir / "bad.safetensors", b, &opt_b.adamw, nullptr, &opt_b.muon),
                                FormatError, "malformed optimizer metadata", "expected Muon's entry");
     }
+    // Nested 100,000 deep: refused as JSON too deep to read, in a message that does not quote it
+    // (a crash risk when copied or quoted, and 200 KB of brackets in a message); 60 deep, quoted by
+    // its first 80 characters.
+    for (int depth : {100000, 60}) {
+        CAPTURE(depth);
+        std::map<std::string, std::string> bad_meta = meta;
+        bad_meta["optimizer.muon"] = R"({"type": "Muon", "groups": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
+        save_safetensors(dir / "deep.safetensors", file, bad_meta);
+        check_throws_in_child<FormatError>(
+            [&] { load_checkpoint(dir / "deep.safetensors", b, &opt_b.adamw, nullptr, &opt_b.muon); },
+            {"malformed optimizer metadata \"optimizer.muon\"", "expected Muon's entry",
+             depth > 64 ? "nests deeper than 64 levels"
+                        : std::string(R"({"groups":)") + std::string(60, '[') + std::string(10, ']') + "..."});
+        try {
+            load_checkpoint(dir / "deep.safetensors", b, &opt_b.adamw, nullptr, &opt_b.muon);
+        } catch (const FormatError& e) {
+            CHECK(std::string(e.what()).size() < 400);
+        }
+    }
     // A file missing one momentum buffer: the tensor is named.
     NamedTensors pruned;
     for (const auto& [name, t] : file)

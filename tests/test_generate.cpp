@@ -482,6 +482,50 @@ TEST_SUITE("generate_cli") {
         CHECK(t.err == "train_gpt: warning: --resume " + plain + warning);
     }
 
+    TEST_CASE("generate_cli: a train_gpt.config nested 100,000 deep is refused by generate and train_gpt --resume, exit 2") {
+        REQUIRE_TRAIN_GPT_OR_SKIP();
+        if (std::string(NORMTAPE_GENERATE).empty()) SKIP_TEST("generate was not built");
+        TempDir dir("generate_cli_deep");
+        const std::string ck = dir / "ck.safetensors";
+        REQUIRE(run_train_gpt(dir, "--data random --steps 2 --stop-at 1 --batch 2 --seq 8 --layers 1 --heads 2 "
+                                   "--embd 16 --policy input --device cpu --save " + ck).code == 0);
+        // The config with "arch" replaced by `value` (JSON text), in a file without checksums.
+        auto forge = [&](const std::string& name, const std::string& value) {
+            std::map<std::string, std::string> meta;
+            NamedTensors tensors = load_safetensors(ck, &meta);
+            nlohmann::json config = nlohmann::json::parse(meta.at("train_gpt.config"));
+            config["arch"] = "ARCH";
+            std::string text = config.dump();
+            text.replace(text.find("\"ARCH\""), 6, value);
+            meta["train_gpt.config"] = text;
+            const std::string with = dir / (name + "_checksums.safetensors"), path = dir / (name + ".safetensors");
+            save_safetensors(with, tensors, meta);
+            strip_checksums(with, path);
+            return path;
+        };
+        // Once a SIGSEGV in both programs: the value was copied and dump()ed, recursively.
+        const std::string deep = forge("deep", std::string(100000, '[') + std::string(100000, ']'));
+        RunResult g = run_generate(dir, deep + " --device cpu --prompt hi --tokens 4");
+        CAPTURE(g.err);
+        CHECK(g.code == 2);
+        CHECK(g.err.find("generate: " + deep + ": malformed train_gpt.config metadata: nests deeper than 64 levels") !=
+              std::string::npos);
+        RunResult t = run_train_gpt(dir, "--resume " + deep);
+        CAPTURE(t.err);
+        CHECK(t.code == 2);
+        CHECK(t.err.find("--resume " + deep) != std::string::npos);
+        CHECK(t.err.find("malformed train_gpt.config: nests deeper than 64 levels") != std::string::npos);
+        // 60 deep parses, and the message quotes the first 80 characters of the value.
+        const std::string long_value = forge("long", std::string(60, '[') + "1" + std::string(60, ']'));
+        g = run_generate(dir, long_value + " --device cpu --prompt hi --tokens 4");
+        CAPTURE(g.err);
+        CHECK(g.code == 2);
+        const std::string error = g.err.substr(g.err.find("\ngenerate: ") + 1);  // after the checksum warning
+        CHECK(error.find("train_gpt.config has arch " + std::string(60, '[') + "1" + std::string(19, ']') +
+                         "..., expected gpt2") != std::string::npos);
+        CHECK(error.size() < 300);
+    }
+
     TEST_CASE("generate_cli: samples a Hugging Face directory (load_hf), as generate() does in process") {
         if (std::string(NORMTAPE_GENERATE).empty()) SKIP_TEST("generate was not built");
         TempDir dir("generate_cli_hf");

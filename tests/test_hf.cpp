@@ -270,6 +270,39 @@ TEST_SUITE("hf") {
         CHECK(same_bits(tied->lm_head->weight, tensors_of(llama + "/model.safetensors").at("model.embed_tokens.weight")));
     }
 
+    TEST_CASE("hf: a config.json nested 100,000 deep is a FormatError, and a long value is quoted by its first 80 characters") {
+        TempDir dir("hf_deep");
+        const std::string deep(100000, '['), close(100000, ']');
+        for (const char* key : {"architectures", "vocab_size"}) {
+            INFO(key);
+            const std::string d = edited_fixture(dir, key, "llama", {});
+            std::string text = slurp(d + "/config.json");
+            const std::string field = "\"" + std::string(key) + "\": ";
+            const size_t at = text.find(field);
+            REQUIRE(at != std::string::npos);
+            text.insert(at + field.size(), deep + "1" + close + ", \"was\": ");
+            write_bytes(d + "/config.json", text);
+            // Once a SIGSEGV: the value was copied and dump()ed, recursively.
+            check_throws_in_child<FormatError>([&] { load_hf(d); },
+                                               {"load_hf: ", "config.json", "nests deeper than 64 levels"});
+        }
+        // 60 deep parses; the message quotes 80 characters of the 121-character value, then "...".
+        const std::string d = edited_fixture(dir, "long", "llama", [](json& j) {
+            json v = 1;
+            for (int i = 0; i < 60; ++i) v = json::array({v});
+            j["architectures"] = v;
+        });
+        try {
+            load_hf(d);
+            FAIL("load_hf accepted a nested architectures list");
+        } catch (const FormatError& e) {
+            const std::string m = e.what();
+            CHECK(m.find("architectures " + std::string(60, '[') + "1" + std::string(19, ']') +
+                         "...: expected LlamaForCausalLM") != std::string::npos);
+            CHECK(m.size() < 400);
+        }
+    }
+
     TEST_CASE("hf: bad directories, configs and tensors: each names load_hf, the file and the cause, and leaks nothing") {
         TempDir dir("hf_bad");
         const int64_t before = cpu_allocated();
@@ -289,7 +322,7 @@ TEST_SUITE("hf") {
         CHECK_THROWS_KIND_WITH(load_hf(no_model), FormatError, "load_hf", "sharded checkpoint");
         const std::string junk = with("junk", "llama", {});
         write_bytes(junk + "/config.json", "{not json");
-        CHECK_THROWS_KIND_WITH(load_hf(junk), FormatError, "load_hf", "junk/config.json: not a JSON object");
+        CHECK_THROWS_KIND_WITH(load_hf(junk), FormatError, "load_hf", "junk/config.json: not valid JSON");
         CHECK_THROWS_KIND_WITH(load_hf(fixture("llama"), Device::CPU, DType::I64), DTypeError, "load_hf", "i64");
 
         struct ConfigCase {
@@ -306,6 +339,16 @@ TEST_SUITE("hf") {
                   {"rope_parameters.rope_type \"llama3\"", "not scaled"}},
                  {"llama", [](json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
                   {"rope_scaling.type \"linear\"", "expected \"default\""}},
+                 // transformers 4 reads a top-level partial_rotary_factor; a scaling factor without a
+                 // type is a scaling too.
+                 {"llama", [](json& j) { j["partial_rotary_factor"] = 0.5; },
+                  {"partial_rotary_factor 0.5", "expected 1", "rotates every dimension"}},
+                 {"llama", [](json& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.5; },
+                  {"rope_parameters.partial_rotary_factor 0.5", "expected 1"}},
+                 {"llama", [](json& j) { j["rope_scaling"] = {{"factor", 8.0}}; },
+                  {"rope_scaling.factor 8.0", "expected no scaling"}},
+                 {"llama", [](json& j) { j["rope_parameters"]["original_max_position_embeddings"] = 8192; },
+                  {"rope_parameters.original_max_position_embeddings 8192", "expected no scaling"}},
                  {"llama", [](json& j) { j["hidden_act"] = "gelu"; }, {"hidden_act \"gelu\"", "expected \"silu\""}},
                  {"llama", [](json& j) { j["attention_bias"] = true; }, {"attention_bias true", "no biases"}},
                  {"llama", [](json& j) { j["head_dim"] = 32; }, {"head_dim 32", "hidden_size / num_attention_heads"}},

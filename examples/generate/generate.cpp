@@ -36,6 +36,7 @@
 
 #include "../common/checkpoint_checks.h"
 #include "../common/flag_syntax.h"
+#include "nn/json_read.h"
 #include "normtape.h"
 
 using namespace normtape;
@@ -79,13 +80,16 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
     if (entry == metadata.end())
         throw UsageError(path + ": not a train_gpt checkpoint (one written by train_gpt --save): no \"train_gpt.config\" "
                                 "metadata");
-    const nlohmann::json c = nlohmann::json::parse(entry->second, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json c;
+    std::string why;
+    if (!detail::parse_json(entry->second, c, why))
+        throw UsageError(path + ": malformed train_gpt.config metadata: " + why);
     if (!c.is_object()) throw UsageError(path + ": malformed train_gpt.config metadata (not a JSON object)");
     auto get = [&](const char* key, bool integer) {
         const nlohmann::json v = c.value(key, nlohmann::json());
         if (integer ? !v.is_number_integer() : !v.is_string())
             throw UsageError(path + ": the checkpoint's train_gpt.config has " +
-                             (v.is_null() ? "no \"" + std::string(key) + "\"" : std::string(key) + " " + v.dump()) +
+                             (v.is_null() ? "no \"" + std::string(key) + "\"" : std::string(key) + " " + detail::json_excerpt(v)) +
                              ", expected " + (integer ? "an integer" : "a string"));
         return v;
     };
@@ -97,17 +101,17 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
                                                            v.get<uint64_t>() <= static_cast<uint64_t>(hi)
                                                      : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
         if (!in_range)
-            throw UsageError(path + ": the checkpoint's train_gpt.config has " + key + " " + v.dump() + ", expected " +
+            throw UsageError(path + ": the checkpoint's train_gpt.config has " + key + " " + detail::json_excerpt(v) + ", expected " +
                              what + " from " + std::to_string(lo) + " to " + std::to_string(hi));
         return v.get<int64_t>();
     };
     // Checkpoints written before --arch, --kv-heads and --tie existed hold GPT-2's block, untied.
     const nlohmann::json arch = c.value("arch", nlohmann::json("gpt2")), tie = c.value("tie", nlohmann::json("off"));
     if (!arch.is_string() || (arch != "gpt2" && arch != "nanochat" && arch != "llama"))
-        throw UsageError(path + ": the checkpoint's train_gpt.config has arch " + arch.dump() +
+        throw UsageError(path + ": the checkpoint's train_gpt.config has arch " + detail::json_excerpt(arch) +
                          ", expected gpt2, nanochat or llama");
     if (tie != "on" && tie != "off")
-        throw UsageError(path + ": the checkpoint's train_gpt.config has tie " + tie.dump() + ", expected on or off");
+        throw UsageError(path + ": the checkpoint's train_gpt.config has tie " + detail::json_excerpt(tie) + ", expected on or off");
     GPTConfig g = gpt_config(arch.get<std::string>());
     g.tie_embeddings = tie == "on";
     if (c.contains("kv-heads")) g.n_kv_head = size("kv-heads", 0, kMaxHeads, "key/value heads");

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "../common/checkpoint_checks.h"
+#include "nn/json_read.h"
 #include "train_data.h"
 
 using namespace normtape;
@@ -62,7 +63,9 @@ ResumeState read_resume(const std::string& path) {
                                  "train_gpt --save)";
     for (const char* key : {"train_gpt.config", "train_gpt.step", "train_gpt.batcher", "optimizer"})
         if (r.metadata.count(key) == 0) throw UsageError(not_ours + ": no \"" + key + "\" metadata");
-    r.config = nlohmann::json::parse(r.metadata["train_gpt.config"], nullptr, /*allow_exceptions=*/false);
+    std::string why;
+    if (!detail::parse_json(r.metadata["train_gpt.config"], r.config, why))
+        throw UsageError(not_ours + ": malformed train_gpt.config: " + why);
     const std::string& step = r.metadata["train_gpt.step"];
     if (!r.config.is_object() || step.empty() || step.size() > 18 ||
         step.find_first_not_of("0123456789") != std::string::npos)
@@ -83,7 +86,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
         else typed = saved.is_number_integer() && (!saved.is_number_unsigned() || saved.get<uint64_t>() <= INT64_MAX);
         if (!typed)
             throw UsageError("--resume " + r.path + ": the checkpoint's config has " +
-                             (saved.is_null() ? "no \"" + std::string(key) + "\"" : key + (" " + saved.dump())) +
+                             (saved.is_null() ? "no \"" + std::string(key) + "\"" : key + (" " + detail::json_excerpt(saved))) +
                              ", expected " + (std::is_same_v<T, std::string> ? "a string"
                                               : std::is_same_v<T, double> ? "a number"
                                               : std::is_same_v<T, uint64_t> ? "an integer from 0 to 2^64 - 1"
@@ -92,14 +95,14 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
             field = saved.get<T>();
             a.from_checkpoint.insert(key);
         } else if (field != saved.get<T>()) {
-            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + saved.dump() +
-                             ", this one asks for " + nlohmann::json(field).dump() +
+            throw UsageError("--resume " + r.path + ": the checkpoint's run has " + flag + " " + detail::json_excerpt(saved) +
+                             ", this one asks for " + detail::json_excerpt(nlohmann::json(field)) +
                              " (a resumed run must be the same run: leave the flag out to take the checkpoint's)");
         }
     };
     if (app.count("--policy") && (a.policy == "both" || a.policy == "all"))
         throw UsageError("--resume continues one run: give --policy input, output or normalized (the checkpoint's is " +
-                         r.config.value("policy", nlohmann::json()).dump() + "), not " + a.policy);
+                         detail::json_excerpt(r.config.value("policy", nlohmann::json())) + "), not " + a.policy);
     take("--steps", a.steps);
     take("--batch", a.batch);
     take("--seq", a.seq);
@@ -151,8 +154,8 @@ void check_resume_data(const ResumeState& r, const std::string& text, const std:
     const nlohmann::json bytes = r.config.value("data_bytes", nlohmann::json()),
                          hash = r.config.value("data_fnv1a64", nlohmann::json());
     if (!bytes.is_number_unsigned() || !hash.is_string())
-        throw UsageError("--resume " + r.path + ": the checkpoint's config has data_bytes " + bytes.dump() +
-                         " and data_fnv1a64 " + hash.dump() + ", expected an integer and a string");
+        throw UsageError("--resume " + r.path + ": the checkpoint's config has data_bytes " + detail::json_excerpt(bytes) +
+                         " and data_fnv1a64 " + detail::json_excerpt(hash) + ", expected an integer and a string");
     const uint64_t want_bytes = bytes.get<uint64_t>();
     const std::string want_hash = hash.get<std::string>();
     if (want_bytes != text.size() || want_hash != hex(fnv1a64(text)))
