@@ -1,4 +1,5 @@
-// nn/gpt.cpp: the GPT modules, the presets and the memory they save.
+// nn/gpt.cpp: the GPT modules and the memory they save. Not here: GPTConfig, its presets and checks
+// (nn/gpt_config.cpp).
 #include "nn/gpt.h"
 
 #include <cmath>
@@ -16,88 +17,6 @@
 #include "ops/rotary.h"
 
 namespace normtape {
-
-const char* pos_embedding_name(PosEmbedding p) { return p == PosEmbedding::Learned ? "learned" : "rotary"; }
-
-const char* mlp_kind_name(MLPKind m) {
-    switch (m) {
-        case MLPKind::GELU: return "gelu";
-        case MLPKind::ReLU2: return "relu2";
-        case MLPKind::SwiGLU: return "swiglu";
-    }
-    return "?";
-}
-
-int64_t GPTConfig::hidden() const {
-    if (mlp_hidden > 0) return mlp_hidden;
-    if (mlp != MLPKind::SwiGLU) return 4 * n_embd;
-    return (8 * n_embd / 3 + 63) / 64 * 64;  // Llama's 2/3 of 4C, to a multiple of 64
-}
-
-GPTConfig gpt_config(const std::string& arch) {
-    GPTConfig c;
-    if (arch == "gpt2") return c;
-    if (arch == "nanochat") {
-        c.pos_embedding = PosEmbedding::Rotary;
-        c.qk_norm = true;
-        c.norm = NormKind::RMS;
-        c.norm_affine = false;
-        c.mlp = MLPKind::ReLU2;
-        c.bias = false;
-        c.logit_softcap = 15.0;
-        c.embedding_norm = true;
-        c.zero_init_proj = true;
-        return c;
-    }
-    if (arch == "llama") {
-        c.pos_embedding = PosEmbedding::Rotary;
-        c.norm = NormKind::RMS;
-        c.mlp = MLPKind::SwiGLU;
-        c.bias = false;
-        return c;
-    }
-    NT_CHECK(false, "gpt_config: expected an architecture gpt2, nanochat or llama, got '", arch, "'");
-    return c;
-}
-
-std::string arch_name(const GPTConfig& c) {
-    for (const char* name : {"gpt2", "nanochat", "llama"}) {
-        const GPTConfig p = gpt_config(name);
-        if (c.pos_embedding == p.pos_embedding && c.qk_norm == p.qk_norm && c.norm == p.norm &&
-            c.norm_affine == p.norm_affine && c.mlp == p.mlp && c.bias == p.bias && c.logit_softcap == p.logit_softcap &&
-            c.embedding_norm == p.embedding_norm)
-            return name;
-    }
-    return "custom";
-}
-
-void check_config(const GPTConfig& c) {
-    NT_CHECK_AS(ShapeError, c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
-                "GPTConfig: expected positive sizes, got vocab_size ", c.vocab_size, ", block_size ", c.block_size,
-                ", n_layer ", c.n_layer, ", n_head ", c.n_head, ", n_embd ", c.n_embd);
-    NT_CHECK_AS(ShapeError, c.n_embd % c.n_head == 0, "GPTConfig: expected n_embd divisible by n_head, got n_embd ",
-                c.n_embd, " and n_head ", c.n_head);
-    NT_CHECK_AS(ShapeError, c.n_kv_head >= 0 && c.n_head % c.kv_heads() == 0,
-                "GPTConfig: expected n_kv_head dividing n_head (or 0: n_head), got n_kv_head ", c.n_kv_head,
-                " and n_head ", c.n_head);
-    NT_CHECK_AS(ShapeError, c.mlp_hidden >= 0, "GPTConfig: expected mlp_hidden >= 0 (0: the MLP's default), got ",
-                c.mlp_hidden);
-    NT_CHECK_AS(ShapeError, c.pos_embedding != PosEmbedding::Rotary || (c.n_embd / c.n_head) % 2 == 0,
-                "GPTConfig: expected an even head size n_embd / n_head with rotary positions, got ",
-                c.n_embd / c.n_head);
-    NT_CHECK_AS(ShapeError, c.checkpoint_every >= 1, "GPTConfig: expected checkpoint_every >= 1 (1: every block), got ",
-                c.checkpoint_every);
-    NT_CHECK_AS(DTypeError, is_floating(c.dtype), "GPTConfig: expected a floating dtype, got ", dtype_name(c.dtype));
-    NT_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0, "GPTConfig: expected norm_eps > 0 and finite, got ",
-             c.norm_eps);
-    NT_CHECK(c.dropout >= 0 && c.dropout < 1, "GPTConfig: expected dropout in [0, 1), got ", c.dropout);
-    NT_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0, "GPTConfig: expected rope_theta > 0 and finite, got ",
-             c.rope_theta);
-    NT_CHECK(std::isfinite(c.logit_softcap) && c.logit_softcap >= 0,
-             "GPTConfig: expected logit_softcap >= 0 and finite (0: none), got ", c.logit_softcap);
-    NT_CHECK(c.mlp != MLPKind::GELU || c.bias,
-             "GPTConfig: expected bias on with mlp gelu (linear_gelu adds c_fc's bias in its epilogue), got bias off");
-}
 
 namespace {
 NormOptions norm_options(const GPTConfig& c) {
@@ -296,19 +215,6 @@ void GPT::set_policy(SavePolicy policy) {
 void GPT::set_checkpoint_blocks(bool on) { config_.checkpoint_blocks = on; }
 void GPT::set_offload(bool on) { config_.offload = on; }
 
-int64_t num_parameters(const GPTConfig& c) {
-    const int64_t C = c.n_embd, V = c.vocab_size, hs = C / c.n_head, NH = c.n_head, NKV = c.kv_heads(), H = c.hidden();
-    const int64_t b = c.bias ? 1 : 0;
-    const int64_t norm = !c.norm_affine ? 0 : c.norm == NormKind::Layer ? 2 * C : C;  // weight (+ bias)
-    const int64_t qk_norms = c.qk_norm && c.norm_affine ? 2 * hs : 0;
-    const int64_t qkv = (NH + 2 * NKV) * hs;  // c_attn or c_q, c_k, c_v outputs
-    const int64_t fc = c.mlp == MLPKind::SwiGLU ? 2 * H : H;
-    const int64_t block = 2 * norm + qk_norms + (C * qkv + b * qkv) + (C * C + b * C) + (C * fc + b * fc) + (H * C + b * C);
-    const int64_t wpe = c.pos_embedding == PosEmbedding::Learned ? c.block_size * C : 0;
-    const int64_t lm_head = c.tie_embeddings ? 0 : V * C;
-    return V * C + wpe + (c.embedding_norm ? norm : 0) + c.n_layer * block + norm + lm_head;
-}
-
 namespace {
 // The bytes a norm of width N over E rows saves (predicted_saved_bytes): under Input its x and the
 // y that the op after it saves, under Output and Normalized one of them; rstd, and mean for a
@@ -330,6 +236,7 @@ int64_t loss_saved_bytes(const GPTConfig& c, int64_t E) {
 }  // namespace
 
 int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    detail::check_step_shape("predicted_saved_bytes", c, B, T);
     const int64_t es = static_cast<int64_t>(element_size(c.dtype)), ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
     const int64_t E = B * T, C = c.n_embd, NH = c.n_head, NKV = c.kv_heads(), hs = C / NH, H = c.hidden();
     const int64_t ids = E * static_cast<int64_t>(element_size(DType::I64));
@@ -353,6 +260,7 @@ int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
 }
 
 int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    detail::check_step_shape("predicted_saving_bytes", c, B, T);
     GPTConfig input = c, output = c;
     input.policy = SavePolicy::Input;
     output.policy = SavePolicy::Output;
@@ -360,6 +268,7 @@ int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
 }
 
 int64_t predicted_checkpoint_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    detail::check_step_shape("predicted_checkpoint_saved_bytes", c, B, T);
     const int64_t es = static_cast<int64_t>(element_size(c.dtype));
     const int64_t ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
     const int64_t ids = B * T * static_cast<int64_t>(element_size(DType::I64));
@@ -376,6 +285,7 @@ int64_t predicted_checkpoint_saved_bytes(const GPTConfig& c, int64_t B, int64_t 
 }
 
 int64_t predicted_recompute_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    detail::check_step_shape("predicted_recompute_saving_bytes", c, B, T);
     return c.n_layer * B * T * c.hidden() * static_cast<int64_t>(element_size(c.dtype));
 }
 

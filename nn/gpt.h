@@ -108,8 +108,9 @@ GPTConfig gpt_config(const std::string& arch);
 std::string arch_name(const GPTConfig& config);
 
 // Throws, naming GPTConfig: ShapeError when a size is not positive, n_embd % n_head != 0,
-// n_kv_head does not divide n_head, mlp_hidden < 0, rotary positions meet an odd head size, or
-// checkpoint_every < 1;
+// n_kv_head does not divide n_head, mlp_hidden < 0, rotary positions meet an odd head size,
+// checkpoint_every < 1, or the model would have more than 2^54 parameters (so that no count of its
+// bytes, gradients and optimizer state can overflow int64);
 // DTypeError for a non-floating dtype; Error for norm_eps <= 0 or not finite, dropout outside
 // [0, 1), rope_theta <= 0, logit_softcap < 0 (or either not finite), or GELU without bias.
 void check_config(const GPTConfig& config);
@@ -219,8 +220,18 @@ private:
     GPTConfig config_;
 };
 
-// The number of parameter elements GPT(config) has, without building it.
+// The number of parameter elements GPT(config) has, without building it. Throws as check_config.
 int64_t num_parameters(const GPTConfig& config);
+
+namespace detail {
+// The checks every prediction of a training step of `config` on a [B, T] batch makes (the
+// formulas below, predict_peak and the planner, nn/memory_plan.h and nn/memory_budget.h), naming
+// `op`: check_config's, then ShapeError for B < 1, T outside [1, block_size], or a step whose
+// activations (B * T positions, each of about 8 bytes times n_layer * (8 n_embd + 4 mlp hidden +
+// 2 n_head) + 4 vocab_size elements) would pass 2^58 bytes, naming B, T and the product, so that
+// no byte count of the step overflows int64.
+void check_step_shape(const char* op, const GPTConfig& config, int64_t B, int64_t T);
+}  // namespace detail
 
 // saved_bytes() right after GPT::loss on a [B, T] batch (checkpoint_blocks and offload off), in
 // bytes: every tensor the graph saves, each storage once (docs/DESIGN.md, "What each policy saves
@@ -237,7 +248,8 @@ int64_t num_parameters(const GPTConfig& config);
 //     ln_f (as a norm of width C), the logits (E V; none with fused_head_loss), their lse (E) and
 //     the targets (E).
 // Assumes no Output forward fell back to saving its input (every |norm weight| >=
-// kOutputPolicyMinWeight; see output_policy_fallbacks()).
+// kOutputPolicyMinWeight; see output_policy_fallbacks()). Throws as detail::check_step_shape,
+// naming predicted_saved_bytes (and so do the three formulas below, each naming itself).
 int64_t predicted_saved_bytes(const GPTConfig& config, int64_t B, int64_t T);
 
 // Bytes that SavePolicy::Output saves over SavePolicy::Input in saved_bytes() right after a

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "core/autograd.h"
 #include "core/device.h"
@@ -51,6 +52,32 @@ StepCostModel measure(const GPTConfig& c, int64_t B, int64_t T) {
 
 int64_t dtype_bytes(DType d) { return static_cast<int64_t>(element_size(d)); }
 
+// Every rate positive and every cost non-negative, all finite, or Error naming `op` and the field.
+void check_costs(const char* op, const StepCostModel& m) {
+    const struct {
+        const char* name;
+        double value;
+        bool positive;
+    } fields[] = {{"flops_per_ms", m.flops_per_ms, true},
+                  {"small_flops_per_ms", m.small_flops_per_ms, true},
+                  {"bytes_per_ms", m.bytes_per_ms, true},
+                  {"host_bytes_per_ms", m.host_bytes_per_ms, false},
+                  {"pass_ms", m.pass_ms, false}};
+    for (const auto& f : fields)
+        NT_CHECK(std::isfinite(f.value) && (f.positive ? f.value > 0 : f.value >= 0), op, ": expected costs.", f.name,
+                 f.positive ? " > 0" : " >= 0", " and finite (calibrate_step_costs measures them), got ", f.value);
+}
+
+// The smallest predict_peak over memory_settings_grid(config, B, optimizer), and its setting.
+std::pair<int64_t, MemorySettings> smallest_peak(const GPTConfig& config, int64_t B, int64_t T, StepOptimizer optimizer) {
+    std::pair<int64_t, MemorySettings> best{-1, {}};
+    for (const MemorySettings& s : memory_settings_grid(config, B, optimizer)) {
+        const int64_t peak = predict_peak(config, s, B, T);
+        if (best.first < 0 || peak < best.first) best = {peak, s};
+    }
+    return best;
+}
+
 }  // namespace
 
 StepCostModel calibrate_step_costs(const GPTConfig& c, int64_t B, int64_t T) {
@@ -69,6 +96,8 @@ StepCostModel calibrate_step_costs(const GPTConfig& c, int64_t B, int64_t T) {
 
 double predict_step_ms(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T,
                        const StepCostModel& costs) {
+    detail::check_step_settings("predict_step_ms", config, s, B, T);
+    check_costs("predict_step_ms", costs);
     const GPTConfig c = with_settings(config, s);
     const int64_t b = s.micro_batch > 0 ? s.micro_batch : B;
     const double n = static_cast<double>(B / b);
@@ -146,6 +175,8 @@ std::string settings_label(const MemorySettings& s) {
 MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T,
                              const StepCostModel& costs, StepOptimizer optimizer) {
     NT_CHECK(budget_bytes > 0, "plan_memory: expected a budget > 0 bytes, got ", budget_bytes);
+    detail::check_step_settings("plan_memory", config, MemorySettings(), B, T);
+    check_costs("plan_memory", costs);
     MemoryBudgetPlan plan;
     bool first = true;
     for (const MemorySettings& s : memory_settings_grid(config, B, optimizer)) {
@@ -170,11 +201,21 @@ MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int6
     if (!plan.fits) {
         plan.predicted_step_ms = predict_step_ms(config, plan.settings, B, T, costs);
         const StepMemory parts = step_memory(config, plan.settings, B, T);
+        // The largest batch of B / 2^k rows whose smallest peak fits.
+        std::string smaller = "no batch of fewer rows fits either";
+        for (int64_t b = B / 2; b >= 1 && plan.largest_batch == 0; b /= 2) {
+            const auto [peak, s] = smallest_peak(config, b, T, optimizer);
+            if (peak > budget_bytes) continue;
+            plan.largest_batch = b;
+            smaller = "the largest smaller batch that fits is B = " + std::to_string(b) + " (" + settings_label(s) +
+                      ", a peak of " + std::to_string(peak) + " bytes)";
+        }
         plan.advice = "nothing fits in " + std::to_string(budget_bytes) + " bytes: the least budget that fits is " +
                       std::to_string(plan.smallest_peak) + " bytes (" + settings_label(plan.settings) +
                       "), of which the parameters, their gradients and the optimizers' state take " +
                       std::to_string(parts.parameters + parts.gradients + parts.optimizer_state) +
-                      " bytes whatever the settings: a larger budget, a shorter sequence or a smaller model";
+                      " bytes whatever the settings; " + smaller +
+                      ": a larger budget, a smaller batch, a shorter sequence or a smaller model";
     }
     return plan;
 }

@@ -36,6 +36,10 @@ StepCostModel calibrate_step_costs(const GPTConfig& config, int64_t B, int64_t T
 // block its forward again; Output and Normalized a pass over each norm's [E, C] in backward;
 // activation recompute a pass over each MLP's [E, H]; offload the saved bytes to the host and
 // back; every micro-batch a pass_ms. Offload on the cpu changes nothing and costs nothing.
+// Throws, naming predict_step_ms, as detail::check_step_settings (nn/memory_plan.h: B, T, the
+// micro-batch, the settings, the config), and Error for costs whose rates (flops_per_ms,
+// small_flops_per_ms, bytes_per_ms) are not > 0 or whose host_bytes_per_ms or pass_ms are < 0, or
+// any of them not finite.
 double predict_step_ms(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T,
                        const StepCostModel& costs);
 
@@ -57,14 +61,16 @@ struct MemoryBudgetPlan {
     int64_t predicted_peak = 0;     // predict_peak of `settings`, bytes
     double predicted_step_ms = 0;   // predict_step_ms of `settings`
     int64_t smallest_peak = 0;      // the smallest predicted peak over the grid: the least budget that fits
+    int64_t largest_batch = 0;      // when nothing fits: the largest B / 2^k (k >= 1) some setting fits, 0 if none
     std::string advice;             // when nothing fits: what would (a budget, a smaller batch)
 };
 
 // The fastest setting of memory_settings_grid(config, B, optimizer) whose predict_peak on [B, T] is at most
 // budget_bytes, by predict_step_ms with `costs` (ties: the smaller peak). When none fits, fits is
-// false, settings the smallest-peak setting and advice says the least budget that fits and the
-// largest batch (B halved) the budget would hold with it. Throws Error naming plan_memory for
-// budget_bytes <= 0, and as predict_peak.
+// false, settings the smallest-peak setting, and advice says the least budget that fits and the
+// largest batch B / 2, B / 4, ... 1 that some setting fits in the budget (largest_batch), or that
+// none does. Throws, naming plan_memory, Error for budget_bytes <= 0, as predict_step_ms for B, T,
+// the config and `costs`, and as predict_peak.
 MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T,
                              const StepCostModel& costs, StepOptimizer optimizer = StepOptimizer::AdamW);
 // The same with calibrate_step_costs(config, B, T).

@@ -3,7 +3,12 @@
 // the saved bytes of partial checkpointing (predicted_checkpoint_every_saved_bytes); the planner
 // (nn/memory_budget.h). CPU only: the CUDA terms of the replay are read from the code, not
 // measured here (scripts/gpu_check.sh budget measures them with train_gpt --memory-sweep).
+#include <sys/resource.h>
+
+#include <cmath>
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "test_util.h"
 
@@ -335,6 +340,162 @@ TEST_CASE("memory_plan: with_settings sets the model's fields, and bad sizes are
     s.micro_batch = 0;
     s.checkpoint_every = -1;
     check_throws<Error>([&] { with_settings(c, s); }, {"with_settings", "checkpoint_every >= 0", "got -1"});
+}
+
+TEST_CASE("memory_plan: sizes whose bytes would overflow int64 are ShapeErrors naming the product, at every entry point") {
+    const GPTConfig gpt2 = gpt_config("gpt2");
+    const MemorySettings plain;
+    // The predicted peak wrapped from B ~ 2^43 at T 64, and B 2^50 divided by zero (SIGFPE).
+    for (int64_t B : {int64_t(1) << 45, int64_t(1) << 50, INT64_MAX}) {
+        INFO("B ", B);
+        check_throws_in_child<ShapeError>([&] { predict_peak(gpt2, plain, B, 64); },
+                                          {"predict_peak", "B * T positions", "B " + std::to_string(B), "2^58 bytes"});
+        check_throws_in_child<ShapeError>([&] { predicted_saved_bytes(gpt2, B, 64); },
+                                          {"predicted_saved_bytes", "B * T positions"});
+    }
+    CHECK(predict_peak(gpt2, plain, int64_t(1) << 20, 64) > predict_peak(gpt2, plain, int64_t(1) << 19, 64));
+    // block_size INT64_MAX with T 2^62 divided by zero: learned positions are too many parameters,
+    // rotary ones too many positions.
+    GPTConfig long_context = gpt2;
+    long_context.block_size = INT64_MAX;
+    check_throws_in_child<ShapeError>([&] { predict_peak(long_context, plain, 1, int64_t(1) << 62); },
+                                      {"GPTConfig", "2^54 parameters", "block_size 9223372036854775807"});
+    GPTConfig rotary = gpt_config("llama");
+    rotary.block_size = INT64_MAX;
+    check_throws_in_child<ShapeError>([&] { predict_peak(rotary, plain, 1, int64_t(1) << 62); },
+                                      {"predict_peak", "B 1 * T 4611686018427387904"});
+    // V 2^44 with C 2^16: 2^61 parameters, whose bytes came out negative.
+    GPTConfig wide = gpt2;
+    wide.vocab_size = int64_t(1) << 44;
+    wide.n_embd = int64_t(1) << 16;
+    wide.n_head = 1024;
+    for (const auto& call : std::vector<std::function<void()>>{[&] { num_parameters(wide); },
+                                                               [&] { predict_peak(wide, plain, 1, 8); },
+                                                               [&] { step_memory(wide, plain, 1, 8); },
+                                                               [&] { check_config(wide); }})
+        check_throws_in_child<ShapeError>(call, {"GPTConfig", "at most 2^54 parameters", "vocab_size 17592186044416"});
+    // Negative batches are refused, not priced.
+    for (const auto& [name, call] : std::vector<std::pair<std::string, std::function<void()>>>{
+             {"predicted_saved_bytes", [&] { predicted_saved_bytes(gpt2, -16, 8); }},
+             {"predicted_saving_bytes", [&] { predicted_saving_bytes(gpt2, -16, 8); }},
+             {"predicted_checkpoint_saved_bytes", [&] { predicted_checkpoint_saved_bytes(gpt2, -16, 8); }},
+             {"predicted_recompute_saving_bytes", [&] { predicted_recompute_saving_bytes(gpt2, -16, 8); }},
+             {"predicted_checkpoint_every_saved_bytes", [&] { predicted_checkpoint_every_saved_bytes(gpt2, -16, 8); }},
+             {"predict_peak", [&] { predict_peak(gpt2, plain, -16, 8); }}})
+        check_throws<ShapeError>(call, {name, "B >= 1", "got -16"});
+}
+
+TEST_CASE("memory_plan: the formulas check the config first: n_head 0 is a ShapeError, not a division by zero") {
+    GPTConfig c = small_config("gpt2");
+    c.n_head = 0;
+    check_throws_in_child<ShapeError>([&] { predicted_saved_bytes(c, 2, 8); }, {"GPTConfig", "positive sizes", "n_head 0"});
+    c.checkpoint_blocks = true;
+    check_throws_in_child<ShapeError>([&] { predicted_checkpoint_every_saved_bytes(c, 2, 8); },
+                                      {"GPTConfig", "n_head 0"});
+    check_throws_in_child<ShapeError>([&] { num_parameters(c); }, {"GPTConfig", "n_head 0"});
+}
+
+TEST_CASE("memory_plan: checkpoint_every past n_layer checkpoints block 0 alone, even at INT64_MAX") {
+    GPTConfig c = small_config("gpt2");  // 2 layers
+    c.checkpoint_blocks = true;
+    c.checkpoint_every = 2;
+    const int64_t every_two = predicted_checkpoint_every_saved_bytes(c, 2, 8);
+    c.checkpoint_every = INT64_MAX;  // (L + k - 1) / k overflowed: more than no checkpointing at all
+    CHECK(predicted_checkpoint_every_saved_bytes(c, 2, 8) == every_two);
+    c.checkpoint_blocks = false;
+    CHECK(every_two < predicted_checkpoint_every_saved_bytes(c, 2, 8));
+}
+
+TEST_CASE("memory_plan: 20,000 layers are replayed without recursion, and a replay the host cannot hold is OutOfMemoryError") {
+    GPTConfig deep = small_config("gpt2");
+    deep.n_layer = 20000;
+    deep.n_embd = 8;
+    deep.n_head = 2;
+    // The replay's graph was released recursively: a stack overflow (SIGSEGV).
+    const ChildOutcome o = outcome_in_child([&] {
+        const int64_t peak = predict_peak(deep, MemorySettings{}, 1, 8);
+        MemorySettings ckpt;
+        ckpt.checkpoint_every = 3;
+        if (peak <= 0 || step_memory(deep, ckpt, 1, 8).peak <= 0) throw Error("no peak");
+    });
+    CAPTURE(o.message);
+    CHECK(o.how == ChildOutcome::Returned);
+#if !defined(__SANITIZE_ADDRESS__)  // ASan's shadow memory leaves no room for an address-space cap
+    deep.n_layer = 1'000'000'000;
+    check_throws_in_child<OutOfMemoryError>(
+        [&] {
+            const rlimit cap{rlim_t(2) << 30, rlim_t(2) << 30};  // 2 GiB of address space
+            ::setrlimit(RLIMIT_AS, &cap);
+            predict_peak(deep, MemorySettings{}, 1, 8);
+        },
+        {"predict_peak", "1000000000 layers", "host memory"});
+#endif
+}
+
+TEST_CASE("memory_plan: predict_step_ms and plan_memory refuse costs that are not rates and batches they cannot price") {
+    const GPTConfig c = small_config("gpt2");
+    StepCostModel costs;
+    costs.flops_per_ms = 1e9;
+    costs.small_flops_per_ms = 2e8;
+    costs.bytes_per_ms = 1e8;
+    costs.pass_ms = 0.5;
+    const MemorySettings plain;
+    CHECK(std::isfinite(predict_step_ms(c, plain, 16, 8, costs)));
+    // StepCostModel{} gave inf ms and still "fit"; NaN or negative rates gave NaN or negative times.
+    check_throws<Error>([&] { predict_step_ms(c, plain, 16, 8, StepCostModel{}); },
+                        {"predict_step_ms", "costs.flops_per_ms > 0", "got 0"});
+    check_throws<Error>([&] { plan_memory(c, int64_t(1) << 40, 16, 8, StepCostModel{}); },
+                        {"plan_memory", "costs.flops_per_ms > 0"});
+    for (auto [field, value] : std::vector<std::pair<double StepCostModel::*, double>>{
+             {&StepCostModel::flops_per_ms, NAN}, {&StepCostModel::small_flops_per_ms, -1.0},
+             {&StepCostModel::bytes_per_ms, INFINITY}, {&StepCostModel::host_bytes_per_ms, -1.0},
+             {&StepCostModel::pass_ms, NAN}}) {
+        StepCostModel bad = costs;
+        bad.*field = value;
+        check_throws<Error>([&] { predict_step_ms(c, plain, 16, 8, bad); }, {"predict_step_ms", "costs.", "finite"});
+    }
+    MemorySettings three = plain;
+    three.micro_batch = 3;  // was priced as 5 micro-batches of B 16
+    check_throws<Error>([&] { predict_step_ms(c, three, 16, 8, costs); },
+                        {"predict_step_ms", "divisor of B = 16", "got 3"});
+    check_throws<ShapeError>([&] { predict_step_ms(c, plain, -16, 8, costs); }, {"predict_step_ms", "B >= 1", "got -16"});
+    check_throws<ShapeError>([&] { plan_memory(c, int64_t(1) << 40, -16, 8, costs); }, {"plan_memory", "got -16"});
+}
+
+TEST_CASE("memory_plan: when nothing fits, plan_memory names the largest smaller batch that would") {
+    const GPTConfig c = small_config("gpt2");
+    StepCostModel costs;
+    costs.flops_per_ms = 1e9;
+    costs.small_flops_per_ms = 2e8;
+    costs.bytes_per_ms = 1e8;
+    costs.pass_ms = 0.5;
+    auto smallest = [&](int64_t B) {
+        int64_t least = INT64_MAX;
+        for (const MemorySettings& s : memory_settings_grid(c, B)) least = std::min(least, predict_peak(c, s, B, 32));
+        return least;
+    };
+    REQUIRE(smallest(4) < smallest(8));
+    REQUIRE(smallest(8) < smallest(16));
+    const int64_t budget = (smallest(4) + smallest(8)) / 2;  // B 4 fits, B 8 does not
+    const MemoryBudgetPlan plan = plan_memory(c, budget, 16, 32, costs);
+    CHECK_FALSE(plan.fits);
+    CHECK(plan.largest_batch == 4);
+    CAPTURE(plan.advice);
+    CHECK(plan.advice.find("the largest smaller batch that fits is B = 4 (") != std::string::npos);
+    const MemoryBudgetPlan none = plan_memory(c, smallest(1) - 1, 16, 32, costs);
+    CHECK(none.largest_batch == 0);
+    CHECK(none.advice.find("no batch of fewer rows fits either") != std::string::npos);
+}
+
+TEST_CASE("memory_plan: a GPU's prediction needs the GPU only for cuDNN's bf16 attention") {
+    if (!cuda_is_built()) SKIP_TEST("this build has no CUDA backend");
+    GPTConfig c = small_config("gpt2");
+    c.device = Device::CUDA;
+    CHECK(predict_peak(c, MemorySettings{}, 2, 16) > 0);  // f32: our kernels' scratch, read from the shapes
+    c.dtype = DType::BF16;
+    if (cuda_is_available() || attention_backend() != AttentionBackend::Cudnn)
+        SKIP_TEST("a GPU is visible, or cuDNN is not built: the bf16 prediction needs no refusal here");
+    check_throws<DeviceError>([&] { predict_peak(c, MemorySettings{}, 2, 16); }, {});
 }
 
 TEST_CASE("memory_plan: partial checkpointing saves predicted_checkpoint_every_saved_bytes, to the byte") {
