@@ -1,7 +1,8 @@
 // fuzz/make_corpus.cpp: writes the fuzzer's seed corpus, a few small valid safetensors files
 // (every dtype, a scalar, an empty tensor, metadata, no tensors at all), into the directory given:
 // those save_safetensors writes, which carry checksums, and two of another writer, which carry
-// none (read unverified). The files in fuzz/corpus/ were made by it: make_safetensors_corpus fuzz/corpus
+// none (read unverified). The files in fuzz/corpus/safetensors/ were made by it:
+// make_safetensors_corpus fuzz/corpus/safetensors
 #include <cstdint>
 #include <cstdio>
 #include <fstream>

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# scripts/fuzz.sh [SECONDS]: fuzzes the safetensors reader (fuzz/fuzz_safetensors.cpp) with
-# libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer for SECONDS (default 60).
+# scripts/fuzz.sh [SECONDS]: fuzzes the readers of files with libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer, SECONDS each (default 60): the safetensors reader
+# (fuzz/fuzz_safetensors.cpp), then the JSON readers of a transformers config.json and of a
+# checkpoint's metadata (fuzz/fuzz_json_readers.cpp).
 # Installs what is missing (clang and its runtime, CMake, Eigen, nlohmann-json, xxHash), configures
-# build-fuzz/ with clang and -DNORMTAPE_FUZZ=ON (cpu only), builds, and runs the fuzzer on a copy
-# of fuzz/corpus (new inputs it finds stay in build-fuzz/corpus, never in the source tree).
+# build-fuzz/ with clang and -DNORMTAPE_FUZZ=ON (cpu only), builds, and runs each target on a copy
+# of its seeds, fuzz/corpus/safetensors and fuzz/corpus/json (new inputs it finds stay in
+# build-fuzz/corpus/, never in the source tree).
 # Exits non-zero on a finding; the input that caused it is written to build-fuzz/ (crash-*,
-# leak-*, timeout-*), and can be replayed with build-fuzz/fuzz/fuzz_safetensors FILE.
+# leak-*, timeout-*), and can be replayed with build-fuzz/fuzz/fuzz_safetensors FILE (or
+# fuzz_json_readers).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/common.sh"
@@ -22,13 +26,17 @@ fi
 
 cmake -S "$ROOT" -B "$FUZZ_BUILD" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DNORMTAPE_CUDA=OFF -DNORMTAPE_FUZZ=ON -DNORMTAPE_BUILD_TESTS=OFF -DNORMTAPE_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build "$FUZZ_BUILD" -j "$(nproc)" --target fuzz_safetensors
+cmake --build "$FUZZ_BUILD" -j "$(nproc)" --target fuzz_safetensors fuzz_json_readers
 
-mkdir -p "$FUZZ_BUILD/corpus"
-cp -n "$ROOT"/fuzz/corpus/* "$FUZZ_BUILD/corpus/" 2>/dev/null || true
 cd "$FUZZ_BUILD"
-echo "normtape: fuzzing the safetensors reader for ${SECONDS_TO_RUN}s"
-# -max_len: headers and data of the seeds and then some; -rss_limit_mb: an absurd allocation
-# from a hostile header is a finding, not something to wait for.
-"$FUZZ_BUILD/fuzz/fuzz_safetensors" -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -rss_limit_mb=2048 \
-    -timeout=10 -print_final_stats=1 -dict="$ROOT/fuzz/safetensors.dict" "$FUZZ_BUILD/corpus"
+# fuzz TARGET SEEDS DICT: -max_len: the seeds and then some; -rss_limit_mb: an absurd allocation
+# from a hostile input is a finding, not something to wait for.
+fuzz() {
+    mkdir -p "$FUZZ_BUILD/corpus/$2"
+    cp -n "$ROOT/fuzz/corpus/$2"/* "$FUZZ_BUILD/corpus/$2/" 2>/dev/null || true
+    echo "normtape: fuzzing $1 for ${SECONDS_TO_RUN}s"
+    "$FUZZ_BUILD/fuzz/$1" -max_total_time="$SECONDS_TO_RUN" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+        -print_final_stats=1 -dict="$ROOT/fuzz/$3" "$FUZZ_BUILD/corpus/$2"
+}
+fuzz fuzz_safetensors safetensors safetensors.dict
+fuzz fuzz_json_readers json json.dict
