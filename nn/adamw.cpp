@@ -218,7 +218,8 @@ void AdamW::step_impl(const Tensor* grad_norm) {
     for (size_t gi = 0; gi < groups_.size(); ++gi)
         for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
             const Tensor& p = groups_[gi].params[i];
-            if (p.grad().defined()) detail::check_stepped("AdamW", p, state_[gi][i].m, state_[gi][i].master, grad_norm);
+            if (p.grad().defined())
+                detail::check_stepped("AdamW", gi, i, p, state_[gi][i].m, state_[gi][i].master, grad_norm);
         }
     ++t_;
     const double bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t_));

@@ -66,7 +66,9 @@ public:
     AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
     AdamW(const std::vector<Tensor>& params, AdamWOptions options);
 
-    // Throws DeviceError / DTypeError when a parameter changed device / dtype since construction;
+    // Throws DeviceError / DTypeError when a parameter changed device / dtype since construction,
+    // DTypeError, DeviceError or ShapeError naming the parameter (its index and group) when its
+    // gradient (which can be set directly) is not of its dtype, device and shape or not contiguous;
     // every parameter is checked first, so a step that throws changes nothing.
     void step();
     // As step(), except that no parameter, master copy or moment changes when `grad_norm` is NaN or

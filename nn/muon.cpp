@@ -46,8 +46,13 @@ void newton_schulz_cpu(A* u, int64_t rows, int64_t cols, int64_t steps) {
     else g = x;
 }
 
-// A parameter as Muon's matrix: [size(0), the product of the other sizes].
-std::pair<int64_t, int64_t> matrix_shape(const Tensor& p) { return {p.size(0), p.numel() / p.size(0)}; }
+// A parameter as Muon's matrix: [size(0), the product of the other sizes] (computed as a product:
+// numel / size(0) would divide by zero for an empty matrix).
+std::pair<int64_t, int64_t> matrix_shape(const Tensor& p) {
+    int64_t cols = 1;
+    for (int64_t d = 1; d < p.dim(); ++d) cols *= p.size(d);
+    return {p.size(0), cols};
+}
 
 // A class of Note [Muon on CUDA]: the members (indices in their group) of one device, dtype and
 // matrix shape.
@@ -126,10 +131,7 @@ void Muon::step_impl(const Tensor* grad_norm) {
         for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
             const Tensor& p = groups_[gi].params[i];
             if (!p.grad().defined()) continue;
-            detail::check_stepped("Muon", p, state_[gi][i].momentum_buffer, state_[gi][i].master, grad_norm);
-            NT_CHECK_AS(ShapeError, p.grad().shape() == p.shape() && p.grad().is_contiguous(),
-                        "Muon: expected a contiguous gradient of the parameter's shape ", shape_str(p.shape()), ", got ",
-                        shape_str(p.grad().shape()), p.grad().is_contiguous() ? "" : " (not contiguous)");
+            detail::check_stepped("Muon", gi, i, p, state_[gi][i].momentum_buffer, state_[gi][i].master, grad_norm);
             const auto [rows, cols] = matrix_shape(p);
             NT_CHECK_AS(ShapeError, !p.device().is_cuda() || (rows <= INT_MAX && cols <= INT_MAX),
                         "Muon: expected matrices of at most ", INT_MAX, " rows and columns on CUDA (cuBLAS's int), got ",
@@ -149,7 +151,7 @@ void Muon::step_impl(const Tensor* grad_norm) {
         std::vector<MatrixClass> classes;
         for (size_t i = 0; i < group.params.size(); ++i) {
             const Tensor& p = group.params[i];
-            if (!p.grad().defined()) continue;
+            if (!p.grad().defined() || p.numel() == 0) continue;  // an empty matrix has nothing to update
             p.storage()->bump_version();
             if (!p.device().is_cuda()) {
                 if (!skip_on_cpu) on_cpu.push_back(i);

@@ -65,8 +65,10 @@ public:
     Muon(std::vector<ParamGroup> groups, MuonOptions options);
     Muon(const std::vector<Tensor>& params, MuonOptions options);
 
+    // An empty parameter ([0, N] or [N, 0]) is left as it is: there is nothing to orthogonalize.
     // Throws DeviceError / DTypeError when a parameter changed device / dtype since construction,
-    // ShapeError when its gradient is not contiguous or not of its shape, or (on CUDA) a matrix has
+    // DTypeError, DeviceError or ShapeError naming the parameter (its index and group) when its
+    // gradient is not of its dtype, device and shape or not contiguous, or (on CUDA) a matrix has
     // more rows or columns than cuBLAS's int; every parameter is checked first, so a step that
     // throws these changes nothing. On CUDA, OutOfMemoryError when a class's scratch cannot be
     // allocated and Error when cuBLASLt has no algorithm for its products: the classes before it

@@ -59,8 +59,20 @@ void check_grad_norm(const char* op, const Tensor& grad_norm) {
                 dtype_name(grad_norm.dtype()));
 }
 
-void check_stepped(const char* op, const Tensor& p, const Tensor& state, const Tensor& master,
-                   const Tensor* grad_norm) {
+void check_stepped(const char* op, size_t group, size_t index, const Tensor& p, const Tensor& state,
+                   const Tensor& master, const Tensor* grad_norm) {
+    // The gradient can be set directly (p.impl().grad, as data parallelism does): the step reads it
+    // with p's element type and size, so anything else would be read past its end.
+    const Tensor g = p.grad();
+    NT_CHECK_AS(DTypeError, g.dtype() == p.dtype(), op, ": parameter ", index, " of group ", group,
+                ": expected a gradient of the parameter's dtype ", dtype_name(p.dtype()), ", got ",
+                dtype_name(g.dtype()));
+    NT_CHECK_AS(DeviceError, g.device() == p.device(), op, ": parameter ", index, " of group ", group,
+                ": expected a gradient on the parameter's device ", device_name(p.device()), ", got ",
+                device_name(g.device()));
+    NT_CHECK_AS(ShapeError, g.shape() == p.shape() && g.is_contiguous(), op, ": parameter ", index, " of group ", group,
+                ": expected a contiguous gradient of the parameter's shape ", shape_str(p.shape()), ", got ",
+                shape_str(g.shape()), g.is_contiguous() ? "" : " (not contiguous)");
     NT_CHECK_AS(DeviceError, state.device() == p.device(), op, ": expected the parameter on ",
                 device_name(state.device()), " (where its state is), got ", device_name(p.device()),
                 ": it moved after the optimizer was built; build the optimizer after Module::to");

@@ -25,10 +25,12 @@ std::vector<ParamGroup> checked_groups(const char* op, const std::vector<ParamGr
 // A step_if_finite's norm: defined (Error), one element (ShapeError), floating (DTypeError).
 void check_grad_norm(const char* op, const Tensor& grad_norm);
 
-// Before a step, for parameter p with a gradient whose state tensor `state` (of stat_dtype of the
-// dtype p had) and master copy `master` (bf16 only) were made at construction: DeviceError when p
-// or `grad_norm` (may be null) is elsewhere than the state, DTypeError when p's dtype changed.
-void check_stepped(const char* op, const Tensor& p, const Tensor& state, const Tensor& master,
-                   const Tensor* grad_norm);
+// Before a step, for parameter p (parameter `index` of group `group`) with a gradient whose state
+// tensor `state` (of stat_dtype of the dtype p had) and master copy `master` (bf16 only) were made
+// at construction: DTypeError, DeviceError or ShapeError when the gradient is not of p's dtype,
+// device and shape or not contiguous; DeviceError when p or `grad_norm` (may be null) is elsewhere
+// than the state, DTypeError when p's dtype changed.
+void check_stepped(const char* op, size_t group, size_t index, const Tensor& p, const Tensor& state,
+                   const Tensor& master, const Tensor* grad_norm);
 
 }  // namespace normtape::detail

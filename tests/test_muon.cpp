@@ -671,7 +671,12 @@ TEST_CASE("muon: a step with a changed parameter, a gradient of another shape or
     // A gradient of another shape (set directly: backward cannot make one).
     second.weight.impl().grad = randn({4, 5}).impl_ptr();
     check_error<ShapeError>([&] { opt.step(); },
-                            {"Muon", "gradient of the parameter's shape [5, 4]", "got [4, 5]"});
+                            {"Muon: parameter 0 of group 1", "gradient of the parameter's shape [5, 4]", "got [4, 5]"});
+    unchanged();
+    // A gradient of another dtype: the step read it with the parameter's element type.
+    second.weight.impl().grad = randn({5, 4}, opts(DType::F64)).impl_ptr();
+    check_error<DTypeError>([&] { opt.step(); },
+                            {"Muon: parameter 0 of group 1", "gradient of the parameter's dtype f32, got f64"});
     unchanged();
     // Bad norms: undefined, two elements, integer.
     second.weight.zero_grad();
@@ -686,6 +691,24 @@ TEST_CASE("muon: a step with a changed parameter, a gradient of another shape or
     check_error<DTypeError>([&] { opt.step(); }, {"Muon", "dtype it had when the optimizer was built", "(state f32)",
                                                   "got f64", "after Module::to"});
     unchanged();
+}
+
+TEST_CASE("muon: an empty matrix is left as it is, and the others step") {
+    // [0, N] divided by zero in its matrix shape (SIGFPE): run in a child process.
+    for (const Shape& shape : {Shape{0, 4}, Shape{4, 0}, Shape{0, 2, 3}}) {
+        INFO(shape_str(shape));
+        const ChildOutcome o = outcome_in_child([&] {
+            Tensor empty_p = zeros(shape).requires_grad_(true), w = ones({3, 2}).requires_grad_(true);
+            Muon opt({empty_p, w}, MuonOptions());
+            empty_p.impl().grad = zeros(shape).impl_ptr();
+            w.impl().grad = ones({3, 2}).impl_ptr();
+            opt.step();
+            if (empty_p.numel() != 0 || opt.step_count() != 1) throw Error("the empty parameter changed");
+            if (w.to_vector<float>() == std::vector<float>(6, 1.0f)) throw Error("the matrix beside it did not step");
+        });
+        CAPTURE(o.message);
+        CHECK(o.how == ChildOutcome::Returned);
+    }
 }
 
 TEST_CASE("muon: a parameter moved to another device after the optimizer was built is refused") {

@@ -562,6 +562,42 @@ TEST_CASE("nn: AdamW refuses a tensor in two groups and updates a tensor listed 
     CHECK(w.to_vector<double>() == once.to_vector<double>());
 }
 
+TEST_CASE("nn: AdamW refuses a gradient of another dtype, device or shape, naming the parameter, before anything changes") {
+    // A gradient can be set directly (as data parallelism does); the cpu step read it with the
+    // parameter's element type and size: past its end, differently from run to run.
+    Tensor w = zeros({4, 3}, opts(DType::F64)).requires_grad_(true), b = zeros({3}, opts(DType::F64)).requires_grad_(true);
+    AdamW opt(std::vector<ParamGroup>{{{b}, 0.0}, {{w}, 0.1}}, AdamWOptions());
+    set_grad(b, from_vector<double>({1.0, 2.0, 3.0}));
+    const std::vector<double> b_before = host_values(b);
+    auto unchanged = [&] {
+        CHECK(opt.step_count() == 0);
+        CHECK(host_values(b) == b_before);
+        CHECK(host_values(w) == std::vector<double>(12, 0.0));
+        CHECK(host_values(opt.state(b).m) == std::vector<double>(3, 0.0));
+    };
+    w.impl().grad = ones({4, 3}, opts(DType::F32)).impl_ptr();
+    CHECK_THROWS_KIND_WITH(opt.step(), DTypeError, "AdamW: parameter 0 of group 1",
+                           "expected a gradient of the parameter's dtype f64, got f32");
+    unchanged();
+    w.impl().grad = ones({2, 3}, opts(DType::F64)).impl_ptr();
+    CHECK_THROWS_KIND_WITH(opt.step(), ShapeError, "AdamW: parameter 0 of group 1",
+                           "contiguous gradient of the parameter's shape [4, 3], got [2, 3]");
+    unchanged();
+    w.impl().grad = ones({3, 4}, opts(DType::F64)).transpose(0, 1).impl_ptr();
+    CHECK_THROWS_KIND_WITH(opt.step(), ShapeError, "AdamW: parameter 0 of group 1", "[4, 3] (not contiguous)");
+    unchanged();
+    if (cuda_is_available()) {
+        w.impl().grad = ones({4, 3}, opts(DType::F64)).to(Device::CUDA).impl_ptr();
+        CHECK_THROWS_KIND_WITH(opt.step(), DeviceError, "AdamW: parameter 0 of group 1",
+                               "expected a gradient on the parameter's device cpu");
+        unchanged();
+    }
+    w.impl().grad = ones({4, 3}, opts(DType::F64)).impl_ptr();
+    opt.step();
+    CHECK(opt.step_count() == 1);
+    CHECK(host_values(w) != std::vector<double>(12, 0.0));
+}
+
 TEST_CASE("nn: a module registered as its own descendant is refused, and the walks stay finite") {
     auto root = std::make_shared<Open>();
     auto child = root->register_module("child", std::make_shared<Open>());
