@@ -252,10 +252,10 @@ void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
     NT_CHECK_AS(ShapeError, q.dim() == 4 && k.dim() == 4 && v.shape() == k.shape(), op,
                 ": expected q of shape [B, T, n_head, hs] and k, v of one shape [B, T, n_kv_head, hs], got ", shapes);
     NT_CHECK_AS(ShapeError,
-                k.size(0) == q.size(0) && k.size(3) == q.size(3) && q.size(2) % k.size(2) == 0 &&
+                k.size(0) == q.size(0) && k.size(3) == q.size(3) && k.size(2) >= 1 && q.size(2) % k.size(2) == 0 &&
                     q.size(1) <= k.size(1),
-                op, ": expected q, k and v to share B and hs, n_kv_head to divide n_head and q to have at most k's T "
-                    "positions, got ", shapes);
+                op, ": expected q, k and v to share B and hs, n_kv_head >= 1 to divide n_head and q to have at most "
+                    "k's T positions, got ", shapes);
     check_cuda_sizes(op, q, q.size(0), q.size(2), k.size(1), q.size(3), shapes);
 }
 

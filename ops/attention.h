@@ -66,8 +66,9 @@ Tensor causal_self_attention_rows(const Tensor& qkv, int64_t n_head, int64_t fir
 // in a fixed order.
 // Throws, naming causal_attention: Error on an undefined input or dropout_p outside [0, 1);
 // DTypeError on a non-floating q or k, v of another dtype; DeviceError on k, v on another device;
-// ShapeError on inputs not 4-D, k and v of different shapes, B, T or hs that differ, n_kv_head not
-// dividing n_head, or on CUDA B * n_head * T above INT32_MAX or hs above 8192; AnomalyError on a
+// ShapeError on inputs not 4-D, an empty q (B, T, n_head or hs 0: there is no empty attention to
+// compute), k and v of different shapes, B, T or hs that differ, n_kv_head 0 or not dividing
+// n_head, or on CUDA B * n_head * T above INT32_MAX or hs above 8192; AnomalyError on a
 // non-finite output under anomaly detection.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p = 0.0);
 

@@ -50,8 +50,9 @@ struct LinearCrossEntropyOptions {
 // Throws, naming linear_cross_entropy: Error on an undefined input, a softcap or label_smoothing
 // out of range (the value in the message), a target out of [0, V) that is not ignore_index (the
 // value and its position), chunk_rows < 0; DTypeError on non-floating x, weight of another dtype,
-// targets not i64; ShapeError on scalar x, weight not [V, C] with x's C, targets of the wrong
-// shape; DeviceError on inputs on different devices; AnomalyError on a non-finite loss under
+// targets not i64; ShapeError on scalar x, an empty x or weight (no rows, C 0 or V 0: the mean
+// over no rows is undefined; PyTorch returns NaN, normtape refuses), weight not [V, C] with x's C,
+// targets of the wrong shape; DeviceError on inputs on different devices; AnomalyError on a non-finite loss under
 // anomaly detection.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets,
                             const LinearCrossEntropyOptions& options = {});

@@ -353,4 +353,28 @@ TEST_SUITE("causal_attention") {
         CHECK_THROWS_KIND_WITH(causal_attention_rows(needs_grad, kv, kv), normtape::Error, rows, "NoGradGuard");
         CHECK(cpu_allocated() == before);
     }
+
+    TEST_CASE("causal_attention: zero key/value heads and empty inputs are ShapeErrors, as the header says") {
+        // Zero key/value heads once divided by zero (SIGFPE): run in a child process.
+        Tensor q = zeros({2, 5, 4, 8}), none = zeros({2, 5, 0, 8});
+        for (const char* op : {"causal_attention", "causal_attention_rows"}) {
+            INFO(op);
+            const bool rows = std::string(op) == "causal_attention_rows";
+            check_throws_in_child<normtape::ShapeError>(
+                [&] {
+                    NoGradGuard no_grad;
+                    rows ? causal_attention_rows(q, none, none) : causal_attention(q, none, none);
+                },
+                {op, "n_kv_head >= 1 to divide n_head", "[2, 5, 0, 8]"});
+        }
+        // B 0, T 0, no heads or hs 0: the documented refusal of an empty q.
+        for (const Shape& shape : {Shape{0, 5, 4, 8}, Shape{2, 0, 4, 8}, Shape{2, 5, 0, 8}, Shape{2, 5, 4, 0}}) {
+            INFO(shape_str(shape));
+            Shape kv_shape = shape;
+            kv_shape[2] = shape[2] == 0 ? 1 : 2;
+            Tensor kv = zeros(kv_shape);
+            CHECK_THROWS_KIND_WITH(causal_attention(zeros(shape), kv, kv), normtape::ShapeError, "causal_attention",
+                                   "expected a non-empty q", shape_str(shape));
+        }
+    }
 }

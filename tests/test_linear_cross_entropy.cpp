@@ -245,6 +245,14 @@ TEST_CASE("linear_cross_entropy: bad inputs throw naming the op, the expectation
                              {"linear_cross_entropy", "[V, 4]", "[5, 3]"});
     check_throws<ShapeError>([&] { linear_cross_entropy(x, w, ids({0, 1}, {2})); },
                              {"linear_cross_entropy", "[3]", "[2]"});
+    // Empty inputs, refused as the header says: no rows, C 0, V 0.
+    check_throws<ShapeError>([&] { linear_cross_entropy(zeros({0, 4}, opts(DType::F32)), w, zeros({0}, opts(DType::I64))); },
+                             {"linear_cross_entropy", "non-empty x", "[0, 4]"});
+    check_throws<ShapeError>([&] {
+        linear_cross_entropy(zeros({3, 0}, opts(DType::F32)), zeros({5, 0}, opts(DType::F32)), t);
+    }, {"linear_cross_entropy", "non-empty x", "[3, 0]"});
+    check_throws<ShapeError>([&] { linear_cross_entropy(x, zeros({0, 4}, opts(DType::F32)), t); },
+                             {"linear_cross_entropy", "[V, 4]", "[0, 4]"});
     CHECK(cpu_allocated() == before);
 }
 
