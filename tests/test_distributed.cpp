@@ -496,6 +496,27 @@ TEST_CASE("distributed: a checkpoint of 2 ranks resumes on 1 and on 2") {
     CHECK(r.err.find("does not divide among 3 processes") != std::string::npos);
 }
 
+TEST_CASE("distributed: a launcher's count of processes that MPI does not run is refused: singletons train nothing") {
+    // An MPI that cannot reach its launcher (one without Slurm's PMI, under srun) starts each
+    // process as "rank 0 of 1": N jobs writing the same files, which trained and exited 0.
+    if (under_mpirun()) SKIP_TEST("sets the launcher's variables itself");
+    if (!mpi_is_built()) SKIP_TEST("this build has no MPI (NORMTAPE_WITH_MPI)");
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("mpi_singleton");
+    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+        CAPTURE(var);
+        const std::string out = dir / "stdout", err = dir / "stderr";
+        const std::string cmd = "cd " + dir.path.string() + " && OMPI_ALLOW_RUN_AS_ROOT=1 "
+                                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}"
+                                "detect_leaks=0\" " + std::string(var) + "=2 " + NORMTAPE_TRAIN_GPT + " " + kDemo +
+                                "--batch 2 > " + out + " 2> " + err;
+        const int status = std::system(cmd.c_str());
+        const RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+        check_refused(r, {"ProcessGroup: the launcher started 2 processes (" + std::string(var) + "), but MPI runs 1",
+                          "does not belong to the launcher"});
+    }
+}
+
 TEST_CASE("distributed: train_gpt refuses --shard-optimizer in one process and the memory planner in several") {
     if (under_mpirun()) SKIP_TEST("starts mpirun itself");
     REQUIRE_TRAIN_GPT_OR_SKIP();
