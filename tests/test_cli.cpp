@@ -563,7 +563,10 @@ TEST_CASE("train_gpt: --memory-budget trains with the planner's pick within the 
              {"--memory-sweep --micro-batch 2", "--memory-sweep chooses --micro-batch: leave it out"},
              {"--memory-budget 1GiB --save x.safetensors", "--memory-budget trains runs of its own choosing"},
              {"--memory-budget 100kB", "--memory-budget 100kB: expected auto or a size"},
-             {"--memory-budget 100KB", "--memory-budget 100KB: nothing fits in 100000 bytes: the least budget that fits is"}}) {
+             {"--memory-budget 100KB", "--memory-budget 100KB: nothing fits in 100000 bytes: the least budget that fits is"},
+             // An empty size trained with no plan; a sweep that nothing fits swept 0 settings, exit 0.
+             {"--memory-budget ''", "--memory-budget \"\": expected auto or a size"},
+             {"--memory-sweep --memory-budget 1", "--memory-budget 1: nothing fits in 1 bytes: the least budget that fits is"}}) {
         CAPTURE(args);
         check_refused(run_train_gpt(dir, tiny + " " + args), {says});
     }

@@ -132,7 +132,7 @@ int64_t micro_batch(const Args& a) { return a.micro_batch > 0 ? a.micro_batch : 
 int64_t parse_budget(const std::string& text) {
     if (text == "auto") return -1;
     const auto bad = [&] {
-        return UsageError("--memory-budget " + text +
+        return UsageError("--memory-budget " + (text.empty() ? "\"\"" : text) +
                           ": expected auto or a size: a number of bytes with an optional unit B, KB, MB, GB, KiB, MiB "
                           "or GiB (6GiB, 512MiB, 2.5e9)");
     };

@@ -509,14 +509,18 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
 
 // --memory-sweep: every setting of memory_settings_grid whose predicted peak fits `budget` (0:
 // any) trained for --steps steps, then the report (examples/train_gpt/memory_sweep.h). Exits 1
-// when a measured peak exceeds its prediction.
+// when a measured peak exceeds its prediction; throws UsageError with the planner's advice when no
+// setting fits the budget, as --memory-budget alone does.
 int sweep(const Args& a, const std::string& text, int64_t budget, ProcessGroup& group) {
     const GPTConfig config = make_config(a, SavePolicy::Input);
     const std::vector<SweepReference> refs = read_sweep_references(a.sweep_reference);
     const StepCostModel costs = calibrate_step_costs(config, a.batch, a.seq);
     std::optional<MemoryBudgetPlan> plan;
     const StepOptimizer optimizer = settings_of(a, SavePolicy::Input).optimizer;
-    if (budget > 0) plan = plan_memory(config, budget, a.batch, a.seq, costs, optimizer);
+    if (budget > 0) {
+        plan = plan_memory(config, budget, a.batch, a.seq, costs, optimizer);
+        if (!plan->fits) throw UsageError("--memory-budget " + a.memory_budget + ": " + plan->advice);
+    }
     std::vector<SweepPoint> points;
     for (const MemorySettings& s : memory_settings_grid(config, a.batch, optimizer)) {
         SweepPoint p{s, settings_label(s), predict_peak(config, s, a.batch, a.seq), 0,
@@ -707,6 +711,7 @@ int main(int argc, char** argv) {
                              "leave it out");
         if (a.optimizer == "adamw" && app.count("--muon-lr"))
             throw UsageError("--muon-lr is Muon's: it needs --optimizer muon");
+        if (app.count("--memory-budget")) parse_budget(a.memory_budget);  // "" too, which is no size
         if (!a.memory_budget.empty() || a.memory_sweep) {  // the planner or the sweep sets these
             for (const char* flag : {"--policy", "--recompute-activation", "--fused-loss", "--checkpoint",
                                      "--checkpoint-every", "--offload", "--micro-batch"})
