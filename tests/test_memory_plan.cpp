@@ -39,6 +39,17 @@ GPTConfig small_config(const std::string& arch) {
     return c;
 }
 
+// Fixed rates, in place of calibrate_step_costs's measurement: a plan is then a function of the
+// config alone.
+StepCostModel fixed_costs() {
+    StepCostModel costs;
+    costs.flops_per_ms = 1e9;
+    costs.small_flops_per_ms = 2e8;
+    costs.bytes_per_ms = 1e8;
+    costs.pass_ms = 0.5;
+    return costs;
+}
+
 // The bytes of the optimizers' state tensors: AdamW's moments, Muon's buffers, both's masters.
 struct StateBytes {
     int64_t adamw_moments = 0, muon_momentum = 0, masters = 0;
@@ -434,11 +445,7 @@ TEST_CASE("memory_plan: 20,000 layers are replayed without recursion, and a repl
 
 TEST_CASE("memory_plan: predict_step_ms and plan_memory refuse costs that are not rates and batches they cannot price") {
     const GPTConfig c = small_config("gpt2");
-    StepCostModel costs;
-    costs.flops_per_ms = 1e9;
-    costs.small_flops_per_ms = 2e8;
-    costs.bytes_per_ms = 1e8;
-    costs.pass_ms = 0.5;
+    const StepCostModel costs = fixed_costs();
     const MemorySettings plain;
     CHECK(std::isfinite(predict_step_ms(c, plain, 16, 8, costs)));
     // StepCostModel{} gave inf ms and still "fit"; NaN or negative rates gave NaN or negative times.
@@ -464,11 +471,7 @@ TEST_CASE("memory_plan: predict_step_ms and plan_memory refuse costs that are no
 
 TEST_CASE("memory_plan: when nothing fits, plan_memory names the largest smaller batch that would") {
     const GPTConfig c = small_config("gpt2");
-    StepCostModel costs;
-    costs.flops_per_ms = 1e9;
-    costs.small_flops_per_ms = 2e8;
-    costs.bytes_per_ms = 1e8;
-    costs.pass_ms = 0.5;
+    const StepCostModel costs = fixed_costs();
     auto smallest = [&](int64_t B) {
         int64_t least = INT64_MAX;
         for (const MemorySettings& s : memory_settings_grid(c, B)) least = std::min(least, predict_peak(c, s, B, 32));
@@ -540,11 +543,7 @@ TEST_CASE("memory_plan: with 4 micro-batches predict_peak holds the measured pea
 TEST_CASE("memory_plan: plan_memory picks the fastest setting predicted to fit, or says what would fit") {
     GPTConfig c = small_config("gpt2");
     const int64_t B = 8, T = 32;
-    StepCostModel costs;  // fixed rates: the plan is a function of the config alone
-    costs.flops_per_ms = 1e9;
-    costs.small_flops_per_ms = 2e8;
-    costs.bytes_per_ms = 1e8;
-    costs.pass_ms = 0.5;
+    const StepCostModel costs = fixed_costs();  // the plan is a function of the config alone
     int64_t smallest = INT64_MAX, largest = 0;
     for (const MemorySettings& s : memory_settings_grid(c, B)) {
         CHECK(!s.offload);  // not on the cpu
