@@ -374,13 +374,13 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options) : state_(std::make_uniqu
             NT_CHECK_AS(DistributedError, !env_set("WORLD_SIZE") || env_int("WORLD_SIZE", 0) == s.world,
                         "ProcessGroup: MPI runs ", s.world, " processes but WORLD_SIZE says ", env_int("WORLD_SIZE", 0),
                         ": start the job with one launcher");
-            // The innermost launcher's count (mpirun's own variable first: mpirun may run inside an
-            // srun allocation) must be MPI's. An MPI that cannot reach the launcher (one built
-            // without its PMI, under srun) starts each process as a singleton "rank 0 of 1": N
-            // jobs that would all write the same files.
+            // MPI must run at least the innermost launcher's count of processes (mpirun's own
+            // variable first: mpirun may run inside an srun step, whose stale count is smaller). An
+            // MPI that cannot reach the launcher (one built without its PMI, under srun) starts
+            // each process as a singleton "rank 0 of 1": N jobs that would all write the same files.
             for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
                 if (!env_set(var)) continue;
-                NT_CHECK_AS(DistributedError, env_int(var, 0) == s.world, "ProcessGroup: the launcher started ",
+                NT_CHECK_AS(DistributedError, env_int(var, 0) <= s.world, "ProcessGroup: the launcher started ",
                             env_int(var, 0), " processes (", var, "), but MPI runs ", s.world,
                             ": this MPI does not belong to the launcher (under srun, an MPI built without Slurm's "
                             "PMI starts every process alone); launch with the MPI's own mpirun, or srun --mpi= "

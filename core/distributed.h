@@ -99,11 +99,11 @@ private:
 // (its string quoted).
 class ProcessGroup {
 public:
-    // Throws DistributedError when the environment names a launch this build cannot run, when the
-    // launcher's count of processes (OMPI_COMM_WORLD_SIZE, else PMI_SIZE, else
-    // SLURM_STEP_NUM_TASKS; and WORLD_SIZE) differs from the processes MPI runs (an MPI that falls
-    // back to singletons under srun), or when MPI or the TCP rendezvous fails; Error for a
-    // timeout <= 0, or a second group while one lives.
+    // Throws DistributedError when the environment names a launch this build cannot run, when MPI
+    // runs fewer processes than the launcher started (OMPI_COMM_WORLD_SIZE, else PMI_SIZE, else
+    // SLURM_STEP_NUM_TASKS: an MPI that falls back to singletons under srun) or other than
+    // WORLD_SIZE says, or when MPI or the TCP rendezvous fails; Error for a timeout <= 0, or a
+    // second group while one lives.
     explicit ProcessGroup(ProcessGroupOptions options = {});
     ~ProcessGroup();
     ProcessGroup(const ProcessGroup&) = delete;

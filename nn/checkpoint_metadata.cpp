@@ -70,5 +70,4 @@ int64_t detail::stored_step(const std::string& path, const std::map<std::string,
     return static_cast<int64_t>(j["step"].get<uint64_t>());
 }
 
-
 }  // namespace normtape

@@ -144,7 +144,10 @@ DataParallel::DataParallel(ProcessGroup& group, const std::vector<Tensor>& param
     for (size_t k = 0; k < params_.size(); ++k) {
         const Tensor& p = params_[k];
         const bool matrix = group_of_[k].first;
-        plan_params.push_back({p.numel(), matrix, matrix ? p.size(0) : 0, matrix ? p.numel() / p.size(0) : 0});
+        // A matrix's columns as a product: numel / size(0) divides by zero for an empty one.
+        int64_t cols = 1;
+        for (int64_t d = 1; d < p.dim(); ++d) cols *= p.size(d);
+        plan_params.push_back({p.numel(), matrix, matrix ? p.size(0) : 0, matrix ? cols : 0});
     }
     const int W = group_.world_size(), rank = group_.rank();
     const DType dtype = params_[0].dtype();

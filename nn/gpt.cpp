@@ -235,11 +235,9 @@ int64_t loss_saved_bytes(const GPTConfig& c, int64_t E) {
 }
 }  // namespace
 
-int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
-    detail::check_step_shape("predicted_saved_bytes", c, B, T);
+int64_t detail::layer_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
     const int64_t es = static_cast<int64_t>(element_size(c.dtype)), ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
     const int64_t E = B * T, C = c.n_embd, NH = c.n_head, NKV = c.kv_heads(), hs = C / NH, H = c.hidden();
-    const int64_t ids = E * static_cast<int64_t>(element_size(DType::I64));
     int64_t attention = 0;  // q, k, v as attention saves them
     if (!c.separate_qkv()) {
         attention = 3 * E * C * es;
@@ -251,12 +249,19 @@ int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
     }
     attention += E * C * es + B * NH * T * ss;  // out (c_proj saves it too), lse
     const int64_t mlp = (c.mlp == MLPKind::SwiGLU ? 2 : 1) * E * H * es + (c.recompute_activation ? 0 : E * H * es);
-    const int64_t layer = 2 * norm_saved_bytes(c, c.norm, E, C) + attention + mlp;
+    return 2 * norm_saved_bytes(c, c.norm, E, C) + attention + mlp;
+}
+
+int64_t predicted_saved_bytes(const GPTConfig& c, int64_t B, int64_t T) {
+    detail::check_step_shape("predicted_saved_bytes", c, B, T);
+    const int64_t es = static_cast<int64_t>(element_size(c.dtype)), ss = static_cast<int64_t>(element_size(stat_dtype(c.dtype)));
+    const int64_t E = B * T, C = c.n_embd;
+    const int64_t ids = E * static_cast<int64_t>(element_size(DType::I64));
     // emb_norm: E C and its statistics under every policy (its input under Input, else its output).
     const int64_t emb_norm =
         c.embedding_norm ? E * C * es + (c.policy == SavePolicy::Input && c.norm == NormKind::Layer ? 2 : 1) * E * ss : 0;
     const int64_t loss = loss_saved_bytes(c, E);
-    return ids + emb_norm + c.n_layer * layer + norm_saved_bytes(c, c.norm, E, C) + loss;
+    return ids + emb_norm + c.n_layer * detail::layer_saved_bytes(c, B, T) + norm_saved_bytes(c, c.norm, E, C) + loss;
 }
 
 int64_t predicted_saving_bytes(const GPTConfig& c, int64_t B, int64_t T) {

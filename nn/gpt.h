@@ -231,6 +231,9 @@ namespace detail {
 // 2 n_head) + 4 vocab_size elements) would pass 2^58 bytes, naming B, T and the product, so that
 // no byte count of the step overflows int64.
 void check_step_shape(const char* op, const GPTConfig& config, int64_t B, int64_t T);
+// What one block adds to predicted_saved_bytes (the formula is linear in n_layer), for a config
+// and sizes check_step_shape has passed; checks nothing.
+int64_t layer_saved_bytes(const GPTConfig& config, int64_t B, int64_t T);
 }  // namespace detail
 
 // saved_bytes() right after GPT::loss on a [B, T] batch (checkpoint_blocks and offload off), in

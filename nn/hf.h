@@ -47,10 +47,12 @@
 //     or rope_parameters.rope_theta (transformers 5; default 10000), tie_word_embeddings (absent:
 //     false). Required to be what normtape computes: rope_scaling and rope_parameters absent,
 //     null, or objects whose rope_type (or type) is absent, null or "default" and that hold no
-//     key but rope_type, type, rope_theta and partial_rotary_factor (scaled rotary, as Llama
-//     3.1's "llama3", or a "factor" without a type, is refused); partial_rotary_factor, at the
-//     top level or in either object, absent, null or 1; head_dim (if given) hidden_size /
-//     num_attention_heads; hidden_act "silu"; attention_bias and mlp_bias false.
+//     key but rope_type, type, rope_theta and partial_rotary_factor, and, with the type named
+//     "default", original_max_position_embeddings and a factor of 1, which transformers ignores
+//     then (null values count as absent; scaled rotary, as Llama 3.1's "llama3", or a "factor"
+//     without a type, is refused); partial_rotary_factor, at the top level or in either object,
+//     absent, null or 1; head_dim (if given) hidden_size / num_attention_heads; hidden_act "silu";
+//     attention_bias and mlp_bias false.
 //   GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions (block_size), n_inner (mlp_hidden;
 //     null: 4 n_embd), layer_norm_epsilon (norm_eps), tie_word_embeddings (absent: true).
 //     Required: activation_function "gelu_new" or "gelu_pytorch_tanh" (both the tanh GELU,

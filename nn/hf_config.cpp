@@ -76,9 +76,11 @@ struct ConfigReader {
 
 // The rotary base, refusing a scaled or partial rotary embedding: transformers 4's "rope_theta",
 // "partial_rotary_factor" and "rope_scaling", transformers 5's "rope_parameters" {"rope_theta",
-// "rope_type", "partial_rotary_factor"}. A rope object may name the type "default" (or none) and
-// carry rope_theta and partial_rotary_factor 1; any other key ("factor", "low_freq_factor", ...)
-// belongs to a scaling that normtape does not compute, with or without a type.
+// "rope_type", "partial_rotary_factor"}. A rope object's null values are absent ones. It may name
+// the type "default" (or none) and carry rope_theta and partial_rotary_factor 1; with the type
+// named "default", also what transformers ignores then (original_max_position_embeddings, a factor
+// of 1). Any other key ("factor", "low_freq_factor", ...) belongs to a scaling that normtape does
+// not compute, and so does any key but those without a type.
 double llama_rope_theta(const ConfigReader& r) {
     const auto check_partial = [&](const json& v, const std::string& key) {
         if (!v.is_null() && !(v.is_number() && v.get<double>() == 1.0))
@@ -90,22 +92,25 @@ double llama_rope_theta(const ConfigReader& r) {
         const json p = r.get(key);
         if (p.is_null()) continue;
         if (!p.is_object()) r.fail(std::string(key) + " " + detail::json_excerpt(p) + ": expected an object or null");
+        bool typed_default = false;
         for (const char* type_key : {"rope_type", "type"}) {  // first: the type names the scaling best
-            if (p.contains(type_key) && !p[type_key].is_null() && p[type_key] != "default")
+            if (!p.contains(type_key) || p[type_key].is_null()) continue;
+            if (p[type_key] != "default")
                 r.fail(std::string(key) + "." + type_key + " " + detail::json_excerpt(p[type_key]) +
                        ": expected \"default\" (normtape's rotary embedding is not scaled: ops/rotary.h)");
+            typed_default = true;
         }
         for (const auto& [name, value] : p.items()) {
             const std::string path = std::string(key) + "." + name;
-            if (name == "rope_type" || name == "type") {
-                continue;
-            } else if (name == "partial_rotary_factor") {
+            if (value.is_null() || name == "rope_type" || name == "type") continue;
+            if (name == "partial_rotary_factor") {
                 check_partial(value, path);
             } else if (name == "rope_theta") {
-                theta = r.positive(value, path, 10000.0);
-            } else {
-                r.fail(path + " " + detail::json_excerpt(value) + ": expected no scaling (normtape's rotary embedding "
-                       "is not scaled: ops/rotary.h; a rope object may hold rope_type \"default\", rope_theta and "
+                theta = r.positive(value, path, theta);
+            } else if (!(typed_default && (name == "original_max_position_embeddings" ||
+                                           (name == "factor" && value.is_number() && value.get<double>() == 1.0)))) {
+                r.fail(path + " " + detail::json_excerpt(value) + ": expected no scaling (normtape's rotary embedding " +
+                       "is not scaled: ops/rotary.h; a rope object holds rope_type \"default\", rope_theta and " +
                        "partial_rotary_factor 1)");
             }
         }

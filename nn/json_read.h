@@ -48,13 +48,15 @@ inline bool parse_json(const std::string& text, nlohmann::json& out, std::string
     return false;
 }
 
-// `value` as JSON text for an error message: at most `max_chars` characters of it, then "..." when
-// it is longer; bytes that are not UTF-8 are replaced. `value` must come from parse_json (or nest
-// as little), since dump() recurses.
-inline std::string json_excerpt(const nlohmann::json& value, size_t max_chars = 80) {
+// `value` as JSON text for an error message: at most its first `max_bytes` bytes, cut before a
+// UTF-8 sequence that would not fit, then "..." when it is longer; bytes that are not UTF-8 are
+// replaced. `value` must come from parse_json (or nest as little), since dump() recurses.
+inline std::string json_excerpt(const nlohmann::json& value, size_t max_bytes = 80) {
     std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    if (text.size() > max_chars) text = text.substr(0, max_chars) + "...";
-    return text;
+    if (text.size() <= max_bytes) return text;
+    size_t cut = max_bytes;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // a continuation byte
+    return text.substr(0, cut) + "...";
 }
 
 }  // namespace normtape::detail

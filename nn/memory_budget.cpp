@@ -81,6 +81,7 @@ std::pair<int64_t, MemorySettings> smallest_peak(const GPTConfig& config, int64_
 }  // namespace
 
 StepCostModel calibrate_step_costs(const GPTConfig& c, int64_t B, int64_t T) {
+    detail::check_step_shape("calibrate_step_costs", c, B, T);
     using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t>;
     static std::mutex mutex;
     static std::map<Key, StepCostModel> cache;
@@ -222,6 +223,7 @@ MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int6
 
 MemoryBudgetPlan plan_memory(const GPTConfig& config, int64_t budget_bytes, int64_t B, int64_t T,
                              StepOptimizer optimizer) {
+    detail::check_step_settings("plan_memory", config, MemorySettings(), B, T);  // before the calibration
     return plan_memory(config, budget_bytes, B, T, calibrate_step_costs(config, B, T), optimizer);
 }
 

@@ -25,8 +25,9 @@ struct StepCostModel {
 
 // Measures the costs on config.device in config.dtype with products of config's width at [B, T]
 // (a few runs each after a warm-up; about a second on a GPU). The result is cached per device,
-// dtype and shape: later calls return it at once. Throws as the ops it runs (DeviceError for a
-// device this build or machine lacks, OutOfMemoryError).
+// dtype and shape: later calls return it at once. Throws as detail::check_step_shape (nn/gpt.h),
+// naming calibrate_step_costs, and as the ops it runs (DeviceError for a device this build or
+// machine lacks, OutOfMemoryError).
 StepCostModel calibrate_step_costs(const GPTConfig& config, int64_t B, int64_t T);
 
 // The modelled time of one training step, ms: the step's products (6 flops per parameter of a

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/check.h"
 #include "nn/data_parallel.h"
 #include "nn/muon.h"
@@ -97,17 +98,21 @@ struct Node {
     // Releases the chain of producers behind it without recursion: a node held only by this one
     // gives up its edges here, before it goes, so that a model of 20,000 blocks does not release
     // 100,000 nodes one inside the other's destructor, on the stack.
+    // (Where the list cannot grow, the edges not yet taken are released the recursive way.)
     ~Node() {
         std::vector<std::shared_ptr<Node>> pending;
         const auto take_edges = [&](Node& n) {
             for (Edge& e : n.edges)
-                if (e.node) pending.push_back(std::move(e.node));
+                if (e.node) pending.push_back(std::move(e.node));  // e.node stays if push_back throws
         };
-        take_edges(*this);
-        while (!pending.empty()) {
-            std::shared_ptr<Node> n = std::move(pending.back());
-            pending.pop_back();
-            if (n.use_count() == 1) take_edges(*n);
+        try {
+            take_edges(*this);
+            while (!pending.empty()) {
+                std::shared_ptr<Node> n = std::move(pending.back());
+                pending.pop_back();
+                if (n.use_count() == 1) take_edges(*n);
+            }
+        } catch (const std::bad_alloc&) {
         }
     }
 };
@@ -915,6 +920,11 @@ void detail::check_step_settings(const char* op, const GPTConfig& config, const 
              ": expected shard_optimizer_state with world_size > 1 (there is nothing to shard across), got "
              "world_size 1");
     NT_CHECK(s.bucket_cap_bytes >= 1, op, ": expected bucket_cap_bytes >= 1, got ", s.bucket_cap_bytes);
+    // A rank's buckets hold world_size parts, and a part of Muon's is a whole matrix.
+    const double buckets = double(s.world_size) * double(num_parameters(config)) * 8.0;
+    NT_CHECK_AS(ShapeError, buckets <= 0x1p60, op, ": expected world_size * num_parameters * 8 bytes (a bound of the "
+                "gradient buckets) to fit in 2^60 bytes, got world_size ", s.world_size, " and ",
+                num_parameters(config), " parameters");
 }
 
 namespace {
@@ -1041,20 +1051,33 @@ StepMemory replay_step(const GPTConfig& c, const MemorySettings& s, int64_t B, i
     return plan;
 }
 
-}  // namespace
+// The replay's host memory per layer, a bound: about 9 KB were measured (the nodes, their saved
+// tensors and closures, the allocation trace) on a small gpt2 config.
+constexpr int64_t kReplayBytesPerLayer = 16 << 10;
 
-StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
-    detail::check_step_settings("predict_peak", config, s, B, T);
+// step_memory, naming `op` in its errors: the checks, then the replay if the host can hold it.
+StepMemory checked_replay(const char* op, const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
+    detail::check_step_settings(op, config, s, B, T);
+    const double need = double(config.n_layer) * double(kReplayBytesPerLayer);
+    const int64_t available = memory_available_bytes(Device::CPU);
+    NT_CHECK_AS(OutOfMemoryError, need <= double(available), op, ": the replay of a step of ", config.n_layer,
+                " layers needs about ", need, " bytes of host memory, more than the ", available, " available");
     try {
         return replay_step(with_settings(config, s), s, B, T);
     } catch (const std::bad_alloc&) {
-        detail::throw_error<OutOfMemoryError>("predict_peak: the replay of a step of ", config.n_layer,
+        detail::throw_error<OutOfMemoryError>(op, ": the replay of a step of ", config.n_layer,
                                               " layers needs more host memory than this process can allocate");
     }
 }
 
+}  // namespace
+
+StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
+    return checked_replay("step_memory", config, s, B, T);
+}
+
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
-    return step_memory(config, s, B, T).peak;
+    return checked_replay("predict_peak", config, s, B, T).peak;
 }
 
 int64_t predicted_checkpoint_every_saved_bytes(const GPTConfig& config, int64_t B, int64_t T) {
@@ -1063,12 +1086,7 @@ int64_t predicted_checkpoint_every_saved_bytes(const GPTConfig& config, int64_t 
     c.checkpoint_blocks = false;
     const int64_t full = predicted_saved_bytes(c, B, T);
     if (!config.checkpoint_blocks) return full;
-    NT_CHECK(config.checkpoint_every >= 1,
-             "predicted_checkpoint_every_saved_bytes: expected checkpoint_every >= 1, got ", config.checkpoint_every);
-    // What one block saves: predicted_saved_bytes is linear in n_layer.
-    GPTConfig fewer = c;
-    fewer.n_layer = c.n_layer - 1;
-    const int64_t layer = full - predicted_saved_bytes(fewer, B, T);
+    const int64_t layer = detail::layer_saved_bytes(c, B, T);
     const int64_t x = B * T * c.n_embd * static_cast<int64_t>(element_size(c.dtype));
     const int64_t checkpointed = c.n_layer / config.checkpoint_every + (c.n_layer % config.checkpoint_every != 0);
     const bool first_input_saved = c.embedding_norm && c.policy != SavePolicy::Input;

@@ -88,7 +88,7 @@ struct StepMemory {
 };
 
 // predict_peak's replay with its parts (Note [The step replayed]); B rows of T positions, cut into
-// micro-batches of s.micro_batch rows. Throws as predict_peak.
+// micro-batches of s.micro_batch rows. Throws as predict_peak, naming step_memory.
 StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
 // memory_stats(config.device).peak_allocated_bytes over one training step of the GPT
@@ -129,28 +129,31 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 // cuDNN plan asks for, and the plan is built on the device. So predict a bf16 CUDA config on a
 // machine where config.device is visible; f32, or any dtype in a build without cuDNN, predicts
 // anywhere.
-// Throws, naming predict_peak, as detail::check_step_settings (ShapeError for B, T or sizes out of
-// range, Error for the settings, as check_config for the model); DeviceError for a bf16 CUDA config
-// that asks cuDNN's plan where config.device is not visible; OutOfMemoryError when the host cannot
-// hold the replay (its memory grows with n_layer).
+// Throws as detail::check_step_settings, its messages naming predict_peak (or GPTConfig, for what
+// check_config refuses): ShapeError for B, T or sizes out of range, Error for the settings;
+// DeviceError for a bf16 CUDA config whose cuDNN plan needs config.device where it is not visible;
+// OutOfMemoryError, naming predict_peak, when the host cannot hold the replay (about 16 KiB of host
+// memory a layer, checked against memory_available_bytes(Device::CPU) before it starts).
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
 namespace detail {
 // The checks predict_peak, step_memory, predict_step_ms and plan_memory make first, naming `op`:
 // Error for checkpoint_every < 0, micro_batch < 0 or not 0 or a divisor of B, world_size < 1, rank
-// outside [0, world_size), shard_optimizer_state with one rank, bucket_cap_bytes < 1; and
+// outside [0, world_size), shard_optimizer_state with one rank, bucket_cap_bytes < 1;
 // check_step_shape(op, with_settings(config, s), B, T) (ShapeError for B < 1, T outside
-// [1, block_size], a step too large for int64; as check_config).
-void check_step_settings(const char* op, const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
+// [1, block_size], a step too large for int64; as check_config); and ShapeError when world_size *
+// num_parameters * 8 bytes, a bound of the gradient buckets, passes 2^60.
+void check_step_settings(const char* op, const GPTConfig& config, const MemorySettings& s, int64_t B,
+                         int64_t T);
 }  // namespace detail
 
 // saved_bytes() right after GPT::loss on a [B, T] batch with checkpoint_blocks set and any
-// checkpoint_every k (offload off; k may be any value >= 1: k >= L checkpoints block 0 alone), in bytes: predicted_saved_bytes less, for
-// each of the ceil(L / k) checkpointed blocks, what the block saves (the difference that one more
-// layer makes to predicted_saved_bytes), plus its input (B*T*C elements of config.dtype), which
-// its checkpoint keeps, except where that input is already saved: block 0's input is emb_norm's
-// output, which emb_norm saves under Output and Normalized (under Normalized as x_hat, from which
-// it is made again). For k = 1 it equals predicted_checkpoint_saved_bytes. Without
+// checkpoint_every k >= 1 (k >= L checkpoints block 0 alone; offload off), in bytes:
+// predicted_saved_bytes less, for each of the ceil(L / k) checkpointed blocks, what the block
+// saves (detail::layer_saved_bytes, nn/gpt.h), plus its input (B*T*C elements of config.dtype),
+// which its checkpoint keeps, except where that input is already saved: block 0's input is
+// emb_norm's output, which emb_norm saves under Output and Normalized (under Normalized as x_hat,
+// from which it is made again). For k = 1 it equals predicted_checkpoint_saved_bytes. Without
 // checkpoint_blocks it is predicted_saved_bytes. Assumes no Output forward fell back. Throws as
 // detail::check_step_shape, naming predicted_checkpoint_every_saved_bytes.
 int64_t predicted_checkpoint_every_saved_bytes(const GPTConfig& config, int64_t B, int64_t T);

@@ -303,6 +303,18 @@ TEST_SUITE("hf") {
         }
     }
 
+    TEST_CASE("hf: a default rope object may carry what transformers ignores, and nulls that stand for absent keys") {
+        TempDir dir("hf_rope");
+        const std::string d = edited_fixture(dir, "llama", "llama", [](json& j) {
+            j["rope_theta"] = 500000.0;
+            j["partial_rotary_factor"] = nullptr;
+            j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", nullptr}, {"factor", 1.0},
+                                    {"original_max_position_embeddings", 8192}, {"low_freq_factor", nullptr}};
+            j["rope_scaling"] = {{"type", nullptr}, {"rope_theta", 500000.0}};
+        });
+        CHECK(load_hf(d)->config().rope_theta == 500000.0);  // a null rope_theta keeps the top-level one
+    }
+
     TEST_CASE("hf: bad directories, configs and tensors: each names load_hf, the file and the cause, and leaks nothing") {
         TempDir dir("hf_bad");
         const int64_t before = cpu_allocated();
@@ -347,8 +359,10 @@ TEST_SUITE("hf") {
                   {"rope_parameters.partial_rotary_factor 0.5", "expected 1"}},
                  {"llama", [](json& j) { j["rope_scaling"] = {{"factor", 8.0}}; },
                   {"rope_scaling.factor 8.0", "expected no scaling"}},
-                 {"llama", [](json& j) { j["rope_parameters"]["original_max_position_embeddings"] = 8192; },
-                  {"rope_parameters.original_max_position_embeddings 8192", "expected no scaling"}},
+                 {"llama", [](json& j) { j["rope_scaling"] = {{"original_max_position_embeddings", 8192}}; },
+                  {"rope_scaling.original_max_position_embeddings 8192", "expected no scaling"}},
+                 {"llama", [](json& j) { j["rope_parameters"]["factor"] = 2.0; },
+                  {"rope_parameters.factor 2.0", "expected no scaling"}},
                  {"llama", [](json& j) { j["hidden_act"] = "gelu"; }, {"hidden_act \"gelu\"", "expected \"silu\""}},
                  {"llama", [](json& j) { j["attention_bias"] = true; }, {"attention_bias true", "no biases"}},
                  {"llama", [](json& j) { j["head_dim"] = 32; }, {"head_dim 32", "hidden_size / num_attention_heads"}},

@@ -396,6 +396,46 @@ TEST_CASE("memory_plan: sizes whose bytes would overflow int64 are ShapeErrors n
         check_throws<ShapeError>(call, {name, "B >= 1", "got -16"});
 }
 
+TEST_CASE("memory_plan: one layer under block checkpointing: the saved bytes to the byte, and the offload's price") {
+    ThreadCountGuard one_thread(1);
+    for (const char* arch : {"gpt2", "nanochat", "llama"}) {
+        INFO(arch);
+        GPTConfig c = small_config(arch);
+        c.n_layer = 1;
+        c.checkpoint_blocks = true;
+        manual_seed(3);
+        GPT model(c);
+        TokenBatch b = token_batch(c, 2, 9);
+        const int64_t before = saved_bytes();
+        Tensor loss = model.loss(b.idx, b.targets);
+        CHECK(saved_bytes() - before == predicted_checkpoint_every_saved_bytes(c, 2, 9));
+    }
+    // predict_step_ms prices a CUDA offload from these bytes (no GPU needed to price it).
+    GPTConfig cuda = small_config("gpt2");
+    cuda.n_layer = 1;
+    cuda.device = Device::CUDA;
+    StepCostModel costs = fixed_costs();
+    costs.host_bytes_per_ms = 1e7;
+    MemorySettings offload;
+    offload.offload = true;
+    offload.checkpoint_every = 1;
+    CHECK(std::isfinite(predict_step_ms(cuda, offload, 2, 9, costs)));
+}
+
+TEST_CASE("memory_plan: Muon's buckets on many ranks that would overflow int64 are a ShapeError") {
+    GPTConfig c = gpt_config("llama");  // 2^51.6 parameters, of which c_fc holds 2^50.4
+    c.vocab_size = 2;
+    c.n_embd = int64_t(1) << 24;
+    c.n_head = int64_t(1) << 14;
+    c.n_layer = 1;
+    c.block_size = 1;
+    MemorySettings s;
+    s.optimizer = StepOptimizer::Muon;
+    s.world_size = 2048;  // 2048 parts of a whole matrix in one rank's bucket: 2^63.4 bytes
+    check_throws_in_child<ShapeError>([&] { predict_peak(c, s, 1, 1); },
+                                      {"predict_peak", "world_size * num_parameters * 8 bytes", "world_size 2048"});
+}
+
 TEST_CASE("memory_plan: the formulas check the config first: n_head 0 is a ShapeError, not a division by zero") {
     GPTConfig c = small_config("gpt2");
     c.n_head = 0;

@@ -131,7 +131,8 @@ void check_throws(F&& fn, const std::vector<std::string>& words, KindMatch match
 
 // What fn() did in a child process (fork): a call that once crashed (a stack overflow, a division
 // by zero) then fails the test that checks it instead of ending the test program. fn runs with the
-// parent's memory as it was at the fork, must not need threads the parent started, and reports
+// parent's memory as it was at the fork, on one cpu thread (OpenMP's pool does not survive a fork),
+// without CUDA (nor does a CUDA context), for at most 120 s (then SIGALRM ends it), and reports
 // nothing to doctest; its outcome comes back through a pipe.
 struct ChildOutcome {
     enum { Returned, Threw, Killed } how = Killed;
@@ -147,8 +148,10 @@ ChildOutcome outcome_in_child(const std::function<void()>& fn) {
     REQUIRE(pid >= 0);
     if (pid == 0) {
         ::close(fds[0]);
+        ::alarm(120);
         std::string report = "R";
         try {
+            set_num_threads(1);
             fn();
         } catch (const std::exception& e) {
             bool is_kind = true;

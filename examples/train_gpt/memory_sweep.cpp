@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
+#include "nn/json_read.h"
 #include "report.h"
 #include "svg_chart.h"
 
@@ -16,8 +18,12 @@ using namespace normtape;
 std::vector<SweepReference> read_sweep_references(const std::vector<std::string>& paths) {
     std::vector<SweepReference> refs;
     for (const std::string& path : paths) {
+        std::ifstream f(path, std::ios::binary);
+        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        nlohmann::json j;
+        std::string why;
         try {
-            const nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+            if (!detail::parse_json(text, j, why)) throw UsageError(why);
             refs.push_back({j.value("mode", "eager") == "compile" ? "torch.compile" : "PyTorch eager",
                             j.at("step_ms").get<double>(), j.at("step_peak_bytes").get<int64_t>()});
         } catch (const std::exception& e) {
