@@ -163,13 +163,16 @@ TEST_CASE("train_gpt: --help shows every default, and the README lists the same 
     REQUIRE(help.code == 0);
     const std::map<std::string, std::string> options = help_options(help.out);
     CHECK(options.size() > 20);
-    // Each option shows its default: "=value" after its type ("INT=300") or "(default: ...)".
+    // Each option shows its default: after its type, "=value" (Debian's CLI11, "INT=300") or " [value]"
+    // (a later CLI11's, "INT [300]"), or "(default: ...)".
     std::set<std::string> flags;
     for (const auto& [flag, line] : options) {
         CAPTURE(line);
         size_t type = line.find(flag) + flag.size() + 1;
         std::string type_and_default = line.substr(type, line.find(' ', type) - type);
-        CHECK((type_and_default.find('=') != std::string::npos || line.find("(default: ") != std::string::npos));
+        const bool bracketed = line.compare(type + type_and_default.size(), 2, " [") == 0;
+        CHECK((type_and_default.find('=') != std::string::npos || bracketed ||
+               line.find("(default: ") != std::string::npos));
         flags.insert(flag);
     }
     // The README's flag table names each flag once, and no other.
