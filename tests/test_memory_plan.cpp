@@ -396,21 +396,8 @@ TEST_CASE("memory_plan: sizes whose bytes would overflow int64 are ShapeErrors n
         check_throws<ShapeError>(call, {name, "B >= 1", "got -16"});
 }
 
-TEST_CASE("memory_plan: one layer under block checkpointing: the saved bytes to the byte, and the offload's price") {
-    ThreadCountGuard one_thread(1);
-    for (const char* arch : {"gpt2", "nanochat", "llama"}) {
-        INFO(arch);
-        GPTConfig c = small_config(arch);
-        c.n_layer = 1;
-        c.checkpoint_blocks = true;
-        manual_seed(3);
-        GPT model(c);
-        TokenBatch b = token_batch(c, 2, 9);
-        const int64_t before = saved_bytes();
-        Tensor loss = model.loss(b.idx, b.targets);
-        CHECK(saved_bytes() - before == predicted_checkpoint_every_saved_bytes(c, 2, 9));
-    }
-    // predict_step_ms prices a CUDA offload from these bytes (no GPU needed to price it).
+TEST_CASE("memory_plan: predict_step_ms prices a CUDA offload of one checkpointed layer, with no GPU") {
+    // From predicted_checkpoint_every_saved_bytes, which a config of 0 layers once broke for 1.
     GPTConfig cuda = small_config("gpt2");
     cuda.n_layer = 1;
     cuda.device = Device::CUDA;
@@ -541,28 +528,29 @@ TEST_CASE("memory_plan: a GPU's prediction needs the GPU only for cuDNN's bf16 a
     check_throws<DeviceError>([&] { predict_peak(c, MemorySettings{}, 2, 16); }, {});
 }
 
-TEST_CASE("memory_plan: partial checkpointing saves predicted_checkpoint_every_saved_bytes, to the byte") {
+TEST_CASE("memory_plan: partial checkpointing saves predicted_checkpoint_every_saved_bytes, to the byte, one layer too") {
     // One thread: the allocations do not depend on the thread count (Note [Deterministic parallel
     // cpu kernels]), and the grid's tiny kernels run far slower on threads that wait for a busy core.
     ThreadCountGuard one_thread(1);
     for (const char* arch : {"gpt2", "nanochat", "llama"})
         for (SavePolicy policy : kSavePolicies)
-            for (int64_t every : {1, 2, 3}) {
-                INFO(arch, " policy ", std::string(policy_name(policy)), " checkpoint_every ", every);
-                GPTConfig c = small_config(arch);
-                c.n_layer = 4;
-                c.policy = policy;
-                c.checkpoint_blocks = true;
-                c.checkpoint_every = every;
-                manual_seed(3);
-                GPT model(c);
-                TokenBatch b = token_batch(c, 2, 9);
-                const int64_t before = saved_bytes();
-                Tensor loss = model.loss(b.idx, b.targets);
-                CHECK(saved_bytes() - before == predicted_checkpoint_every_saved_bytes(c, 2, 9));
-                if (every == 1)
-                    CHECK(predicted_checkpoint_every_saved_bytes(c, 2, 9) == predicted_checkpoint_saved_bytes(c, 2, 9));
-            }
+            for (int64_t layers : {1, 4})
+                for (int64_t every : {1, 2, 3}) {
+                    INFO(arch, " policy ", std::string(policy_name(policy)), " layers ", layers, " every ", every);
+                    GPTConfig c = small_config(arch);
+                    c.n_layer = layers;
+                    c.policy = policy;
+                    c.checkpoint_blocks = true;
+                    c.checkpoint_every = every;
+                    manual_seed(3);
+                    GPT model(c);
+                    TokenBatch b = token_batch(c, 2, 9);
+                    const int64_t before = saved_bytes();
+                    Tensor loss = model.loss(b.idx, b.targets);
+                    CHECK(saved_bytes() - before == predicted_checkpoint_every_saved_bytes(c, 2, 9));
+                    if (every == 1)
+                        CHECK(predicted_checkpoint_every_saved_bytes(c, 2, 9) == predicted_checkpoint_saved_bytes(c, 2, 9));
+                }
 }
 
 TEST_CASE("memory_plan: with 4 micro-batches predict_peak holds the measured peak, the later losses kept") {
