@@ -921,10 +921,10 @@ void detail::check_step_settings(const char* op, const GPTConfig& config, const 
              "world_size 1");
     NT_CHECK(s.bucket_cap_bytes >= 1, op, ": expected bucket_cap_bytes >= 1, got ", s.bucket_cap_bytes);
     // A rank's buckets hold world_size parts, and a part of Muon's is a whole matrix.
-    const double buckets = double(s.world_size) * double(num_parameters(config)) * 8.0;
-    NT_CHECK_AS(ShapeError, buckets <= 0x1p60, op, ": expected world_size * num_parameters * 8 bytes (a bound of the "
-                "gradient buckets) to fit in 2^60 bytes, got world_size ", s.world_size, " and ",
-                num_parameters(config), " parameters");
+    const int64_t parameters = num_parameters(config);
+    NT_CHECK_AS(ShapeError, double(s.world_size) * double(parameters) * 8.0 <= 0x1p60, op,
+                ": expected world_size * num_parameters * 8 bytes (a bound of the gradient buckets) to fit in 2^60 "
+                "bytes, got world_size ", s.world_size, " and ", parameters, " parameters");
 }
 
 namespace {
