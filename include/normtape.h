@@ -2,7 +2,7 @@
 //   core/  Tensor, TensorOptions, factories, memory_stats and the memory trace, autograd (backward,
 //          NoGradGuard, saved_bytes, saved_tensors_report, SavedTensorHooks, SaveOnCpu, checkpoint,
 //          NamedScope), anomaly detection, the cpu thread count (set_num_threads)
-//   ops/   add, mul, scale, gelu, relu_squared, swiglu, dropout, sum, mean, matmul, linear, linear_gelu,
+//   ops/   add, mul, scale, gelu, relu_squared, swiglu, softmax, dropout, sum, mean, matmul, linear, linear_gelu,
 //          causal_self_attention, rotary_embedding, embedding, cross_entropy, layer_norm, rms_norm, SavePolicy
 //   nn/    Module (named_modules, apply, ModuleScope), Linear, Embedding, Dropout, LayerNorm, RMSNorm,
 //          set_save_policy, GPT, AdamW, clip_grad_norm_, safetensors, checkpoints, learning-rate
@@ -48,5 +48,6 @@
 #include "nn/norm.h"
 #include "nn/safetensors.h"
 #include "ops/ops.h"
+#include "ops/softmax.h"
 
 #pragma GCC visibility pop
