@@ -2,7 +2,7 @@
 // rank among world_size() processes and runs collectives over tensors: the sums of all_reduce and
 // reduce_scatter, all_gather, broadcast, barrier. CUDA tensors go through NCCL (one GPU per
 // process), cpu tensors through MPI. Data parallelism and the sharded optimizer state built on
-// these are in nn/data_parallel.h.
+// these are in nn/parallel/data_parallel.h.
 //
 // Note [Starting a process group]
 // ProcessGroup() reads the launcher's environment:

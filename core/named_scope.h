@@ -15,7 +15,7 @@ namespace normtape {
 // Opens the scope `name` inside the current one for its lifetime: the path becomes
 // "<current>.<name>" ("h.3" then "ln_1" gives "h.3.ln_1"); an empty name leaves the path as it is
 // (a model's root module has none). nn::Module's forward functions open one each
-// (nn/module.h ModuleScope); a user may open one around any code. Never throws except
+// (nn/model/module.h ModuleScope); a user may open one around any code. Never throws except
 // std::bad_alloc.
 class NamedScope {
 public:

@@ -207,8 +207,8 @@ std::string shape_str(const Shape& shape);
 // Prints values (at most 6 per dim, with ...), shape, dtype, device, and grad_fn or requires_grad.
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
-// Tensors with their names, in order: a module's parameters (nn/module.h), a safetensors file's
-// contents (nn/safetensors.h).
+// Tensors with their names, in order: a module's parameters (nn/model/module.h), a safetensors file's
+// contents (nn/formats/safetensors.h).
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 }  // namespace normtape

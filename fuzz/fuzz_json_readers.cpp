@@ -3,11 +3,11 @@
 // metadata.
 //
 // Each input is read three ways:
-//   - as config.json, by detail::hf_config (what load_hf reads; nn/hf.h);
+//   - as config.json, by detail::hf_config (what load_hf reads; nn/formats/hf.h);
 //   - as the optimizer entries "optimizer" (AdamW's) and "optimizer.muon" (Muon's), by
-//     detail::stored_step against the entries save_checkpoint writes (nn/checkpoint_metadata.h);
+//     detail::stored_step against the entries save_checkpoint writes (nn/formats/checkpoint_metadata.h);
 //   - as train_gpt.config, which train_gpt --resume and generate read through detail::parse_json
-//     and quote through detail::json_excerpt (nn/json_read.h): every member is copied and quoted.
+//     and quote through detail::json_excerpt (nn/formats/json_read.h): every member is copied and quoted.
 // FormatError (and, for the optimizer entries, Error for other hyperparameters) is the expected
 // answer to bad text. Anything else is a finding: a crash (a stack overflow from deep nesting), an
 // AddressSanitizer or UndefinedBehaviorSanitizer report, a leak, an exception of another kind, or a
@@ -23,9 +23,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "nn/checkpoint_metadata.h"
-#include "nn/hf.h"
-#include "nn/json_read.h"
+#include "nn/formats/checkpoint_metadata.h"
+#include "nn/formats/hf.h"
+#include "nn/formats/json_read.h"
 
 namespace {
 

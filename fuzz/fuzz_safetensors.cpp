@@ -1,4 +1,4 @@
-// fuzz/fuzz_safetensors.cpp: a libFuzzer target for the safetensors reader (nn/safetensors.h).
+// fuzz/fuzz_safetensors.cpp: a libFuzzer target for the safetensors reader (nn/formats/safetensors.h).
 //
 // Each input is a whole file, handed to detail::parse_safetensors, the parser under
 // load_safetensors. FormatError and IOError are the expected answers to a bad file; anything else
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "core/check.h"
-#include "nn/safetensors.h"
+#include "nn/formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace normtape;

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "nn/safetensors.h"
+#include "nn/formats/safetensors.h"
 
 using namespace normtape;
 

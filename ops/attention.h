@@ -35,7 +35,7 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, double dropout_p
 
 // causal_self_attention_rows(qkv, n_head, first_row): the rows first_row .. T-1 of
 // causal_self_attention(qkv, n_head), for inference: row t attends to the keys 0..t of qkv, so a
-// caller holding the q, k, v rows of positions 0..T-1 (a key/value cache, nn/generate.h) gets the
+// caller holding the q, k, v rows of positions 0..T-1 (a key/value cache, nn/model/generate.h) gets the
 // outputs of only its new positions T - n .. T-1 with first_row = T - n, at O(n * T * C) work.
 // qkv: [B, T, 3C] f32, f64 or bf16, cpu or CUDA, packed as causal_self_attention's (the q rows
 // before first_row are not read). Returns out: [B, T - first_row, C] of qkv's dtype and device.
@@ -101,7 +101,7 @@ namespace detail {
 // bytes, in the order it makes them, all alive together: on CUDA the row sums dout . out (our
 // kernels), or cuDNN's row sums, f32 dq accumulator and workspace (its plan is built to know);
 // none on the CPU. packed: causal_self_attention's qkv [B, T, 3C]; else causal_attention's
-// separate q, k, v. For nn/memory_plan.h's prediction of a step's peak.
+// separate q, k, v. For nn/memory/memory_plan.h's prediction of a step's peak.
 std::vector<int64_t> attention_backward_allocations(int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
                                                     int64_t head_size, bool packed, DType dtype, bool dropout,
                                                     Device device);

@@ -5,7 +5,7 @@
 // - single_block_sum_cuda: out[0] = scale * sum of a short vector, by one block (the last pass of
 //   sum/mean, cross-entropy's mean over rows).
 // Not here: reductions that compute what they add (the norms' partial rows, sum's first pass, the
-// gradient norm's sums of squares in nn/adamw.cu), which stay beside their op.
+// gradient norm's sums of squares in nn/optim/adamw.cu), which stay beside their op.
 #include <algorithm>
 
 #include "core/cuda_check.h"

@@ -125,7 +125,7 @@ bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool
                         int64_t b_cols, bool trans_b, GemmEpilogue epilogue, T* bias, T* aux, int device);
 // D = alpha op(A) op(B) + beta C for `count` matrices in cuBLAS's column-major picture (D [m, n] in
 // C's layout; d may be c or apart from it), each operand `stride` elements after the previous
-// one, through cuBLASLt (nn/muon.cu's Newton-Schulz products), accumulating in f32 (f64 for
+// one, through cuBLASLt (nn/optim/muon.cu's Newton-Schulz products), accumulating in f32 (f64 for
 // double). The problem's descriptors and algorithm are made on its first call and kept (asking
 // costs more host time than a product takes). Throws Error where cuBLASLt has no algorithm.
 template <class T>

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch's training step (eager, or with --compile torch.compile's) for normtape's GPT (nn/gpt.h), timed per phase, beside train_gpt's figures.
+"""PyTorch's training step (eager, or with --compile torch.compile's) for normtape's GPT (nn/model/gpt.h), timed per phase, beside train_gpt's figures.
 
   python3 scripts/bench_torch_gpt.py [--ours medium.json] [--json torch_gpt.json] [--steps 10] [--compile]
                                      [--batch 16] [--seq 1024] [--layers 12] [--heads 16] [--embd 1024]
                                      [--vocab 32768] [--norm layer|rms] [--lr 3e-3] [--seed 1337]
 
-The model of nn/gpt.cpp in pure bf16 parameters on the GPU (defaults: train_gpt's gpt2-medium-ish
+The model of nn/model/gpt.cpp in pure bf16 parameters on the GPU (defaults: train_gpt's gpt2-medium-ish
 preset). Dimensions: B batch, T sequence, C width, NH heads, hs = C / NH, L layers, V vocabulary.
     x = wte[idx] + wpe[0..T-1]                                     [B, T, C]
     each block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))        pre-LN
@@ -48,7 +48,7 @@ WARMUP_STEPS = 2
 
 
 def make_params(V, T, C, L, norm, device):
-    """{name: bf16 leaf} under nn/gpt.cpp's names, initialized as GPT()."""
+    """{name: bf16 leaf} under nn/model/gpt.cpp's names, initialized as GPT()."""
     g = {}
 
     def normal(shape, std):

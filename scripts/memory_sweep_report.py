@@ -3,7 +3,7 @@
 
   python3 scripts/memory_sweep_report.py sweep.json [--budgets 2,4,8,16]   (GiB)
 
-For each budget: the planner's pick, by plan_memory's rule (nn/memory_budget.h: the least
+For each budget: the planner's pick, by plan_memory's rule (nn/memory/memory_budget.h: the least
 predicted step time among the settings whose predicted peak fits, ties to the smaller predicted
 peak), with its measured peak and step time; and the fastest setting whose measured peak fits, as
 the sweep timed it. Then predict_peak over the grid: the settings measured, the worst ratio of

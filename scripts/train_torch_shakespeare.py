@@ -18,7 +18,7 @@ the settings of karpathy/nanoGPT's config/train_shakespeare_char.py, timed on th
   both: lr 1e-3 to min lr 1e-4, warm-up 100, AdamW betas (0.9, 0.99) eps 1e-8 weight decay 0.1, clip 1.0,
   an evaluation every 250 steps of 20 held-out batches.
 
-Model: nn/gpt.h's, GPT(gpt_config(--arch)) with train_gpt's --kv-heads and --tie, as scripts/bench_torch_gpt.py
+Model: nn/model/gpt.h's, GPT(gpt_config(--arch)) with train_gpt's --kv-heads and --tie, as scripts/bench_torch_gpt.py
 (B batch, T block, C width, NH heads, NKV key/value heads, hs = C / NH, L layers, H the MLP's hidden width,
 V = 256 bytes), with dropout (p = --dropout, in training only) where nanoGPT's model.py has it.
 --arch gpt2 (the default; GPT-2):
@@ -28,7 +28,7 @@ V = 256 bytes), with dropout (p = --dropout, in training only) where nanoGPT's m
       attention: q, k, v = split(c_attn(x)) in NH heads; drop(softmax(q k^T / sqrt(hs), causal)) v
     loss = cross_entropy(lm_head(ln_f(x)), targets), the mean over B*T
   LayerNorm (weight and bias), Linear layers with bias. With NKV < NH (--kv-heads) c_attn gives way to
-  c_q, c_k, c_v (with biases) and the grouped-query attention below, as nn/gpt.cpp's.
+  c_q, c_k, c_v (with biases) and the grouped-query attention below, as nn/model/gpt.cpp's.
 --arch nanochat (karpathy/nanochat's GPT):
     x = emb_norm(drop(wte[idx]))                                              no wpe
     each block: x = x + drop(attn.c_proj(attention(ln_1(x))))
@@ -66,12 +66,12 @@ f32 parameters; --dtype bf16 runs the forward and the loss under torch.autocast(
 --arch gpt2 with the default --kv-heads, --tie and --eps trains as this script did before it had them.
 
 Data: the bytes of --data; the last floor(n * --val-fraction) held out, as train_gpt. A batch: B starts s
-drawn uniformly from [0, len(part) - T), inputs part[s:s+T], targets part[s+1:s+T+1], as nn/data.cpp's
+drawn uniformly from [0, len(part) - T), inputs part[s:s+T], targets part[s+1:s+T+1], as nn/data/data.cpp's
 Batcher, but from torch.randint on a torch.Generator (the Batcher's is mt19937_64: other windows).
 Training windows come from a generator seeded with --seed; held-out ones from one seeded with --seed + 1
 and re-seeded before each evaluation, so that every evaluation scores the same batches (as train_gpt).
 
-Learning rate of step s = 0 .. steps-1 (nn/lr_scheduler.h's WarmupCosineLR, decay_steps = --steps):
+Learning rate of step s = 0 .. steps-1 (nn/optim/lr_scheduler.h's WarmupCosineLR, decay_steps = --steps):
     s <  warmup:  lr * (s + 1) / warmup                       (lr on the warm-up's last step)
     s >= warmup:  min_lr + (lr - min_lr) * (1 + cos(pi * (s - warmup) / (steps - warmup))) / 2
 --optimizer adamw (the default): AdamW, betas (0.9, --beta2), eps 1e-8, --weight-decay on the matrices
@@ -129,7 +129,7 @@ VOCAB = 256
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
 
-# nn/gpt.cpp's gpt_config(arch): GPTConfig's architecture fields (rope_theta 10000 for all).
+# nn/model/gpt.cpp's gpt_config(arch): GPTConfig's architecture fields (rope_theta 10000 for all).
 ARCHS = {
     "gpt2": {"rotary": False, "qk_norm": False, "norm": "layer", "norm_affine": True, "mlp": "gelu", "bias": True,
              "softcap": 0.0, "emb_norm": False, "zero_proj": False},
@@ -418,7 +418,7 @@ def parse_args():
     parser.add_argument("--data", help="text file (default: the repository's data/tinyshakespeare.txt)")
     parser.add_argument("--json", help="write the config, every evaluation and step loss, and the summary here")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="gpt2",
-                        help="the model: nn/gpt.h's gpt_config(ARCH), as train_gpt's --arch (default gpt2)")
+                        help="the model: nn/model/gpt.h's gpt_config(ARCH), as train_gpt's --arch (default gpt2)")
     parser.add_argument("--kv-heads", type=int, default=0,
                         help="key/value heads (grouped-query attention), dividing --heads (0, the default: --heads)")
     parser.add_argument("--tie", choices=("on", "off"), default="off",

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """tests/muon_reference.py: the PyTorch side of tests/test_muon.cpp's cross-check of Muon.
 
-Runs Muon as KellerJordan/Muon describes it (https://github.com/KellerJordan/Muon; nn/muon.h),
+Runs Muon as KellerJordan/Muon describes it (https://github.com/KellerJordan/Muon; nn/optim/muon.h),
 written here with torch ops, over parameters and per-step gradients that normtape wrote, and
 writes the parameters after every step. For each matrix parameter p [rows, cols] with gradient g:
 

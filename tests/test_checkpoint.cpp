@@ -1,4 +1,4 @@
-// tests/test_checkpoint.cpp: checkpoints of a model and its optimizer (nn/checkpoint.h) and
+// tests/test_checkpoint.cpp: checkpoints of a model and its optimizer (nn/formats/checkpoint.h) and
 // resuming train_gpt.
 // - the model and the optimizers' state (AdamW's, and Muon's beside it) round-trip bit for bit,
 //   and training goes on identically;

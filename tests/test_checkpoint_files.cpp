@@ -1,5 +1,5 @@
 // tests/test_checkpoint_files.cpp: how save_safetensors (and so save_checkpoint) replaces a file
-// (nn/safetensors.h; Note [Atomic checkpoint writes] in nn/safetensors.cpp):
+// (nn/formats/safetensors.h; Note [Atomic checkpoint writes] in nn/formats/safetensors.cpp):
 // - the temporary file is "<target>.tmp"; a stale one (a killed writer's) is reused and gone after
 //   the save;
 // - while another writer holds the lock on it (another open file, or another process), a save

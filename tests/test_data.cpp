@@ -1,4 +1,4 @@
-// tests/test_data.cpp: Batcher (nn/data.h): windows of the text with their targets one token on,
+// tests/test_data.cpp: Batcher (nn/data/data.h): windows of the text with their targets one token on,
 // the same batches from the same seed, a saved state resuming the same sequence of batches, random
 // tokens in range, the shortest text it accepts, and each bad argument's error.
 #include <limits>

@@ -1,5 +1,5 @@
 // tests/test_distributed.cpp: the process group (core/distributed.h) and data parallelism
-// (nn/data_parallel.h). In one process: a group of one rank, its checks, the bucket plan, and
+// (nn/parallel/data_parallel.h). In one process: a group of one rank, its checks, the bucket plan, and
 // DataParallel against plain training. Under mpirun -np 2 (the "worker" cases, which skip
 // themselves outside mpirun, run by the cases that start them): the collectives' values, a
 // collective timing out and naming the rank that never came, data parallel against one process

@@ -1,6 +1,6 @@
 // tests/test_generate.cpp: sampling with a key/value cache. causal_self_attention_rows
 // (ops/attention.h) against the rows of causal_self_attention, on the cpu and on CUDA, and its
-// errors; the cached forward (nn/generate.h) against GPT::forward; generate with and without the
+// errors; the cached forward (nn/model/generate.h) against GPT::forward; generate with and without the
 // cache, its seeds, top_k and errors; the generate binary on a checkpoint that train_gpt wrote.
 #include <algorithm>
 #include <iterator>

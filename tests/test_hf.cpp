@@ -1,4 +1,4 @@
-// tests/test_hf.cpp: Hugging Face checkpoints (nn/hf.h) against transformers itself.
+// tests/test_hf.cpp: Hugging Face checkpoints (nn/formats/hf.h) against transformers itself.
 // - load_hf reads the fixtures that transformers 5.17 wrote (tests/fixtures/hf/{llama,gpt2},
 //   scripts/hf_fixtures.py: a LlamaForCausalLM with grouped-query attention and a tied
 //   GPT2LMHeadModel, random weights) and the logits match transformers' to 1e-5 (normwise),
@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device_ptr.h"
-#include "nn/hf.h"
+#include "nn/formats/hf.h"
 #include "test_util.h"
 
 using namespace normtape;

@@ -1,4 +1,4 @@
-// tests/test_lr_scheduler.cpp: the learning-rate schedules (nn/lr_scheduler.h) at the points their
+// tests/test_lr_scheduler.cpp: the learning-rate schedules (nn/optim/lr_scheduler.h) at the points their
 // formulas pin down (warm-up ends, the cosine's midpoint, decay ends, each StepLR boundary), the
 // cosine's monotone decay, and each bad argument's error.
 #include <cmath>

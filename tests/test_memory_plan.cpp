@@ -1,7 +1,7 @@
-// tests/test_memory_plan.cpp: predict_peak (nn/memory_plan.h) against the allocator's peak over a
+// tests/test_memory_plan.cpp: predict_peak (nn/memory/memory_plan.h) against the allocator's peak over a
 // training step as train_gpt runs it, on a grid of presets, sizes, dtypes and memory settings; and
 // the saved bytes of partial checkpointing (predicted_checkpoint_every_saved_bytes); the planner
-// (nn/memory_budget.h). CPU only: the CUDA terms of the replay are read from the code, not
+// (nn/memory/memory_budget.h). CPU only: the CUDA terms of the replay are read from the code, not
 // measured here (scripts/gpu_check.sh budget measures them with train_gpt --memory-sweep).
 #include <sys/resource.h>
 

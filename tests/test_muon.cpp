@@ -1,8 +1,8 @@
-// tests/test_muon.cpp: Muon (nn/muon.h) and its Newton-Schulz orthogonalization against references
+// tests/test_muon.cpp: Muon (nn/optim/muon.h) and its Newton-Schulz orthogonalization against references
 // written here, in f64 plain loops: newton_schulz on the cpu (f32, f64) and on CUDA (bf16, f32,
 // f64), Muon's step semantics on the cpu in f64 (momentum, Nesterov, weight decay, lr_scale, the
 // tall-matrix scale, ns_steps, 3-D parameters, skipped parameters, step_if_finite, bf16 masters),
-// the CUDA step against the cpu step, every error path of nn/muon.h, param_groups_for_muon on each
+// the CUDA step against the cpu step, every error path of nn/optim/muon.h, param_groups_for_muon on each
 // GPT preset, and a cross-check with PyTorch (tests/muon_reference.py: KellerJordan/Muon's
 // algorithm with torch ops, and torch.optim.Muon where the interpreter's torch has it).
 // The CUDA cases skip where no GPU is visible; the PyTorch case where torch cannot be imported.
@@ -29,7 +29,7 @@ namespace {
 // ---------------------------------------------------------------- references, in f64
 
 // KellerJordan/Muon's zeropower_via_newtonschulz5 written out in double for one row-major matrix
-// g [rows, cols] (nn/muon.h): X = g / (||g||_F + 1e-7), transposed when rows > cols; `steps`
+// g [rows, cols] (nn/optim/muon.h): X = g / (||g||_F + 1e-7), transposed when rows > cols; `steps`
 // times A = X X^T, B = b A + c A A, X = a X + B X; returned in g's orientation.
 std::vector<double> newton_schulz_reference(const std::vector<double>& g, int64_t rows, int64_t cols, int64_t steps) {
     const double a = 3.4445, b = -4.7750, c = 2.0315;
@@ -84,7 +84,7 @@ Tensor newton_schulz_reference(const Tensor& g, int64_t steps) {
     return from_vector(out, g.shape());
 }
 
-// Muon's step (nn/muon.h) in double for one parameter taken as the matrix [rows, cols], written
+// Muon's step (nn/optim/muon.h) in double for one parameter taken as the matrix [rows, cols], written
 // as torch writes it: buf.lerp_(g, 1 - momentum); u = g.lerp(buf, momentum) or buf;
 // p = p (1 - lr_g wd) - lr_g max(1, rows / cols)^0.5 newton_schulz(u).
 struct MuonReference {
@@ -169,7 +169,7 @@ struct WorstError {
 // products with f32 accumulation, every iterate rounded to bf16 (f64 for f64). Five bf16
 // iterations, which amplify the small singular directions, leave a few percent: on an H200,
 // newton_schulz 2.2e-2 and a Muon update 2.7e-2 at worst (the small matrices, [8, 12] and [4, 6]);
-// a simulation of nn/muon.cu's roundings in PyTorch over 20 seeds per shape gave up to 3.5e-2
+// a simulation of nn/optim/muon.cu's roundings in PyTorch over 20 seeds per shape gave up to 3.5e-2
 // ([24, 6]), and KellerJordan/Muon's own bf16 iteration up to 7e-2 ([4, 6]).
 constexpr double kNewtonSchulzF32 = 1e-5;
 constexpr double kNewtonSchulzF64 = 1e-12;

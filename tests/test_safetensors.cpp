@@ -1,5 +1,5 @@
 // tests/test_safetensors.cpp: the safetensors reader and writer (save_safetensors,
-// load_safetensors; nn/checkpoint.h): hostile and truncated files are refused with FormatError
+// load_safetensors; nn/formats/checkpoint.h): hostile and truncated files are refused with FormatError
 // naming the file and the problem, I/O failures are IOError, and valid files of other writers
 // (no padding, any key order, zero-size tensors) are read. The checksums: the writer's equal
 // XXH3-64 recomputed here from the bytes and the documented serialization; a file changed
@@ -45,7 +45,7 @@ std::string xxh3(const std::string& bytes) {
     return "xxh3-64:" + std::string(hex);
 }
 
-// The header serialization of nn/safetensors.h ("Checksums"), built from a parsed header.
+// The header serialization of nn/formats/safetensors.h ("Checksums"), built from a parsed header.
 std::string u64(uint64_t v) {
     std::string s(8, '\0');
     for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (8 * i));

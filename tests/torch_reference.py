@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """tests/torch_reference.py: the PyTorch side of tests/test_torch.cpp.
 
-Rebuilds normtape's GPT (nn/gpt.h) purely functionally from a checkpoint written by
+Rebuilds normtape's GPT (nn/model/gpt.h) purely functionally from a checkpoint written by
 save_checkpoint, optionally trains it for a few AdamW steps (torch.optim.AdamW), then runs one
 forward and backward on a batch with PyTorch autograd and writes the loss and every parameter's
-gradient. No nn.Module is built: each line below mirrors one line of nn/gpt.cpp, so a mismatch
+gradient. No nn.Module is built: each line below mirrors one line of nn/model/gpt.cpp, so a mismatch
 points at an op of normtape, not at a model definition.
 
-Dimensions (nn/gpt.h): B batch, T sequence length, C n_embd, NH heads, NKV key/value heads,
+Dimensions (nn/model/gpt.h): B batch, T sequence length, C n_embd, NH heads, NKV key/value heads,
 hs = C / NH, L layers, V vocabulary size, H the MLP's hidden width.
 
     x = wte[idx] [+ wpe[0..T-1]]                    [B, T, C]; wpe with learned positions only
@@ -23,7 +23,7 @@ convention, ops/rotary.h), QK-norm (a weightless RMSNorm over hs, after the rota
 grouped-query attention (query head h uses key/value head h // (NH / NKV)). The MLP is GELU (tanh),
 ReLU^2 or SwiGLU (c_fc's output split [gate | up], silu(gate) * up).
 
---arch picks the architecture of gpt_config(arch) (nn/gpt.cpp); --norm, --softcap, --n-kv-head,
+--arch picks the architecture of gpt_config(arch) (nn/model/gpt.cpp); --norm, --softcap, --n-kv-head,
 --rope-theta, --tie change it. With --adamw-steps N > 0, N steps of torch.optim.AdamW (one group,
 every parameter, --lr, --beta1, --beta2, --adam-eps, --weight-decay) run on the batch first
 (forward, backward, step, zero_grad), and the loss and gradients written are those of the
@@ -146,9 +146,9 @@ def save_safetensors(path, tensors):
 
 
 # ---------------------------------------------------------------------------------------------
-# the architecture: the fields of GPTConfig (nn/gpt.h) that the model's code reads
+# the architecture: the fields of GPTConfig (nn/model/gpt.h) that the model's code reads
 
-# gpt_config(arch) of nn/gpt.cpp, less the sizes (read from the checkpoint) and zero_init_proj
+# gpt_config(arch) of nn/model/gpt.cpp, less the sizes (read from the checkpoint) and zero_init_proj
 # (an initialization: the checkpoint holds the parameters).
 PRESETS = {
     "gpt2": dict(rotary=False, qk_norm=False, norm="layer", norm_affine=True, mlp="gelu", bias=True,
@@ -188,7 +188,7 @@ class Arch:
 
 
 # ---------------------------------------------------------------------------------------------
-# the model, one function per module of nn/gpt.h
+# the model, one function per module of nn/model/gpt.h
 
 def norm(kind, x, p, prefix, eps, affine=True):
     """LayerNorm (F.layer_norm) or RMSNorm written out, torch 1.13 having no F.rms_norm:
@@ -293,7 +293,7 @@ def gpt_loss(p, idx, targets, a, n_layer):
 
 
 # ---------------------------------------------------------------------------------------------
-# checks: the checkpoint must hold exactly the parameters of nn/gpt.h
+# checks: the checkpoint must hold exactly the parameters of nn/model/gpt.h
 
 def expected_shapes(a, n_layer, V, block_size, C, H):
     NH, NKV = a.n_head, a.n_kv_head
@@ -400,7 +400,7 @@ def main():
     parser.add_argument("--checkpoint", required=True, help="parameters written by normtape's save_checkpoint")
     parser.add_argument("--batch", required=True, help='safetensors with "idx" and "targets", I64 [B, T]')
     parser.add_argument("--out", required=True, help='safetensors to write: "loss" and "grad.<name>"')
-    parser.add_argument("--arch", default="gpt2", choices=sorted(PRESETS), help="gpt_config's preset (nn/gpt.h)")
+    parser.add_argument("--arch", default="gpt2", choices=sorted(PRESETS), help="gpt_config's preset (nn/model/gpt.h)")
     parser.add_argument("--norm", choices=["layer", "rms"], help="the norm kind, if not the preset's")
     parser.add_argument("--n-head", required=True, type=int)
     parser.add_argument("--n-kv-head", type=int, default=0, help="key/value heads (0: --n-head)")

@@ -1,4 +1,4 @@
-// examples/bench/bench_muon.cpp: the time of Muon's step (nn/muon.h) on a GPU against the floor of its
+// examples/bench/bench_muon.cpp: the time of Muon's step (nn/optim/muon.h) on a GPU against the floor of its
 // Newton-Schulz products run alone in cuBLAS, beside AdamW's step on the same matrices.
 //
 // The model: a GPT of --arch with --layers, --heads, --embd, --vocab (default: train_gpt's
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
         const double muon_ms = time_ms([&] { muon.step(); }, warmup, repeats);
         const double adamw_ms = time_ms([&] { adamw.step(); }, warmup, repeats);
 
-        // The products alone, on buffers of their own (Note [Muon on CUDA] in nn/muon.cu: wide X is
+        // The products alone, on buffers of their own (Note [Muon on CUDA] in nn/optim/muon.cu: wide X is
         // cuBLAS's X^T, A = X X^T, B += c A A onto b A + a I, X' = B X; a tall Y is iterated as Y B).
         const auto classes = classes_of(matrices);
         struct Buffers {

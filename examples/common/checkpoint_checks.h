@@ -1,7 +1,7 @@
 // examples/common/checkpoint_checks.h: what train_gpt and generate check alike in a checkpoint
 // they read: the model's sizes (the ranges of train_gpt's flags, which its config must also
 // keep), that the model its config describes is no larger than the parameters the file holds,
-// and the warning for a file without checksums. Not here: reading the file (nn/safetensors.h),
+// and the warning for a file without checksums. Not here: reading the file (nn/formats/safetensors.h),
 // the config's other values (examples/train_gpt/train_args.h, examples/generate/generate.cpp).
 #pragma once
 

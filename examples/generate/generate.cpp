@@ -7,14 +7,14 @@
 // The model is rebuilt from the checkpoint's metadata entry "train_gpt.config" (layers, heads,
 // embd, vocab, seq as block_size, norm, dtype; the sizes in train_gpt's ranges, the model no larger
 // than the parameters the file holds) and its parameters are loaded from its tensors
-// (nn/checkpoint.h); the optimizer state it may hold is ignored. Sampling is nn/generate.h's:
+// (nn/formats/checkpoint.h); the optimizer state it may hold is ignored. Sampling is nn/model/generate.h's:
 // --temperature (0: greedy), --top-k (0: all), --seed, and --no-cache for the reference path.
 // --device: cpu or cuda (default: cuda when a GPU is visible, else cpu), in the checkpoint's dtype.
 // A file without checksums is read with the warning train_gpt --resume gives.
 //
 // CHECKPOINT may also be a Hugging Face model directory (one holding config.json, as
-// transformers' save_pretrained or nn/hf.h's save_hf writes it) of a LlamaForCausalLM or a
-// GPT2LMHeadModel: it is read with load_hf (nn/hf.h), in f32, and its vocabulary must be bytes too
+// transformers' save_pretrained or nn/formats/hf.h's save_hf writes it) of a LlamaForCausalLM or a
+// GPT2LMHeadModel: it is read with load_hf (nn/formats/hf.h), in f32, and its vocabulary must be bytes too
 // (at most 256 tokens: a model trained by normtape and exported, not a tokenized Hub model).
 //
 // Exit status: 0; 2 for a bad flag, prompt or checkpoint, with one line on stderr before anything
@@ -36,7 +36,7 @@
 
 #include "../common/checkpoint_checks.h"
 #include "../common/flag_syntax.h"
-#include "nn/json_read.h"
+#include "nn/formats/json_read.h"
 #include "normtape.h"
 
 using namespace normtape;
@@ -175,7 +175,7 @@ bool is_hf_directory(const std::string& path) {
     return std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "config.json", ec);
 }
 
-// The model of a Hugging Face directory (nn/hf.h), in f32 on `device`; its vocabulary must be bytes.
+// The model of a Hugging Face directory (nn/formats/hf.h), in f32 on `device`; its vocabulary must be bytes.
 std::unique_ptr<GPT> hf_model(const std::string& dir, Device device) {
     std::unique_ptr<GPT> model = bad_file_is_usage_error([&] { return load_hf(dir, device, DType::F32); });
     if (model->config().vocab_size > 256)

@@ -9,7 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 
-#include "nn/json_read.h"
+#include "nn/formats/json_read.h"
 #include "report.h"
 #include "svg_chart.h"
 

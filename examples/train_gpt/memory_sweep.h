@@ -2,7 +2,7 @@
 // predicted and measured peak and step time as a table on stdout, in the JSON file (--json) and
 // as the Pareto front of step time against peak in the SVG chart (--chart), the planner's pick
 // marked and PyTorch's steps (--sweep-reference) beside them. Not here: the runs
-// (examples/train_gpt/train_gpt.cpp), the planner (nn/memory_budget.h).
+// (examples/train_gpt/train_gpt.cpp), the planner (nn/memory/memory_budget.h).
 #pragma once
 
 #include <cstdint>

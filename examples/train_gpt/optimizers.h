@@ -4,7 +4,7 @@
 // Note [The optimizers]
 // adamw: AdamW, betas (0.9, --beta2), eps 1e-8, weight decay 0.1 on the parameters of 2 or more
 // dimensions and 0 on the others (GPT-2, nanoGPT); its lr is the schedule's.
-// muon: param_groups_for_muon's split (nn/muon.h), at nanochat's rates (karpathy/nanochat,
+// muon: param_groups_for_muon's split (nn/optim/muon.h), at nanochat's rates (karpathy/nanochat,
 // GPT.setup_optimizers): Muon (momentum 0.95, Nesterov, 5 Newton-Schulz steps) at 0.02 (--muon-lr)
 // for the blocks' matrices; AdamW, betas (0.8, 0.95), eps 1e-10, at 0.2 s for the embeddings and
 // 0.004 s for lm_head, s = (C / 768)^-0.5 (nanochat's scaling of AdamW's rates with the width),
@@ -49,6 +49,6 @@ struct OptimizerGroups {
 OptimizerGroups optimizer_groups(const Args& a, const normtape::GPT& model);
 
 // The optimizers of `a.optimizer` for `model` (after Module::to), with the rates of step 0 unset:
-// over optimizer_groups(a, model), or over `groups` (a data-parallel run's shards, nn/data_parallel.h).
+// over optimizer_groups(a, model), or over `groups` (a data-parallel run's shards, nn/parallel/data_parallel.h).
 Optimizers make_optimizers(const Args& a, const normtape::GPT& model);
 Optimizers make_optimizers(const Args& a, const normtape::GPT& model, OptimizerGroups groups);

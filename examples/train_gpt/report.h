@@ -24,10 +24,10 @@ struct RunResult {
     // (with --offload on, on a GPU, nearly all of it is on the host instead).
     normtape::SavedTensorsReport saved_report;
     int64_t saved_on_device_bytes = 0;
-    // What the first forward saves by nn/gpt.h's formula: predicted_checkpoint_saved_bytes() of the
+    // What the first forward saves by nn/model/gpt.h's formula: predicted_checkpoint_saved_bytes() of the
     // run's config with --checkpoint blocks, else predicted_saved_bytes(), at B = micro_batch(a).
     int64_t predicted_saved_bytes = 0;
-    // The step's peak by predict_peak (nn/memory_plan.h) for the run's settings, bytes: never below
+    // The step's peak by predict_peak (nn/memory/memory_plan.h) for the run's settings, bytes: never below
     // peak_allocated_bytes where the replay is exact.
     int64_t predicted_peak_bytes = 0;
     // The optimizers' state (examples/train_gpt/optimizers.h), bytes, measured from their tensors
@@ -62,7 +62,7 @@ struct RunResult {
     int64_t best_val_step = 0;
 };
 
-// What each memory mechanism is predicted to save, in bytes (nn/gpt.h), in the forward of one
+// What each memory mechanism is predicted to save, in bytes (nn/model/gpt.h), in the forward of one
 // micro-batch (the whole batch without --micro-batch): the norm policy (Output or Normalized over
 // Input) and activation recompute (0 when off, and with --checkpoint blocks, where it is not
 // measured: the blocks keep only their inputs).
@@ -94,7 +94,7 @@ void print_table(const Args& a, const std::vector<RunResult>& runs, int64_t pred
 void print_recompute(const Args& a, const std::vector<RunResult>& runs, int64_t predicted);
 // One line per run: saved activation bytes, those on the run's device, the median step time.
 void print_saved_bytes(const Args& a, const std::vector<RunResult>& runs);
-// One line per run: its saved bytes beside its predicted_saved_bytes (nn/gpt.h's
+// One line per run: its saved bytes beside its predicted_saved_bytes (nn/model/gpt.h's
 // predicted_saved_bytes, or predicted_checkpoint_saved_bytes with --checkpoint blocks) and whether
 // they are equal (with --offload on, the prediction is not checked: the line says so). Returns
 // false when one differs.

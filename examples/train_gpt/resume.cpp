@@ -11,7 +11,7 @@
 #include <type_traits>
 
 #include "../common/checkpoint_checks.h"
-#include "nn/json_read.h"
+#include "nn/formats/json_read.h"
 #include "train_data.h"
 
 using namespace normtape;

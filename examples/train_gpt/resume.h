@@ -9,11 +9,11 @@
 // how many blocks fit on the GPU) because everything that decides a step is restored from the
 // checkpoint:
 //  - the parameters, and AdamW's moments, step count and f32 master copies of bf16 parameters
-//    (save_checkpoint / load_checkpoint with the optimizer, nn/checkpoint.h);
-//  - the learning rate: the schedule (nn/lr_scheduler.h) is a function of the step and --steps,
+//    (save_checkpoint / load_checkpoint with the optimizer, nn/formats/checkpoint.h);
+//  - the learning rate: the schedule (nn/optim/lr_scheduler.h) is a function of the step and --steps,
 //    so the step is saved and --steps is part of the config (--stop-at ends a run early without
 //    changing its schedule);
-//  - the batches: Batcher (nn/data.h) draws every window from its own std::mt19937_64, so that generator's
+//  - the batches: Batcher (nn/data/data.h) draws every window from its own std::mt19937_64, so that generator's
 //    state is the position in the data; it is saved in the standard text form of the engine;
 //  - the data: its absolute path, size and FNV-1a hash are saved, and a resume on other data is
 //    refused (--data may name the same bytes elsewhere).

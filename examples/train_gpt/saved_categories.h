@@ -1,7 +1,7 @@
 // examples/train_gpt/saved_categories.h: train_gpt's reading of the saved-tensor report
 // (core/saved_report.h): each saved storage put in one part of the GPT (norms, attention, MLP,
 // embeddings, logits and loss, checkpointed block inputs, other), the bytes of each part, and the
-// --memory-report printout. GPT-specific: it knows the module names of nn/gpt.h. Not here: taking
+// --memory-report printout. GPT-specific: it knows the module names of nn/model/gpt.h. Not here: taking
 // the report (examples/train_gpt/train_gpt.cpp), the JSON and the chart (examples/train_gpt/report.h).
 #pragma once
 

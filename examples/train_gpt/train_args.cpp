@@ -94,7 +94,7 @@ const char* kind_of(mode_t mode) {
 }
 
 // A checkpoint is written to a temporary file first and renamed over --save (Note [Atomic
-// checkpoint writes] in nn/safetensors_write.cpp): the save opens that file, never through a
+// checkpoint writes] in nn/formats/safetensors_write.cpp): the save opens that file, never through a
 // symbolic link, and only a regular file that this process may write. Throws UsageError, `what`
 // naming --save, when something else is in the way there, which would fail the save after the run.
 void check_save_temp(const std::string& what, const std::string& save) {

@@ -14,7 +14,7 @@
 struct Args {
     std::string data;  // empty: kDefaultData (examples/train_gpt/train_data.h); "random": random tokens
     int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
-    std::string arch = "gpt2";  // gpt_config's name (nn/gpt.h)
+    std::string arch = "gpt2";  // gpt_config's name (nn/model/gpt.h)
     int64_t kv_heads = 0;       // GPTConfig::n_kv_head (0: heads)
     std::string tie = "off";    // GPTConfig::tie_embeddings
     // norm: empty until main fills in the architecture's (layer for gpt2, else rms).
@@ -51,7 +51,7 @@ struct Args {
     int64_t micro_batch = 0;
     bool memory_report = false;
     // --memory-budget: "" (none), "auto" (memory_available_bytes of the device) or a size ("6GiB");
-    // the planner (nn/memory_budget.h) then sets the memory settings above and the policy.
+    // the planner (nn/memory/memory_budget.h) then sets the memory settings above and the policy.
     // --memory-sweep: every setting of memory_settings_grid (within the budget, if one is given)
     // trained for a few steps instead of one run, timed and measured.
     std::string memory_budget;
@@ -59,7 +59,7 @@ struct Args {
     std::vector<std::string> sweep_reference;  // bench_torch_gpt.py JSON files drawn beside the sweep
     // Several processes (core/distributed.h; mpirun, srun or torchrun): --batch is each rank's, the
     // step's batch is world_size times it. --shard-optimizer on keeps each rank's part of the
-    // optimizers' state only (ZeRO-1, nn/data_parallel.h); --check-replicas compares every
+    // optimizers' state only (ZeRO-1, nn/parallel/data_parallel.h); --check-replicas compares every
     // parameter across ranks after each step (always on in debug builds).
     std::string shard_optimizer = "off";
     bool check_replicas = false;

@@ -1,5 +1,5 @@
 // examples/train_gpt/train_data.cpp: train_gpt's data (examples/train_gpt/train_data.h): reading the text, holding out
-// its tail, and the validation loss. Not here: the batches (nn/data.h), the training step
+// its tail, and the validation loss. Not here: the batches (nn/data/data.h), the training step
 // (examples/train_gpt/train_gpt.cpp).
 #include "train_data.h"
 

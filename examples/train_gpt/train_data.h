@@ -1,7 +1,7 @@
 // examples/train_gpt/train_data.h: train_gpt's data: the text it trains on (a file, by default the project's
 // data/tinyshakespeare.txt, or none for random tokens), its held-out tail, and the validation
 // loss measured on it. Not here: the batches drawn from it
-// (normtape::Batcher, nn/data.h), the training step that uses a batch (examples/train_gpt/train_gpt.cpp),
+// (normtape::Batcher, nn/data/data.h), the training step that uses a batch (examples/train_gpt/train_gpt.cpp),
 // the checkpoint that saves the batcher's state (examples/train_gpt/resume.h).
 #pragma once
 

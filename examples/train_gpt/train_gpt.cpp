@@ -32,8 +32,8 @@
 // cannot be written, or measured saving != predicted saving. Each error is one line on stderr.
 //
 // This file: the flags, their checks, and the training loop. The data is read in
-// examples/train_gpt/train_data.h (its batches: Batcher, nn/data.h; the schedule: WarmupCosineLR,
-// nn/lr_scheduler.h), the checks of --resume in examples/train_gpt/resume.h, the timing of each step's
+// examples/train_gpt/train_data.h (its batches: Batcher, nn/data/data.h; the schedule: WarmupCosineLR,
+// nn/optim/lr_scheduler.h), the checks of --resume in examples/train_gpt/resume.h, the timing of each step's
 // forward, backward and optimizer in examples/train_gpt/phase_timer.h, the table, JSON and chart in
 // examples/train_gpt/report.h, the saved bytes by category in examples/train_gpt/saved_categories.h.
 #include <CLI/CLI.hpp>
@@ -149,7 +149,7 @@ double median(std::vector<double> v) {
     return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-// Prints `bytes` bytes sampled from `model` after a newline (nn/generate.h; nanoGPT's sample.py
+// Prints `bytes` bytes sampled from `model` after a newline (nn/model/generate.h; nanoGPT's sample.py
 // settings: temperature 0.8, top-k 200), seeded with --seed.
 void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
     model.eval();
@@ -180,7 +180,7 @@ void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
 // (predicted_saved_bytes at B_micro); the step's peak is about one micro-batch's graph, plus the
 // batch's ids and the gradients. With n == 1 the step is the one without the flag, op for op.
 
-// The memory settings the flags of `a` ask for under `policy` (nn/memory_plan.h), and the flags
+// The memory settings the flags of `a` ask for under `policy` (nn/memory/memory_plan.h), and the flags
 // that ask for `s` (its policy becomes --policy).
 MemorySettings settings_of(const Args& a, SavePolicy policy) {
     MemorySettings s;
@@ -216,7 +216,7 @@ Tensor micro_rows(const Tensor& t, int64_t k, int64_t micro) {
 // Note [Training on several processes]
 // With world_size W > 1 (mpirun -np W, srun, torchrun: core/distributed.h) every rank builds the
 // same model, draws the same batch of W * B rows (--batch B is each rank's) and trains on its rows
-// [rank B, (rank + 1) B), with DataParallel (nn/data_parallel.h) averaging the gradients: the
+// [rank B, (rank + 1) B), with DataParallel (nn/parallel/data_parallel.h) averaging the gradients: the
 // step is the one-process step on the W B rows, up to the order of the sums. The loss printed is
 // the mean over the ranks, and so is the held-out loss (each rank scores its rows of the same
 // batches of W B rows); rank 0 alone prints and writes files. A checkpoint holds the whole state as a one-process run's, with
