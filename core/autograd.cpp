@@ -152,6 +152,25 @@ void Node::release_saved() {
 
 void Node::set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edges); }
 
+Node::~Node() {
+    // The producers this node alone keeps alive are taken out of its edges and released here, one
+    // at a time, after taking theirs: each destructor then finds no producer it alone holds.
+    std::vector<std::shared_ptr<Node>> last_holder;
+    auto take = [&last_holder](Node& n) {
+        for (Edge& e : n.next_edges_)
+            if (e.node && e.node.use_count() == 1) last_holder.push_back(std::move(e.node));
+    };
+    try {
+        take(*this);
+        while (!last_holder.empty()) {
+            std::shared_ptr<Node> n = std::move(last_holder.back());
+            last_holder.pop_back();
+            take(*n);
+        }
+    } catch (...) {  // no memory for the list: the rest is released as it is, recursively
+    }
+}
+
 void add_to_tape(const std::shared_ptr<Node>& node) {
     node->sequence_nr_ = tape().next_sequence_nr++;
     node->module_path_ = current_scope();

@@ -154,7 +154,9 @@ void set_recipe(Tensor& t, const char* name, const std::vector<Tensor>& inputs,
 // can release and count them and saved_tensors_report() can name them.
 class Node {
 public:
-    virtual ~Node() = default;
+    // Releases the chain of producers behind this node without recursion: a graph as deep as a
+    // model of 20,000 layers is freed in a loop, not on the stack (as PyTorch's deleteNode does).
+    virtual ~Node();
     // The grad_fn name as PyTorch prints it: "LayerNormBackward".
     virtual const char* name() const = 0;
     // Gradients of the inputs given the gradient of the output; one entry per next_edges() entry,
