@@ -48,6 +48,5 @@
 #include "nn/model/norm.h"
 #include "nn/formats/safetensors.h"
 #include "ops/ops.h"
-#include "ops/softmax.h"
 
 #pragma GCC visibility pop

@@ -49,6 +49,12 @@ void swiglu_forward_cuda(T* out, const T* h, int64_t rows, int64_t H, int device
 template <class T>  // dh[r, j] = dout[r, j] * up * silu'(gate), dh[r, H + j] = dout[r, j] * silu(gate); dh [rows, 2H]
 void swiglu_backward_cuda(T* dh, const T* dout, const T* h, int64_t rows, int64_t H, int device);
 
+// ops/softmax.cu (see ops/softmax.h): x, y, dy, dx [rows, N]
+template <class T>  // y[r, :] = exp(x[r, :] - max) / sum(exp(x[r, :] - max))
+void softmax_forward_cuda(T* y, const T* x, int64_t rows, int64_t N, int device);
+template <class T>  // dx[r, :] = y[r, :] * (dy[r, :] - sum(dy[r, :] * y[r, :]))
+void softmax_backward_cuda(T* dx, const T* dy, const T* y, int64_t rows, int64_t N, int device);
+
 // ops/rotary.cu (see ops/rotary.h)
 template <class T>  // out[b, t, h, :] = x[b, t, h, :] with each pair (d, d + hs/2) rotated by the angle of
                     // position position_offset + t (inverse: by minus it); out, x [B, T, H, hs]

@@ -15,4 +15,5 @@
 #include "ops/norm/norm_policy.h"
 #include "ops/reduce.h"
 #include "ops/rotary.h"
+#include "ops/softmax.h"
 #include "ops/norm/rms_norm.h"

@@ -15,17 +15,9 @@
 #include "core/dispatch.h"
 #include "core/parallel.h"
 #include "ops/checks.h"
+#include "ops/cuda_launchers.h"
 
 namespace normtape {
-
-namespace detail {
-// ops/softmax.cu (the other ops' launchers are indexed in ops/cuda_launchers.h). x, y, dy, dx:
-// [rows, N] contiguous, on `device`; arithmetic in acc_t<T>; outputs overwritten (=).
-template <class T>  // y[r, :] = exp(x[r, :] - max) / sum(exp(x[r, :] - max))
-void softmax_forward_cuda(T* y, const T* x, int64_t rows, int64_t N, int device);
-template <class T>  // dx[r, :] = y[r, :] * (dy[r, :] - sum(dy[r, :] * y[r, :]))
-void softmax_backward_cuda(T* dx, const T* dy, const T* y, int64_t rows, int64_t N, int device);
-}  // namespace detail
 
 namespace {
 
