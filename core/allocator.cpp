@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/cuda_allocator.h"
+#include "core/dry_run.h"
 #include "core/named_scope.h"
 
 namespace normtape {
@@ -103,6 +104,7 @@ void deallocate_pinned(void* ptr, size_t nbytes) noexcept {
 
 MemoryStats memory_stats(Device device) {
     check_backend(device, "memory_stats");
+    if (is_dry_run()) return detail::dry_memory_stats(device);
     return device.is_cuda() ? detail::cuda_memory_stats(device.index) : cpu_stats;
 }
 
@@ -121,12 +123,14 @@ int64_t memory_available_bytes(Device device) {
 
 void reset_peak_memory_stats(Device device) {
     check_backend(device, "reset_peak_memory_stats");
-    if (device.is_cuda()) detail::cuda_reset_peak_memory_stats(device.index);
+    if (is_dry_run()) detail::dry_reset_peak_memory_stats(device);
+    else if (device.is_cuda()) detail::cuda_reset_peak_memory_stats(device.index);
     else cpu_stats.peak_allocated_bytes = cpu_stats.allocated_bytes;
 }
 
 void empty_cache(Device device) {
     check_backend(device, "empty_cache");
+    if (is_dry_run()) return;  // nothing is cached, and a CUDA dry run may not wait for its device
     if (device.is_cuda()) detail::cuda_empty_cache(device.index);
     else detail::cuda_host_empty_cache();
 }
@@ -150,7 +154,8 @@ void detail::append_memory_event(std::vector<MemoryEvent>*& trace, const MemoryS
 
 void set_memory_trace(Device device, std::vector<MemoryEvent>* trace) {
     check_backend(device, "set_memory_trace");
-    if (device.is_cuda()) detail::cuda_set_memory_trace(device.index, trace);
+    if (is_dry_run()) detail::dry_set_memory_trace(device, trace);
+    else if (device.is_cuda()) detail::cuda_set_memory_trace(device.index, trace);
     else cpu_trace = trace;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/dispatch.h"
+#include "core/dry_run.h"
 
 namespace normtape {
 
@@ -25,7 +26,7 @@ struct NonFinite {
 
 NonFinite find_non_finite(const Tensor& t) {
     NonFinite r;
-    if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return r;
+    if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0 || is_dry_run()) return r;  // no values in a dry run
     Tensor host = t.device().is_cuda() ? t.to(Device::CPU) : t.detach().contiguous();  // CUDA: waits for the device
     dispatch_floating(host.dtype(), "detect_anomaly", [&](auto tag) {
         using T = decltype(tag);

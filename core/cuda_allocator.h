@@ -49,4 +49,11 @@ void cuda_host_deallocate(void* ptr, size_t nbytes) noexcept;
 // Frees the cached pinned blocks (cudaFreeHost) once the side streams' copies are done. Throws Error.
 void cuda_host_empty_cache();
 
+// A CUDA dry run's capture (Note [The dry run], core/dry_run.h): begin makes the device's context
+// and starts capturing its stream into a CUDA graph (relaxed mode); end stops it and destroys the
+// graph unrun. end throws Error when CUDA refused a call during the capture (the capture is then
+// invalidated), naming what it reports.
+void cuda_begin_dry_capture(int device);
+void cuda_end_dry_capture(int device);
+
 }  // namespace normtape::detail

@@ -7,6 +7,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_event.h"
 #include "core/device.h"
+#include "core/dry_run.h"
 #include "core/tensor_cuda.h"
 
 namespace normtape {
@@ -102,10 +103,26 @@ int cuda_compute_capability(Device device) {
 }
 
 void synchronize(Device device) {
-    if (device.is_cuda()) CUDA_CHECK(cudaStreamSynchronize(cuda::stream(device.index)));
+    if (device.is_cuda() && !is_dry_run()) CUDA_CHECK(cudaStreamSynchronize(cuda::stream(device.index)));
 }
 
 namespace detail {
+
+void cuda_begin_dry_capture(int device) {
+    CUDA_CHECK(cudaStreamBeginCapture(cuda::stream(device), cudaStreamCaptureModeRelaxed));
+}
+
+void cuda_end_dry_capture(int device) {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(cuda::stream(device), &graph);
+    if (graph) cudaGraphDestroy(graph);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // the capture's error is not the context's
+        throw_error<Error>("dry_run: CUDA refused a call while recording the dry run's kernels on cuda:",
+                                   device, " (", cudaGetErrorString(err), "): a call that waits for the device or ",
+                                   "for another stream cannot be dry-run");
+    }
+}
 
 void* cuda_event_create(int device) {
     cuda::stream(device);  // checks the device and makes it current

@@ -5,6 +5,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
+#include "core/dry_run.h"
 
 namespace normtape::detail {
 
@@ -36,7 +37,11 @@ SideStream& side(int device) {
     return s;
 }
 
+// In a dry run (core/dry_run.h) no copy is made and no stream waits: the side stream is not
+// captured, and the dry run's addresses hold nothing. Its copies never finish (cuda_event_query),
+// so SaveOnCpu keeps their sources: the dry run's peak is a bound of the real one.
 void copy_async(void* dst, const void* src, size_t nbytes, int device, void* done, cudaMemcpyKind kind) {
+    if (is_dry_run()) return;
     SideStream& s = side(device);
     CUDA_CHECK(cudaEventRecord(s.ready, cuda::stream(device)));
     CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.ready, 0));
@@ -69,15 +74,18 @@ void cuda_copy_to_device_async(void* dst, const void* src, size_t nbytes, int de
 }
 
 void cuda_stream_wait_event(int device, void* event) {
+    if (is_dry_run()) return;
     CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device), static_cast<cudaEvent_t>(event), 0));
 }
 
 void cuda_stream_wait_side(int device) {
+    if (is_dry_run()) return;
     if (device < 0 || side_streams().size() <= static_cast<size_t>(device) || !side_streams()[device].stream) return;
     CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device), side_streams()[device].tail, 0));
 }
 
 bool cuda_event_query(void* event) {
+    if (is_dry_run()) return false;
     cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
     if (err == cudaErrorNotReady) {
         cudaGetLastError();  // "not ready" is an answer, not an error: leave no error behind
@@ -88,6 +96,7 @@ bool cuda_event_query(void* event) {
 }
 
 void cuda_side_streams_synchronize() {
+    if (is_dry_run()) return;
     for (const SideStream& s : side_streams())
         if (s.stream) CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }

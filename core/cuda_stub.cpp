@@ -34,6 +34,10 @@ void* cuda_host_allocate(size_t) {
 }
 void cuda_host_deallocate(void*, size_t) noexcept {}
 void cuda_host_empty_cache() {}
+void cuda_begin_dry_capture(int) {
+    NT_CHECK_AS(DeviceError, false, "dry_run: expected device cpu, got cuda: this build of normtape has no CUDA backend");
+}
+void cuda_end_dry_capture(int) {}
 // SaveOnCpu keeps cpu tensors as they are: without CUDA it never copies, and these are never reached.
 void* cuda_copy_event_create(int) {
     NT_CHECK_AS(DeviceError, false, "SaveOnCpu: expected device cpu, got cuda: this build has no CUDA backend");

@@ -19,6 +19,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "core/device_ptr.h"
+#include "core/dry_run.h"
 #include "core/rendezvous.h"
 
 #if NORMTAPE_WITH_MPI
@@ -430,8 +431,24 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options) : state_(std::make_uniqu
     }
 }
 
+ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupState> state) : state_(std::move(state)) {}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::stand_in(int rank, int world_size, int device_index) {
+    NT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "ProcessGroup::stand_in: expected world_size >= 1 and "
+             "a rank in [0, world_size), got world_size ", world_size, " and rank ", rank);
+    NT_CHECK_AS(DeviceError, device_index >= 0, "ProcessGroup::stand_in: expected a GPU index >= 0, got ", device_index);
+    auto s = std::make_unique<detail::ProcessGroupState>();
+    s->launcher = "stand-in";
+    s->rank = rank;
+    s->world = world_size;
+    s->local_rank = rank;
+    s->device_index = device_index;
+    return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(s)));
+}
+
 ProcessGroup::~ProcessGroup() {
     [[maybe_unused]] detail::ProcessGroupState& s = *state_;
+    if (s.launcher == "stand-in") return;
 #if NORMTAPE_WITH_NCCL
     if (s.nccl) {
         if (s.broken) ncclCommAbort(s.nccl);
@@ -525,8 +542,10 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
     if (op == Op::AllReduce || op == Op::Broadcast)
         NT_CHECK_AS(ShapeError, in.numel() == out.numel(), "ProcessGroup::", name, ": expected one tensor");
     const size_t esize = element_size(in.dtype());
-    char* inp = detail::byte_ptr(in);
-    char* outp = detail::byte_ptr(out);
+    // Addresses only compared, never read: a dry run's tensors have them too.
+    auto address = [esize](const Tensor& t) { return static_cast<char*>(t.storage()->data()) + t.impl().offset * esize; };
+    char* inp = address(in);
+    char* outp = address(out);
     // In place means exactly: one tensor (all_reduce, broadcast), the output this rank's part of the
     // input (reduce_scatter), the input this rank's part of the output (all_gather). Any other overlap
     // is refused: MPI and NCCL would read what they have already written.
@@ -545,6 +564,13 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
     work->what = std::string(name) + " of " + with_commas(n) + " " + dtype_name(in.dtype()) + " elements";
     work->input = in;
     work->output = out;
+    if (s.launcher == "stand-in") {  // Note [The dry run]: checked and numbered, nothing sent
+        NT_CHECK(is_dry_run(), "ProcessGroup::", name, ": a stand-in group (ProcessGroup::stand_in) serves dry runs "
+                 "only (core/dry_run.h), got a collective outside one");
+        s.begin();
+        work->local = true;
+        return Work(std::move(work));
+    }
 
     if (in.device().is_cuda()) {
 #if NORMTAPE_WITH_NCCL
@@ -674,7 +700,7 @@ void ProcessGroup::broadcast(Tensor& t, int root) {
 
 void ProcessGroup::abort(int code) {
     detail::ProcessGroupState& s = *state_;
-    if (s.world == 1) return;
+    if (s.world == 1 || s.launcher == "stand-in") return;
 #if NORMTAPE_WITH_MPI
     if (s.comm != MPI_COMM_NULL) MPI_Abort(MPI_COMM_WORLD, code);
 #endif
@@ -700,6 +726,12 @@ void ProcessGroup::barrier() {
         return;
     }
 #endif
+    if (s.launcher == "stand-in") {
+        NT_CHECK(is_dry_run(), "ProcessGroup::barrier: a stand-in group (ProcessGroup::stand_in) serves dry runs only "
+                 "(core/dry_run.h), got a barrier outside one");
+        s.begin();
+        return;
+    }
     if (s.launcher == "torchrun") {
         Tensor one = zeros({1}, TensorOptions().dtype(DType::F32).device(Device::cuda(s.device_index)));
         all_reduce(one);

@@ -105,6 +105,13 @@ public:
     // WORLD_SIZE says, or when MPI or the TCP rendezvous fails; Error for a timeout <= 0, or a
     // second group while one lives.
     explicit ProcessGroup(ProcessGroupOptions options = {});
+    // A group of world_size ranks of which this process is `rank`, for a dry run (core/dry_run.h):
+    // it starts nothing (no MPI, no NCCL; any number of them may live beside a real group), its
+    // collectives check their tensors as a real group's do and send nothing, and outside a dry run
+    // they throw Error. launcher() is "stand-in"; CUDA tensors are expected on GPU `device_index`.
+    // Throws Error for world_size < 1 or a rank outside [0, world_size), DeviceError for a negative
+    // device_index.
+    static std::unique_ptr<ProcessGroup> stand_in(int rank, int world_size, int device_index = 0);
     ~ProcessGroup();
     ProcessGroup(const ProcessGroup&) = delete;
     ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -115,7 +122,7 @@ public:
     // It is local_rank modulo the GPUs visible (0 without a GPU).
     int local_rank() const;
     int device_index() const;
-    // "mpi", "torchrun" or "single": how the group was started.
+    // "mpi", "torchrun", "single" or "stand-in": how the group was started.
     const std::string& launcher() const;
 
     // t = the sum of every rank's t, on every rank, in place. [n] any shape; each element
@@ -148,6 +155,7 @@ public:
     void abort(int code);
 
 private:
+    explicit ProcessGroup(std::unique_ptr<detail::ProcessGroupState> state);
     std::unique_ptr<detail::ProcessGroupState> state_;
 };
 

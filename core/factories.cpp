@@ -9,6 +9,7 @@
 
 #include "core/cuda_dispatch.h"
 #include "core/dispatch.h"
+#include "core/dry_run.h"
 #include "core/tensor_cuda.h"
 #include "core/tensor_internal.h"
 
@@ -86,6 +87,7 @@ Tensor randn(const Shape& shape, TensorOptions options) {
     NT_CHECK_AS(DTypeError, is_floating(options.dtype_), "randn: expected a floating dtype, got ",
                 dtype_name(options.dtype_));
     Tensor t = empty_for("randn", shape, options);
+    if (is_dry_run()) return t;  // Note [The dry run]: no values, and the generators do not advance
     if (t.device().is_cuda()) {
         NT_CUDA(detail::randn_cuda(t));
         return t;
@@ -107,6 +109,7 @@ Tensor arange(int64_t end, TensorOptions options) {
             .requires_grad_(options.requires_grad_);
     }
     Tensor t = empty_for("arange", {end}, options);
+    if (is_dry_run()) return t;
     dispatch_all(t.dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data_ptr<T>();
@@ -123,7 +126,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
                 " values for shape ", shape_str(s), ", got ", values.size());
     check_device("from_vector", options.device_);
     Tensor t = empty_for("from_vector", s, options.dtype(dtype_of<T>()).device(Device::CPU));
-    std::copy(values.begin(), values.end(), t.data_ptr<T>());
+    if (!is_dry_run()) std::copy(values.begin(), values.end(), t.data_ptr<T>());
     return options.device_.is_cuda() ? t.to(options.device_).requires_grad_(options.requires_grad_) : t;
 }
 template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);

@@ -21,6 +21,8 @@ public:
     // pinned: page-locked host memory from allocate_pinned(), for asynchronous copies to and from
     // a GPU (SaveOnCpu); counted as any cpu bytes. Throws DeviceError for pinned on a device other
     // than the cpu, or where allocate_pinned() does (no CUDA backend, no GPU visible).
+    // In a dry run (core/dry_run.h) the bytes are counted and none are held: data() is an address
+    // that must not be dereferenced, and is_dry() is true for the storage's lifetime.
     Storage(size_t nbytes, Device device, bool pinned = false);
     ~Storage();
     Storage(const Storage&) = delete;
@@ -30,6 +32,7 @@ public:
     size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
     bool is_pinned() const { return pinned_; }
+    bool is_dry() const { return dry_; }
     uint64_t version() const { return version_; }
     void bump_version() { ++version_; }
     // True once a leaf over this storage was marked requires_grad (a parameter or a user input
@@ -45,6 +48,7 @@ private:
     uint64_t version_ = 0;
     bool is_parameter_ = false;
     bool pinned_ = false;
+    bool dry_ = false;
 };
 
 }  // namespace normtape

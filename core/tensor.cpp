@@ -13,6 +13,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/dry_run.h"
 #include "core/parallel.h"
 #include "core/tensor_cuda.h"
 #include "core/tensor_internal.h"
@@ -86,6 +87,7 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
         NT_CUDA(detail::copy_cuda(dst, src));
         return;
     }
+    if (is_dry_run()) return;
     dispatch_all(dst.dtype(), [&](auto dst_tag) {
         using D = decltype(dst_tag);
         D* out = detail::device_ptr<D>(dst);
@@ -243,13 +245,14 @@ T* Tensor::data_ptr() const {
                 dtype_name(dtype()), ", got a request for ", dtype_name(dtype_of<T>()));
     NT_CHECK_AS(DeviceError, device() == Device::CPU, "Tensor::data_ptr: expected a cpu tensor (host access), got ",
                 device_name(device()), "; use to(Device::CPU)");
-    return detail::device_ptr<T>(*this);
+    return detail::device_ptr<T>(*this);  // which refuses a dry run's tensor
 }
 
 template <class T>
 T Tensor::item() const {
     NT_CHECK_AS(ShapeError, numel() == 1, "Tensor::item: expected a tensor with one element, got shape ",
                 shape_str(shape()));
+    if (storage() && storage()->is_dry()) return T(0);  // Note [The dry run]: the placeholder
     if (device().is_cuda()) return to(Device::CPU).template item<T>();
     if (dtype() != dtype_of<T>()) return to(dtype_of<T>()).template item<T>();
     return *data_ptr<T>();
@@ -257,6 +260,7 @@ T Tensor::item() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+    if (storage() && storage()->is_dry()) return std::vector<T>(static_cast<size_t>(numel()), T(0));
     Tensor c = device().is_cuda() ? to(Device::CPU) : contiguous();
     const T* p = c.data_ptr<T>();
     return std::vector<T>(p, p + c.numel());
@@ -332,7 +336,7 @@ Tensor Tensor::to(Device d) const {
     Tensor out = empty_for("to", shape(), TensorOptions().dtype(dtype()).device(d));
     if (d == device()) {
         copy_elements(out, src);
-    } else {
+    } else if (!is_dry_run()) {  // a copy across devices waits for them, which a CUDA dry run may not
         NT_CUDA(detail::copy_bytes_across(out, src));
     }
     return out;
@@ -389,6 +393,7 @@ void detail::add_scaled_into(const Tensor& out, const Tensor& a, const Tensor& b
         NT_CUDA(detail::add_scaled_cuda(out, a, b, alpha));
         return;
     }
+    if (is_dry_run()) return;
     dispatch_floating(out.dtype(), "add_", [&](auto tag) {
         using T = decltype(tag);
         T* o = out.data_ptr<T>();
@@ -408,6 +413,7 @@ Tensor& Tensor::mul_(double value) {
         NT_CUDA(detail::mul_scalar_cuda(*this, value));
         return *this;
     }
+    if (is_dry_run()) return *this;
     dispatch_floating(dtype(), "mul_", [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();
@@ -428,6 +434,7 @@ Tensor& Tensor::fill_(double value) {
         NT_CUDA(detail::fill_cuda(*this, value));
         return *this;
     }
+    if (is_dry_run()) return *this;
     dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* a = data_ptr<T>();

@@ -11,7 +11,7 @@
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|
-#                         muon|muon-shakespeare]
+#                         muon|muon-shakespeare|distributed|dryrun]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
@@ -34,15 +34,18 @@
 #     (MUON_RUNS=ours|torch|both, default both) and PyTorch's Muon reference
 #     (scripts/train_torch_shakespeare.py --optimizer muon), then scripts/muon_report.py's table
 #     and curves. None of profile, nanogpt, decoders, memory, budget, sweep, muon and
-#     muon-shakespeare is part of all (default: all).
+#     muon-shakespeare is part of all (default: all). dryrun: the dry run's tests on the GPU (two
+#     models of the tests' own and a grid of small GPTs, predicted = measured to the byte), the
+#     preset's step under seven settings (train_gpt's measured peak against predict_peak, which
+#     dry-runs the same step), with ZeRO-1 on 2 GPUs where the machine has them, and bench_dry_run.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -219,7 +222,7 @@ if [ "$MODE" = step ]; then
 fi
 
 # Muon on the GPU: its tests (newton_schulz and the step against the cpu and f64, the PyTorch
-# reference, checkpoints, the memory replay) and memcheck over them; its step on the preset's
+# reference, checkpoints, the step's predicted memory) and memcheck over them; its step on the preset's
 # matrices against the products alone (bench_muon); the preset's step with each optimizer.
 if [ "$MODE" = muon ]; then
     step "muon tests" ./build-gpu/normtape_tests "-tc=*muon*,*Muon*,checkpoint*,memory_plan*" \
@@ -235,6 +238,39 @@ if [ "$MODE" = muon ]; then
         summary+=("preset, $optimizer: $(grep -E 'optimizer state:' "$GPU_OUT/muon_preset_$optimizer.log")")
     done
     summary+=("$(tail -3 "$GPU_OUT/bench_muon.log" | tr '\n' ';')")
+fi
+
+# The dry run (core/dry_run.h): its tests on the GPU, then the preset's step, measured by train_gpt
+# against predict_peak's dry run of the same step: every one equal to the byte but offload's (a bound).
+if [ "$MODE" = dryrun ]; then
+    step "dry-run tests" ./build-gpu/normtape_tests "-ts=dry_run,memory_plan" > "$GPU_OUT/dryrun_tests.log" 2>&1
+    summary+=("dry-run tests: $(grep -E '^\[doctest\] (test cases|assertions)' "$GPU_OUT/dryrun_tests.log" | tr '\n' ' ')")
+    runs=("--policy input --recompute-activation off" "--policy normalized" "--policy output --fused-loss on"
+          "--policy normalized --checkpoint blocks" "--policy input --micro-batch 4"
+          "--policy normalized --optimizer muon" "--policy normalized --offload on")
+    for i in "${!runs[@]}"; do
+        # shellcheck disable=SC2086
+        step "preset ${runs[$i]}" ./build-gpu/train_gpt --preset gpt2-medium-ish --steps 2 ${runs[$i]} \
+            --json "$GPU_OUT/dry_$i.json" > "$GPU_OUT/dry_$i.log" 2>&1
+    done
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+        step "2 GPUs, ZeRO-1" python3 -m torch.distributed.run --standalone --no-python --nproc-per-node 2 \
+            ./build-gpu/train_gpt --preset gpt2-medium-ish --steps 2 --policy normalized --optimizer muon \
+            --shard-optimizer on --json "$GPU_OUT/dry_dp.json" > "$GPU_OUT/dry_dp.log" 2>&1
+    fi
+    python3 - "$GPU_OUT" "${runs[@]}" <<'PY' | tee "$GPU_OUT/dryrun.txt"
+import json, os, sys
+out, runs = sys.argv[1], sys.argv[2:]
+for name, label in [(f"dry_{i}", r) for i, r in enumerate(runs)] + [("dry_dp", "ZeRO-1, 2 GPUs, muon, rank 0")]:
+    if not os.path.exists(f"{out}/{name}.json"):
+        continue
+    r = json.load(open(f"{out}/{name}.json"))["runs"][0]
+    m, p = r["peak_allocated_bytes"], r["predicted_peak_bytes"]
+    print(f"{label}: measured {m} predicted {p} {'equal' if m == p else f'differ by {p - m}'}")
+PY
+    step bench_dry_run ./build-gpu/bench_dry_run --real-steps 1 --repeat 3 --json "$GPU_OUT/bench_dry_run.json" \
+        > "$GPU_OUT/bench_dry_run.log" 2>&1
+    summary+=("bench_dry_run: $(tail -1 "$GPU_OUT/bench_dry_run.log")")
 fi
 
 # Data parallel on every GPU of the machine (torchrun --no-python, one process per GPU; NCCL): the

@@ -1,8 +1,8 @@
-// tests/test_memory_plan.cpp: predict_peak (nn/memory/memory_plan.h) against the allocator's peak over a
-// training step as train_gpt runs it, on a grid of presets, sizes, dtypes and memory settings; and
-// the saved bytes of partial checkpointing (predicted_checkpoint_every_saved_bytes); the planner
-// (nn/memory/memory_budget.h). CPU only: the CUDA terms of the replay are read from the code, not
-// measured here (scripts/gpu_check.sh budget measures them with train_gpt --memory-sweep).
+// tests/test_memory_plan.cpp: predict_peak (nn/memory/memory_plan.h), the dry run of a training
+// step, against the allocator's peak over the same step run for real (gpt_step, as train_gpt runs
+// it), on a grid of presets, sizes, dtypes and memory settings; the saved bytes of partial
+// checkpointing (predicted_checkpoint_every_saved_bytes); the planner (nn/memory/memory_budget.h).
+// On the cpu; scripts/gpu_check.sh budget measures CUDA's with train_gpt --memory-sweep.
 #include <sys/resource.h>
 
 #include <cmath>
@@ -50,120 +50,44 @@ StepCostModel fixed_costs() {
     return costs;
 }
 
-// The bytes of the optimizers' state tensors: AdamW's moments, Muon's buffers, both's masters.
-struct StateBytes {
-    int64_t adamw_moments = 0, muon_momentum = 0, masters = 0;
-};
-StateBytes state_bytes(const AdamW& adamw, const Muon* muon) {
-    StateBytes b;
-    for (const ParamGroup& g : adamw.groups())
-        for (const Tensor& p : g.params) {
-            const AdamW::ParamState& st = adamw.state(p);
-            b.adamw_moments += st.m.nbytes() + st.v.nbytes();
-            b.masters += st.master.defined() ? st.master.nbytes() : 0;
-        }
-    if (muon)
-        for (const ParamGroup& g : muon->groups())
-            for (const Tensor& p : g.params) {
-                const Muon::ParamState& st = muon->state(p);
-                b.muon_momentum += st.momentum_buffer.nbytes();
-                b.masters += st.master.defined() ? st.master.nbytes() : 0;
-            }
-    return b;
-}
-
-// The optimizers of train_gpt --optimizer (examples/train_gpt/optimizers.cpp, make_optimizers):
-// adamw, weight decay for matrices only; muon, param_groups_for_muon's split: AdamW for the
-// embeddings, lm_head and the vectors, Muon for the blocks' matrices. AdamW is made first.
-struct StepOptimizers {
-    std::unique_ptr<AdamW> adamw;
-    std::unique_ptr<Muon> muon;  // StepOptimizer::Muon
-};
-StepOptimizers make_optimizers(const GPT& model, StepOptimizer which) {
-    StepOptimizers o;
-    if (which == StepOptimizer::AdamW) {
-        std::vector<ParamGroup> groups(2);
-        groups[0].weight_decay = 0.1;
-        groups[1].weight_decay = 0.0;
-        for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-        o.adamw = std::make_unique<AdamW>(groups, AdamWOptions{});
-        return o;
-    }
-    const MuonParamSplit split = param_groups_for_muon(model);
-    o.adamw = std::make_unique<AdamW>(
-        std::vector<ParamGroup>{{split.embeddings, 0.0, 0.2}, {split.head, 0.0, 0.004}, {split.vectors, 0.0, 0.004}},
-        AdamWOptions{});
-    o.muon = std::make_unique<Muon>(split.matrices, MuonOptions{});
-    return o;
-}
-
-// What the allocator saw over one training step of train_gpt's loop (Note [The step replayed]),
-// after one step before it, less what was allocated before the model was made: the peak, and
-// allocated_bytes after each allocation (the trace's events of positive delta); and the bytes of
-// the optimizers' state.
+// What the allocator saw over one training step (gpt_step, Note [The training step]) run for
+// real, after one step before it, less what was allocated before the model was made: the peak,
+// and allocated_bytes after each allocation (the trace's events of positive delta); and the bytes
+// of the optimizers' state.
 struct Measured {
     int64_t peak = 0;
     std::vector<int64_t> allocations;
-    StateBytes state;
+    int64_t adamw_moments = 0, muon_momentum = 0, masters = 0;
 };
 
 Measured measure(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T) {
     const GPTConfig c = with_settings(config, s);
-    const int64_t before = cpu_allocated();
+    const Device device = c.device;
+    const int64_t before = memory_stats(device).allocated_bytes;
     manual_seed(11);
     GPT model(c);
-    StepOptimizers optimizers = make_optimizers(model, s.optimizer);
-    AdamW& optimizer = *optimizers.adamw;
-    Muon* muon = optimizers.muon.get();
+    GPTOptimizers optimizers = GPTOptimizers::make(gpt_param_groups(model, s.optimizer));
     TokenBatch b = token_batch(c, B, T);
-    const int64_t rows = s.micro_batch > 0 ? s.micro_batch : B, n = B / rows;
-    // train_gpt's step (Note [Micro-batches], examples/train_gpt/train_gpt.cpp): each micro-batch's
-    // rows copied, its loss scaled by 1/n and kept, detached, until the step ends.
-    auto rows_of = [&](const Tensor& t, int64_t k) { return n == 1 ? t : t.narrow(0, k * rows, rows).clone(); };
-    auto step = [&] {
-        std::vector<Tensor> losses;
-        for (int64_t k = 0; k < n; ++k) {
-            Tensor loss = model.loss(rows_of(b.idx, k), rows_of(b.targets, k));
-            if (n == 1) loss.backward();
-            else scale(loss, 1.0 / static_cast<double>(n)).backward();
-            losses.push_back(loss.detach());
-        }
-        Tensor norm = clip_grad_norm_tensor_(model.parameters(), 1.0);
-        optimizer.set_lr(1e-3);
-        optimizer.step_if_finite(norm);
-        if (muon) {
-            muon->set_lr(0.02);
-            muon->step_if_finite(norm);
-        }
-        optimizer.zero_grad();
-        if (muon) muon->zero_grad();
-    };
-    step();
+    std::vector<Tensor> losses;
+    gpt_step(model, optimizers, nullptr, b.idx, b.targets, s.micro_batch, true, &losses);
+    losses.clear();
     std::vector<MemoryEvent> trace;
-    reset_peak_memory_stats(Device::CPU);
-    set_memory_trace(Device::CPU, &trace);
-    step();
-    set_memory_trace(Device::CPU, nullptr);
-    Measured m{memory_stats(Device::CPU).peak_allocated_bytes - before, {}, state_bytes(optimizer, muon)};
+    synchronize(device);
+    reset_peak_memory_stats(device);
+    set_memory_trace(device, &trace);
+    gpt_step(model, optimizers, nullptr, b.idx, b.targets, s.micro_batch, true, &losses);
+    set_memory_trace(device, nullptr);
+    Measured m{memory_stats(device).peak_allocated_bytes - before, {}, optimizers.adamw_moment_bytes(),
+               optimizers.muon_momentum_bytes(), optimizers.master_bytes()};
     for (const MemoryEvent& e : trace)
         if (e.delta_bytes > 0) m.allocations.push_back(e.allocated_bytes - before);
     return m;
 }
 
-// The first allocation at which the replay and the allocator part, or -1. Two allocations in
-// swapped order are the same step (a bf16 product's copies of its two operands are made in the
-// order that the compiler evaluates a call's arguments).
+// The first allocation at which the dry run and the allocator part, or -1.
 int64_t first_difference(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
-    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-        if (i >= a.size() || i >= b.size()) return static_cast<int64_t>(i);
-        if (a[i] == b[i]) continue;
-        const int64_t before = i > 0 ? a[i - 1] : 0;
-        if (i + 1 < a.size() && i + 1 < b.size() && a[i + 1] == b[i + 1] && a[i] - before == a[i + 1] - b[i]) {
-            ++i;
-            continue;
-        }
-        return static_cast<int64_t>(i);
-    }
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i)
+        if (i >= a.size() || i >= b.size() || a[i] != b[i]) return static_cast<int64_t>(i);
     return -1;
 }
 
@@ -235,41 +159,48 @@ std::vector<Setting> grid() {
 
 TEST_SUITE("memory_plan") {
 
-TEST_CASE("memory_plan: predict_peak holds the measured peak of a training step, at most 2% above it") {
+TEST_CASE("memory_plan: predict_peak is the measured peak of a training step, to the byte") {
     const int64_t B = 8, T = 32;
     // One thread: the allocations do not depend on the thread count (Note [Deterministic parallel
     // cpu kernels]), and the grid's tiny kernels run far slower on threads that wait for a busy core.
     ThreadCountGuard one_thread(1);
-    for (const Setting& t : grid()) {
-        GPTConfig c = small_config(t.arch);
-        c.dtype = t.dtype;
-        c.tie_embeddings = t.tie;
-        c.dropout = t.dropout;
-        if (t.vocab > 0) c.vocab_size = t.vocab;
-        INFO(t.arch, " ", std::string(dtype_name(t.dtype)), " policy ", std::string(policy_name(t.s.policy)),
-             " recompute ", t.s.recompute_activation, " fused ", t.s.fused_head_loss, " checkpoint_every ",
-             t.s.checkpoint_every, " offload ", t.s.offload, " micro_batch ", t.s.micro_batch, " tie ", t.tie,
-             " dropout ", t.dropout, " V ", c.vocab_size, " optimizer ",
-             t.s.optimizer == StepOptimizer::Muon ? "muon" : "adamw");
-        const Measured measured = measure(c, t.s, B, T);
-        const StepMemory plan = step_memory(c, t.s, B, T);
-        INFO("measured ", measured.peak, ", predicted ", plan.peak, " at ", plan.peak_at);
-        CHECK(plan.parameters == num_parameters(c) * static_cast<int64_t>(element_size(t.dtype)));
-        // The resident state is the optimizers' own tensors, to the byte.
-        CHECK(plan.adamw_moments == measured.state.adamw_moments);
-        CHECK(plan.muon_momentum == measured.state.muon_momentum);
-        CHECK(plan.optimizer_state ==
-              measured.state.adamw_moments + measured.state.muon_momentum + measured.state.masters);
-        CHECK((plan.muon_momentum > 0) == (t.s.optimizer == StepOptimizer::Muon));
-        CHECK(plan.peak == predict_peak(c, t.s, B, T));
-        CHECK(measured.peak <= plan.peak);
-        CHECK(static_cast<double>(plan.peak) <= 1.02 * static_cast<double>(measured.peak));
-        // The replay is the step's allocations themselves, not only their highest point.
-        const int64_t at = first_difference(measured.allocations, plan.allocations);
-        INFO("allocations: measured ", measured.allocations.size(), ", replayed ", plan.allocations.size(),
-             "; first difference at ", at);
-        CHECK(at == -1);
-    }
+    std::vector<Device> devices{Device::CPU};
+    if (cuda_is_available()) devices.push_back(Device::CUDA);  // scripts/gpu_check.sh runs it there
+    for (Device device : devices)
+        for (const Setting& t : grid()) {
+            GPTConfig c = small_config(t.arch);
+            c.device = device;
+            c.dtype = t.dtype;
+            c.tie_embeddings = t.tie;
+            c.dropout = t.dropout;
+            if (t.vocab > 0) c.vocab_size = t.vocab;
+            INFO(device_name(device), " ", std::string(t.arch), " ", std::string(dtype_name(t.dtype)), " policy ",
+                 std::string(policy_name(t.s.policy)), " recompute ", t.s.recompute_activation, " fused ",
+                 t.s.fused_head_loss, " checkpoint_every ", t.s.checkpoint_every, " offload ", t.s.offload,
+                 " micro_batch ", t.s.micro_batch, " tie ", t.tie, " dropout ", t.dropout, " V ", c.vocab_size,
+                 " optimizer ", std::string(t.s.optimizer == StepOptimizer::Muon ? "muon" : "adamw"));
+            const Measured measured = measure(c, t.s, B, T);
+            const StepMemory plan = step_memory(c, t.s, B, T);
+            INFO("measured ", measured.peak, ", predicted ", plan.peak, " at ", plan.peak_at);
+            CHECK(plan.parameters == num_parameters(c) * static_cast<int64_t>(element_size(t.dtype)));
+            // The resident state is the optimizers' own tensors, to the byte.
+            CHECK(plan.adamw_moments == measured.adamw_moments);
+            CHECK(plan.muon_momentum == measured.muon_momentum);
+            if (device.is_cpu())  // on CUDA AdamW's device table besides
+                CHECK(plan.optimizer_state == measured.adamw_moments + measured.muon_momentum + measured.masters);
+            CHECK((plan.muon_momentum > 0) == (t.s.optimizer == StepOptimizer::Muon));
+            CHECK(plan.peak == predict_peak(c, t.s, B, T));
+            if (device.is_cuda() && t.s.offload) {  // a bound: the dry run cannot time the copies
+                CHECK(measured.peak <= plan.peak);
+                continue;
+            }
+            CHECK(measured.peak == plan.peak);
+            // The dry run is the step's allocations themselves, not only their highest point.
+            const int64_t at = first_difference(measured.allocations, plan.allocations);
+            INFO("allocations: measured ", measured.allocations.size(), ", dry run ", plan.allocations.size(),
+                 "; first difference at ", at);
+            CHECK(at == -1);
+        }
 }
 
 TEST_CASE("memory_plan: Muon's momentum is half of AdamW's moments for the same matrices, as step_memory says") {
@@ -286,10 +217,11 @@ TEST_CASE("memory_plan: Muon's momentum is half of AdamW's moments for the same 
                 MemorySettings s_adamw, s_muon;
                 s_muon.optimizer = StepOptimizer::Muon;
                 const StepMemory plan_adamw = step_memory(c, s_adamw, 8, 32), plan_muon = step_memory(c, s_muon, 8, 32);
-                const StepOptimizers adamw_run = make_optimizers(model, StepOptimizer::AdamW),
-                                     muon_run = make_optimizers(model, StepOptimizer::Muon);
-                const StateBytes in_adamw = state_bytes(*adamw_run.adamw, nullptr),
-                                 in_muon = state_bytes(*muon_run.adamw, muon_run.muon.get());
+                const GPTOptimizers adamw_run = GPTOptimizers::make(gpt_param_groups(model, StepOptimizer::AdamW)),
+                                    muon_run = GPTOptimizers::make(gpt_param_groups(model, StepOptimizer::Muon));
+                const Measured in_adamw{0, {}, adamw_run.adamw_moment_bytes(), 0, adamw_run.master_bytes()};
+                const Measured in_muon{0, {}, muon_run.adamw_moment_bytes(), muon_run.muon_momentum_bytes(),
+                                       muon_run.master_bytes()};
                 CHECK(plan_adamw.adamw_moments == in_adamw.adamw_moments);
                 CHECK(plan_adamw.muon_momentum == 0);
                 CHECK(plan_muon.adamw_moments == in_muon.adamw_moments);
@@ -310,24 +242,19 @@ TEST_CASE("memory_plan: Muon's momentum is half of AdamW's moments for the same 
             }
 }
 
-TEST_CASE("memory_plan: on CUDA the replay adds the kernels' temporaries and AdamW's table (not measured here)") {
-    // The CUDA terms are read from the code; here only their direction: an f32 step (no bf16 copies
-    // on either device) on CUDA takes at least the cpu's bytes, and the resident bytes differ by the table.
-    for (const char* arch : {"gpt2", "nanochat", "llama"})
-        for (int64_t every : {0, 1}) {
-            INFO(arch, " checkpoint_every ", every);
-            GPTConfig c = small_config(arch);
-            MemorySettings s;
-            s.checkpoint_every = every;
-            s.offload = every == 1;
-            const StepMemory cpu = step_memory(c, s, 4, 24);
-            c.device = Device::CUDA;
-            const StepMemory cuda = step_memory(c, s, 4, 24);
-            CHECK(cuda.peak >= cpu.peak);
-            CHECK(cuda.optimizer_state > cpu.optimizer_state);
-            CHECK(cuda.parameters == cpu.parameters);
-            CHECK_FALSE(cuda.peak_at.empty());
-        }
+TEST_CASE("memory_plan: a CUDA prediction needs its GPU, and without one says so") {
+    GPTConfig c = small_config("gpt2");
+    c.device = Device::CUDA;
+    if (cuda_is_available()) {  // the direction only; scripts/gpu_check.sh measures it to the byte
+        const StepMemory cpu = step_memory(small_config("gpt2"), MemorySettings{}, 4, 24);
+        const StepMemory cuda = step_memory(c, MemorySettings{}, 4, 24);
+        CHECK(cuda.peak >= cpu.peak);
+        CHECK(cuda.optimizer_state > cpu.optimizer_state);  // AdamW's device table
+        CHECK(cuda.parameters == cpu.parameters);
+        return;
+    }
+    check_throws<DeviceError>([&] { predict_peak(c, MemorySettings{}, 4, 24); },
+                              {"dry_run", cuda_is_built() ? "expected a visible GPU" : "CUDA backend"});
 }
 
 TEST_CASE("memory_plan: with_settings sets the model's fields, and bad sizes are refused") {
@@ -444,12 +371,12 @@ TEST_CASE("memory_plan: checkpoint_every past n_layer checkpoints block 0 alone,
     CHECK(every_two < predicted_checkpoint_every_saved_bytes(c, 2, 8));
 }
 
-TEST_CASE("memory_plan: 20,000 layers are replayed without recursion, and a replay the host cannot hold is OutOfMemoryError") {
+TEST_CASE("memory_plan: 10,000 layers are dry-run without recursion, and a dry run the host cannot hold is OutOfMemoryError") {
     GPTConfig deep = small_config("gpt2");
-    deep.n_layer = 20000;
+    deep.n_layer = 10000;
     deep.n_embd = 8;
     deep.n_head = 2;
-    // The replay's graph was released recursively: a stack overflow (SIGSEGV).
+    // A graph released recursively would overflow the stack (SIGSEGV).
     const ChildOutcome o = outcome_in_child([&] {
         const int64_t peak = predict_peak(deep, MemorySettings{}, 1, 8);
         MemorySettings ckpt;
@@ -515,17 +442,6 @@ TEST_CASE("memory_plan: when nothing fits, plan_memory names the largest smaller
     const MemoryBudgetPlan none = plan_memory(c, smallest(1) - 1, 16, 32, costs);
     CHECK(none.largest_batch == 0);
     CHECK(none.advice.find("no batch of fewer rows fits either") != std::string::npos);
-}
-
-TEST_CASE("memory_plan: a GPU's prediction needs the GPU only for cuDNN's bf16 attention") {
-    if (!cuda_is_built()) SKIP_TEST("this build has no CUDA backend");
-    GPTConfig c = small_config("gpt2");
-    c.device = Device::CUDA;
-    CHECK(predict_peak(c, MemorySettings{}, 2, 16) > 0);  // f32: our kernels' scratch, read from the shapes
-    c.dtype = DType::BF16;
-    if (cuda_is_available() || attention_backend() != AttentionBackend::Cudnn)
-        SKIP_TEST("a GPU is visible, or cuDNN is not built: the bf16 prediction needs no refusal here");
-    check_throws<DeviceError>([&] { predict_peak(c, MemorySettings{}, 2, 16); }, {});
 }
 
 TEST_CASE("memory_plan: partial checkpointing saves predicted_checkpoint_every_saved_bytes, to the byte, one layer too") {

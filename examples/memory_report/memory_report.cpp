@@ -8,7 +8,10 @@
 // and the gradients, checked against the plain run's: bit for bit, except under SavePolicy::Output
 // (it recovers the norms' x_hat by dividing by their weights) and SavePolicy::Normalized (its y is
 // computed from the rounded x_hat), which agree to rounding: checked to 1e-5 of each parameter's
-// largest gradient. Runs on the GPU when one is visible.
+// largest gradient. Then the peak of a whole training step (a fresh model, AdamW, forward, loss,
+// backward, optimizer step) under each policy and with checkpointed blocks, predicted before it
+// runs by a dry run of the same code (dry_run, core/dry_run.h) and then measured: equal to the
+// byte, with no memory code in the model. Runs on the GPU when one is visible.
 // Exit status: 0 when every check holds, 1 otherwise.
 #include <normtape.h>
 
@@ -129,6 +132,43 @@ bool bit_equal(const Outcome& a, const Outcome& b) {
     return true;
 }
 
+// One training step of a fresh model under `policy`, blocks checkpointed or not, with AdamW.
+void train_step(TensorOptions o, SavePolicy policy, bool checkpointed) {
+    TinyTransformer model(o);
+    set_save_policy(model, policy);
+    model.checkpoint_blocks = checkpointed;
+    AdamW optimizer({{model.parameters(), 0.01}}, AdamWOptions{});
+    const Tensor ids = zeros({B, T}, o.dtype(DType::I64)), targets = zeros({B, T}, o.dtype(DType::I64));
+    model.loss(ids, targets).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+}
+
+// The step's peak predicted by a dry run, then measured, for each setting; true when all are equal.
+bool step_peaks(TensorOptions o) {
+    const Device dev = o.device_;
+    std::printf("\nThe peak of a training step (a fresh model, AdamW), predicted by dry_run before it runs, then run:\n");
+    std::printf("%-26s %16s %16s\n", "setting", "predicted peak", "measured peak");
+    bool ok = true;
+    for (bool checkpointed : {false, true})
+        for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
+            auto step = [&] { train_step(o, policy, checkpointed); };
+            const int64_t predicted = dry_run(dev, step).stats.peak_allocated_bytes;
+            const int64_t before = memory_stats(dev).allocated_bytes;
+            reset_peak_memory_stats(dev);
+            step();
+            const int64_t measured = memory_stats(dev).peak_allocated_bytes - before;
+            ok = ok && predicted == measured;
+            const std::string name = std::string(checkpointed ? "checkpoint, " : "") + "SavePolicy::" +
+                                     (policy == SavePolicy::Input    ? "Input"
+                                      : policy == SavePolicy::Output ? "Output"
+                                                                     : "Normalized");
+            std::printf("%-26s %16lld %16lld%s\n", name.c_str(), static_cast<long long>(predicted),
+                        static_cast<long long>(measured), predicted == measured ? "" : "  DIFFERENT");
+        }
+    return ok;
+}
+
 int report() {
     const Device dev = cuda_is_available() ? Device::CUDA : Device::CPU;
     const TensorOptions o = TensorOptions().device(dev);
@@ -194,7 +234,9 @@ int report() {
         std::printf("On the cpu SaveOnCpu keeps cpu tensors as they are (nothing moves); on a GPU the saved bytes "
                     "leave it.\n");
     if (!ok) std::fprintf(stderr, "memory_report: a setting's gradients differ from the plain run's\n");
-    return ok ? 0 : 1;
+    const bool peaks = step_peaks(o);
+    if (!peaks) std::fprintf(stderr, "memory_report: a step's predicted peak differs from its measured peak\n");
+    return ok && peaks ? 0 : 1;
 }
 
 int main() {

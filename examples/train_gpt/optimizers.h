@@ -22,33 +22,22 @@
 #include "normtape.h"
 #include "train_args.h"
 
-struct Optimizers {
-    std::unique_ptr<normtape::AdamW> adamw;
-    std::unique_ptr<normtape::Muon> muon;  // --optimizer muon
-    double peak_lr = 0;                    // --lr
-    double adamw_scale = 1;                // with muon: AdamW's lr at the schedule's peak, (C / 768)^-0.5
-    double muon_lr = 0;                    // with muon: Muon's lr at the schedule's peak (--muon-lr)
+// The step's optimizers (nn/train/gpt_step.h) and the schedule's rates.
+struct Optimizers : normtape::GPTOptimizers {
+    double peak_lr = 0;      // --lr
+    double adamw_scale = 1;  // with muon: AdamW's lr at the schedule's peak, (C / 768)^-0.5
+    double muon_lr = 0;      // with muon: Muon's lr at the schedule's peak (--muon-lr)
 
     // Sets every rate from the schedule's `lr` at this step (Note [The optimizers]).
     void set_lr(double lr);
-    // One step of each, step_if_finite(*grad_norm) where grad_norm is given.
-    void step(const normtape::Tensor* grad_norm);
-    void zero_grad();
     int64_t step_count() const { return adamw->step_count(); }
     void set_step_count(int64_t t);
-    // The bytes of their state: AdamW's moments, Muon's buffers, and the f32 masters of both.
-    int64_t adamw_moment_bytes() const;
-    int64_t muon_momentum_bytes() const;
-    int64_t master_bytes() const;
 };
 
-// The parameter groups of `a.optimizer` over `model`'s parameters: AdamW's and (muon) Muon's.
-struct OptimizerGroups {
-    std::vector<normtape::ParamGroup> adamw, muon;
-};
-OptimizerGroups optimizer_groups(const Args& a, const normtape::GPT& model);
+// The parameter groups of `a.optimizer` over `model`'s parameters (gpt_param_groups).
+normtape::GPTParamGroups optimizer_groups(const Args& a, const normtape::GPT& model);
 
 // The optimizers of `a.optimizer` for `model` (after Module::to), with the rates of step 0 unset:
 // over optimizer_groups(a, model), or over `groups` (a data-parallel run's shards, nn/parallel/data_parallel.h).
 Optimizers make_optimizers(const Args& a, const normtape::GPT& model);
-Optimizers make_optimizers(const Args& a, const normtape::GPT& model, OptimizerGroups groups);
+Optimizers make_optimizers(const Args& a, const normtape::GPT& model, normtape::GPTParamGroups groups);

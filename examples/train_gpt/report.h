@@ -27,8 +27,8 @@ struct RunResult {
     // What the first forward saves by nn/model/gpt.h's formula: predicted_checkpoint_saved_bytes() of the
     // run's config with --checkpoint blocks, else predicted_saved_bytes(), at B = micro_batch(a).
     int64_t predicted_saved_bytes = 0;
-    // The step's peak by predict_peak (nn/memory/memory_plan.h) for the run's settings, bytes: never below
-    // peak_allocated_bytes where the replay is exact.
+    // The step's peak by predict_peak (nn/memory/memory_plan.h, the step dry-run) for the run's
+    // settings, bytes: peak_allocated_bytes to the byte, except under offload on CUDA (a bound).
     int64_t predicted_peak_bytes = 0;
     // The optimizers' state (examples/train_gpt/optimizers.h), bytes, measured from their tensors
     // and predicted (step_memory's adamw_moments and muon_momentum): AdamW's moments, Muon's

@@ -166,19 +166,16 @@ void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
 
 // Note [Micro-batches]
 // With --micro-batch N (B_micro = N, n = B / N) a step draws the whole batch as without it
-// (batcher.next(): the data stream, and so a resumed run, does not depend on N), then for k = 0 ..
-// n - 1 runs model.loss on rows [k N, (k + 1) N) of idx and targets, each copied into storage of
-// its own (a view would keep the whole batch's ids saved), and backward() from that loss times
-// N / B: the parameters' grads add up (+=, Note [Gradient accumulation] in core/autograd.h) to
-// the gradient of the mean of the micro-batches' mean losses, which is the whole batch's mean loss.
-// Only then come the gradient clipping, the learning rate, the AdamW step and zero_grad, once.
-// The step's loss is the mean of the micro-batches' losses (summed in double, rounded to f32).
-// What changes against the whole batch: the order in which the gradients are summed (results
-// agree to rounding); with --dropout, which elements are dropped (each micro-batch's forward
-// draws its own masks from the stream, in turn); in bf16 the factor N / B, unless a power of two,
-// is rounded to bf16 where backward seeds it. What one forward saves is a micro-batch's
-// (predicted_saved_bytes at B_micro); the step's peak is about one micro-batch's graph, plus the
-// batch's ids and the gradients. With n == 1 the step is the one without the flag, op for op.
+// (batcher.next(): the data stream, and so a resumed run, does not depend on N); gpt_step (Note
+// [The training step], nn/train/gpt_step.h) then runs n forwards and backwards of N rows each, the
+// parameters' grads adding up (+=, Note [Gradient accumulation] in core/autograd.h) to the gradient
+// of the whole batch's mean loss, and the clipping and the optimizers' step once. The step's loss
+// is the mean of the micro-batches' losses (summed in double, rounded to f32). What changes
+// against the whole batch: the order in which the gradients are summed (results agree to
+// rounding); with --dropout, which elements are dropped (each micro-batch's forward draws its own
+// masks from the stream, in turn); in bf16 the factor 1 / n, unless a power of two, is rounded to
+// bf16 where backward seeds it. What one forward saves is a micro-batch's (predicted_saved_bytes
+// at B_micro). With n == 1 the step is the one without the flag, op for op.
 
 // The memory settings the flags of `a` ask for under `policy` (nn/memory/memory_plan.h), and the flags
 // that ask for `s` (its policy becomes --policy).
@@ -286,7 +283,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         DataParallelOptions options;
         options.shard_optimizer_state = a.shard_optimizer == "on";
         options.check_replicas = options.check_replicas || a.check_replicas;
-        OptimizerGroups groups = optimizer_groups(a, model);
+        GPTParamGroups groups = optimizer_groups(a, model);
         dp = std::make_unique<DataParallel>(group, model.parameters(), groups.adamw, groups.muon, options);
         if (sharded) {  // each rank's part of the state; a resumed run's comes from the whole
             optimizer = make_optimizers(a, model, {dp->adamw_groups(), dp->muon_groups()});
@@ -365,8 +362,8 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             MemoryTraceScope trace(dev, step == trace_step ? &r.memory_trace : nullptr);
             auto t0 = clock::now();
             phases.mark_start();
-            for (int64_t k = 0; k < n_micro; ++k) {  // Note [Micro-batches]
-                Tensor loss = model.loss(micro_rows(idx, k, micro), micro_rows(targets, k, micro));
+            GPTStepHooks hooks;
+            hooks.after_forward = [&](int64_t k, const Tensor&) {
                 phases.mark_forward_done(k);
                 if (step == trace_step && k == 0) r.forward_allocs = memory_stats(dev).num_allocs - allocs_at_start;
                 if (step == start && k == 0) {  // one micro-batch's graph is alive
@@ -375,21 +372,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                     r.saved_on_device_bytes = r.saved_report.bytes_on(dev);
                     if (recompute_saving_measured(a)) r.recompute_saving_bytes -= r.saved_activation_bytes;
                 }
-                if (dp) dp->set_sync(k == n_micro - 1);  // the buckets are reduced during the last backward
-                if (n_micro == 1) loss.backward();
-                else scale(loss, static_cast<double>(micro) / static_cast<double>(a.batch)).backward();
-                phases.mark_backward_done(k);
-                losses.push_back(loss.detach());
-            }
-            if (dp) dp->finish_gradients();
-            Tensor norm = dp ? dp->clip_grad_norm_(1.0)  // over every rank's gradient
-                             : clip_grad_norm_tensor_(model.parameters(), 1.0);  // stays on the device: no wait
+            };
+            hooks.after_backward = [&](int64_t k) { phases.mark_backward_done(k); };
             optimizer.set_lr(schedule.lr(step));
             // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
             // skipped (on the device, which knows the norm) and the step not counted.
-            optimizer.step(a.on_nan == "continue" ? nullptr : &norm);
-            if (dp) dp->after_step();  // ZeRO-1: the parameters gathered from every rank's part
-            optimizer.zero_grad();
+            Tensor norm = gpt_step(model, optimizer, dp.get(), idx, targets, micro, a.on_nan != "continue", &losses,
+                                   hooks);  // Note [Micro-batches]; the norm stays on the device: no wait
             phases.mark_optimizer_done();
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();

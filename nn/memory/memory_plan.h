@@ -1,33 +1,26 @@
-// nn/memory/memory_plan.h: the memory of one GPT training step, predicted from the config: how the
+// nn/memory/memory_plan.h: the memory of one GPT training step, predicted before it runs: how the
 // settings that trade memory for time (norm policy, activation recompute, fused head loss,
-// checkpointed blocks, offload, micro-batches) move the allocator's peak. Not here: what the graph
-// saves after a forward without checkpoints (predicted_saved_bytes, nn/model/gpt.h), which this builds on.
+// checkpointed blocks, offload, micro-batches, data parallel with ZeRO-1) move the allocator's
+// peak. Not here: what the graph saves after a forward (predicted_saved_bytes, nn/model/gpt.h), a
+// closed form kept as an independent check.
 //
-// Dimensions as nn/model/gpt.h: B batch rows, T sequence length, C, NH, NKV, hs, L, V, H; E = B_micro * T
-// positions of one micro-batch of B_micro rows.
+// Dimensions as nn/model/gpt.h: B batch rows, T sequence length.
 //
-// Note [The step replayed]
-// A training step is train_gpt's loop (examples/train_gpt/train_gpt.cpp, train()): with the batch
-// idx, targets [B, T] i64 already allocated and the optimizers' state made (AdamW's moments and
-// masters, and with Muon its buffers and masters, by their constructors before any step; on CUDA
-// AdamW's device table by the first step), the peak
-// statistics are reset; then, for each micro-batch of B_micro rows (views of the batch; train_gpt
-// has one, the whole batch, and tests/test_memory_plan.cpp runs the loop with more),
-// loss = model.loss(idx, targets), scaled by 1 / n_micro when there is more than one
-// (ops/elementwise.h scale), and loss.backward(); then clip_grad_norm_tensor_(params, 1.0),
-// AdamW::step_if_finite(norm) (then Muon's, with s.optimizer Muon), zero_grad(). The peak is not
-// a sum of a few terms: it falls
-// where the bytes alive at one allocation are highest, which moves with every setting (the logits'
-// gradient, lm_head's product, a block's forward again under a checkpoint, the residual gradient
-// summed at a norm...). So predict_peak replays the step: the same sequence of allocations and
-// releases that the modules, the ops (what each allocates in forward and in backward, in order),
-// the engine (core/autograd.cpp: saved tensors released after their node runs, gradients summed into
-// a fresh tensor, a leaf's first gradient copied) and checkpoint() (core/activation_checkpoint.cpp:
-// the rerun keeps what it saves until each tensor is handed out) make, with byte counts instead of
-// data, each storage released when its last handle is, as C++ scoping releases the real ones. The
-// replay's peak is the allocator's peak_allocated_bytes. A change to the allocations of
-// nn/model/gpt.cpp, of an op a GPT uses or of the engine must be made in nn/memory/memory_plan.cpp too; the tests
-// (tests/test_memory_plan.cpp) compare the two over a grid of settings and fail when they part.
+// Note [The step dry-run]
+// predict_peak runs the step itself (gpt_step, Note [The training step] in nn/train/gpt_step.h)
+// as a dry run (Note [The dry run], core/dry_run.h) on config.device: the model is built, the
+// optimizers made (over a stand-in process group's DataParallel when world_size > 1), the batch
+// idx, targets [B, T] i64 allocated, one step run (AdamW's CUDA device table is made by the first),
+// the peak statistics reset, and a second step run. Its peak_allocated_bytes is the prediction:
+// every op, the engine, checkpoint(), SaveOnCpu and the optimizers allocated and released as in
+// the real step, with no byte of data. train_gpt's loop is that same step, so the prediction is
+// its measured peak; nothing here knows what a GPT allocates.
+// What the prediction assumes: nothing else lives on the device during the step (an evaluation's
+// tensors, a checkpoint's copies); no Output forward falls back to saving its input
+// (output_policy_fallbacks(), a choice made on values). Under offload on CUDA the saved tensors
+// leave the device when their copies finish, which no dry run can time: the dry run keeps each
+// device tensor until its copy would be waited for (core/save_on_cpu.h), so the prediction is a
+// bound that the device's peak stays under.
 #pragma once
 
 #include <cstdint>
@@ -35,12 +28,9 @@
 #include <vector>
 
 #include "nn/model/gpt.h"
+#include "nn/train/gpt_step.h"
 
 namespace normtape {
-
-// The optimizer of the step: AdamW for every parameter, or Muon for the blocks' matrices and
-// AdamW for the rest (param_groups_for_muon, nn/optim/muon.h; train_gpt --optimizer).
-enum class StepOptimizer { AdamW, Muon };
 
 // How a step trades memory for time; none of these changes the model's parameters or what it
 // computes (the gradients are the same, up to the rounding of summing micro-batches). The
@@ -68,72 +58,43 @@ struct MemorySettings {
 GPTConfig with_settings(GPTConfig config, const MemorySettings& s);
 
 // The bytes of one training step on `config.device`, each in bytes as the allocator counts them
-// (numel * element size, core/allocator.h).
+// (numel * element size, core/allocator.h), measured by the dry run (Note [The step dry-run]).
 struct StepMemory {
-    int64_t parameters = 0;       // num_parameters(config) elements of config.dtype
+    int64_t parameters = 0;       // the model's parameters
     int64_t optimizer_state = 0;  // all of the optimizers' state: the two below, the f32 masters of
                                   // bf16 parameters, on CUDA AdamW's device table of its multi-tensor step
     int64_t adamw_moments = 0;    // AdamW's m and v (stat_dtype) of its parameters
     int64_t muon_momentum = 0;    // Muon's momentum buffers (stat_dtype) of the blocks' matrices
-    int64_t data_parallel = 0;    // with world_size > 1: the bucket buffers, and under ZeRO-1 the rank's shards
-                                  // (the two above and the masters are then of the shards)
+    int64_t data_parallel = 0;    // with world_size > 1: what DataParallel's constructor allocates (the
+                                  // bucket buffers, and under ZeRO-1 the rank's shards)
     int64_t batch = 0;            // idx and targets, [B, T] i64 each
     int64_t gradients = 0;        // every parameter's gradient (config.dtype), alive after a backward
     int64_t peak = 0;             // memory_stats(config.device).peak_allocated_bytes over the step
-    std::string peak_at;          // where the replay reached it: the micro-batch, phase and module
-    // allocated_bytes right after each allocation of the step, in order (of the first two
-    // micro-batches, a third repeating the second, then of the optimizer), as the allocator's trace
+    std::string peak_at;          // where the step reached it: phase, backward node and module
+    // allocated_bytes right after each allocation of the step, in order, as the allocator's trace
     // (set_memory_trace) gives MemoryEvent::allocated_bytes.
     std::vector<int64_t> allocations;
 };
 
-// predict_peak's replay with its parts (Note [The step replayed]); B rows of T positions, cut into
-// micro-batches of s.micro_batch rows. Throws as predict_peak, naming step_memory.
+// predict_peak with its parts (Note [The step dry-run]). Throws as predict_peak, naming step_memory.
 StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
-// memory_stats(config.device).peak_allocated_bytes over one training step of the GPT
-// with_settings(config, s) on a [B, T] batch (Note [The step replayed]), in bytes: the resident
-// bytes (parameters + the optimizers' state + the batch; nothing else may be allocated on the
-// device) plus
-// the highest sum of the step's live tensors at any allocation:
-//   - forward: the saved tensors as they accumulate (predicted_saved_bytes and its variants), plus
-//     each op's output and transients (lm_head's [E, V] logits; on the cpu in bf16 every product's
-//     f32 copies of its operands and output, ops/matmul.cpp);
-//   - backward: the saved tensors not yet released, the gradients waiting for their node, the node's
-//     outputs and transients (the logits' gradient written over them; a checkpointed block's forward
-//     run again), the parameters' gradients made so far; in a later micro-batch every gradient
-//     already exists (summed in place), in the first each is a copy made when it first arrives;
-//   - optimizer: the gradients and the norm (and on CUDA the norm's partial sums, then with Muon
-//     each class's scratch in turn, muon_scratch_bytes).
-// With s.micro_batch = b < B the batch is n = B / b micro-batches: the peak is the higher of the
-// first micro-batch's and a later one's (every parameter's gradient alive through its forward and
-// backward), each replayed on [b, T]; the loss of each is scaled by 1/n (one more 0-dim tensor).
-// On the cpu the replay is exact to the byte over the tested grid (tests/test_memory_plan.cpp).
-// On CUDA (read from the code, not tested here) it adds the kernels' own temporaries: attention's
-// backward scratch (our kernels' row sums D [B, NH, T], f32 or f64; or, where cuDNN runs it, its row
-// sums, f32 dq accumulator and workspace, asked of its plan: ops/attention.h), cross-entropy's per-row losses [E], the
-// column sums' partial rows (bias gradients, positions), the norms' per-block partial dweight and
-// dbias (bounded: their row count depends on the GPU), the embedding backward's sort buffers
-// (CUB's scratch estimated), the gradient norm's partial sums, and AdamW's device table; cuBLAS and
-// cuBLASLt take their workspace outside the allocator (core/cuda_context.h) and products make no
-// copies. Under offload on CUDA the saved tensors leave the device when their copies finish,
-// which the replay cannot time: it replays the step without offload, a bound the device's peak
-// stays under (every activation the device holds then, it holds without offload too), plus the
-// device copies of the saved ids and targets (2 E i64, held through the backward: the batch stays
-// resident besides); the pinned copies count on the cpu's counters.
+// memory_stats(config.device).peak_allocated_bytes over one training step (gpt_step) of the GPT
+// with_settings(config, s) on a [B, T] batch, micro_batch rows at a time, with s.optimizer, in
+// bytes: the resident bytes (parameters, the optimizers' state, the batch, DataParallel's buffers)
+// plus the highest sum of the step's live tensors at any allocation, by the dry run of the step
+// itself (Note [The step dry-run]). Exact to the byte on the cpu and on CUDA (tests/
+// test_memory_plan.cpp, scripts/gpu_check.sh), except under offload on CUDA (a bound).
 // Assumes: dropout in training mode as config.dropout says (masks are drawn, never stored); no
 // Output forward fell back to saving its input (output_policy_fallbacks()); no other tensor on the
-// device (an evaluation's, a checkpoint's copies) is alive during the step.
-// What a prediction for a GPU needs: nothing from the device, except where cuDNN runs the bf16
-// attention (a build with cuDNN, attention_backend() Cudnn): its backward's scratch is what the
-// cuDNN plan asks for, and the plan is built on the device. So predict a bf16 CUDA config on a
-// machine where config.device is visible; f32, or any dtype in a build without cuDNN, predicts
-// anywhere.
+// device is alive during the step.
+// A prediction for CUDA runs on the GPU it predicts (the dry run asks it for cuDNN's and cuBLASLt's
+// plans): DeviceError where config.device is not visible.
 // Throws as detail::check_step_settings, its messages naming predict_peak (or GPTConfig, for what
 // check_config refuses): ShapeError for B, T or sizes out of range, Error for the settings;
-// DeviceError for a bf16 CUDA config whose cuDNN plan needs config.device where it is not visible;
-// OutOfMemoryError, naming predict_peak, when the host cannot hold the replay (about 16 KiB of host
-// memory a layer, checked against memory_available_bytes(Device::CPU) before it starts).
+// DeviceError as dry_run; OutOfMemoryError, naming predict_peak, when the host cannot hold the dry
+// run's model and graph (about 16 KiB of host memory a layer, checked against
+// memory_available_bytes(Device::CPU) before it starts).
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
 namespace detail {

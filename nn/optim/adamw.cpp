@@ -14,6 +14,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/dry_run.h"
 #include "core/parallel.h"
 #include "nn/optim/adamw_update.h"
 #include "nn/optim/optimizer_checks.h"
@@ -66,8 +67,10 @@ void build_table(AdamWPlan::Bucket& b, const std::vector<ParamGroup>& groups,
     static_assert(sizeof(detail::AdamWTensor<T>) % 8 == 0 && sizeof(detail::AdamWChunk) == 8);
     const size_t entry_bytes = entries.size() * sizeof(entries[0]), bytes = entry_bytes + chunks.size() * 8;
     Tensor words = zeros({static_cast<int64_t>(bytes / 8) + 1}, TensorOptions().dtype(DType::I64));
-    std::memcpy(words.data_ptr<int64_t>(), entries.data(), entry_bytes);
-    std::memcpy(reinterpret_cast<char*>(words.data_ptr<int64_t>()) + entry_bytes, chunks.data(), chunks.size() * 8);
+    if (!is_dry_run()) {  // Note [The dry run]: the table's bytes counted, not written
+        std::memcpy(words.data_ptr<int64_t>(), entries.data(), entry_bytes);
+        std::memcpy(reinterpret_cast<char*>(words.data_ptr<int64_t>()) + entry_bytes, chunks.data(), chunks.size() * 8);
+    }
     b.table = words.to(b.device);
 }
 

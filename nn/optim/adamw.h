@@ -95,6 +95,8 @@ public:
     // tensor handle's TensorImpl, not an equal copy). The tensors returned are the optimizer's own:
     // copy_ into them to restore a state. Throws Error if p is not one of this optimizer's.
     const ParamState& state(const Tensor& p) const;
+    // Every parameter's state in order: states()[g][i] is groups()[g].params[i]'s.
+    const std::vector<std::vector<ParamState>>& states() const { return state_; }
     // Sets the number of steps taken (the t of the bias corrections), to resume. Throws Error if
     // t < 0.
     void set_step_count(int64_t t);

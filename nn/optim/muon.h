@@ -93,6 +93,8 @@ public:
     // tensors returned are the optimizer's own: copy_ into them to restore a state. Throws Error
     // if p is not one of this optimizer's.
     const ParamState& state(const Tensor& p) const;
+    // Every parameter's state in order: states()[g][i] is groups()[g].params[i]'s.
+    const std::vector<std::vector<ParamState>>& states() const { return state_; }
     // Sets the number of steps taken (Muon's update does not depend on it; kept for resuming a
     // run, whose step count a checkpoint records). Throws Error if t < 0.
     void set_step_count(int64_t t);

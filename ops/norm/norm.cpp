@@ -14,6 +14,7 @@
 #include "core/cuda_dispatch.h"
 #include "core/device_ptr.h"
 #include "core/dispatch.h"
+#include "core/dry_run.h"
 #include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
@@ -175,6 +176,7 @@ void check_param(const char* op, const char* what, const Tensor& p, const Tensor
 bool weight_allows_output_policy(const Tensor& weight_any) {
     if (!weight_any.defined()) return true;
     Tensor weight = weight_any.device().is_cuda() ? weight_any.to(Device::CPU) : weight_any;
+    if (is_dry_run()) return true;  // Note [The dry run]: no values to read; predictions assume no fallback
     bool ok = true;
     dispatch_floating(weight.dtype(), "norm", [&](auto tag) {
         using T = decltype(tag);
