@@ -14,7 +14,8 @@
 //     partial sums, the embedding's sort buffers, cuDNN's workspace), but the device's stream is
 //     being captured into a CUDA graph (cudaStreamBeginCapture, relaxed mode) that is destroyed
 //     without ever running: the kernels, cuBLAS's products and cuDNN's graphs are recorded, never
-//     executed, and nothing is allocated on the GPU. The plans that decide a workspace (cuDNN's,
+//     executed, and nothing is allocated on the GPU. Copies and memsets within the device are
+//     skipped instead: CUDA checks their addresses when it records them. The plans that decide a workspace (cuDNN's,
 //     cuBLASLt's heuristics) are asked of the device, as a real run asks them; so a CUDA dry run
 //     needs the GPU visible.
 // The autograd engine, hooks, checkpoint(), SaveOnCpu, the optimizers and DataParallel (over a

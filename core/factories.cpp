@@ -87,11 +87,14 @@ Tensor randn(const Shape& shape, TensorOptions options) {
     NT_CHECK_AS(DTypeError, is_floating(options.dtype_), "randn: expected a floating dtype, got ",
                 dtype_name(options.dtype_));
     Tensor t = empty_for("randn", shape, options);
-    if (is_dry_run()) return t;  // Note [The dry run]: no values, and the generators do not advance
-    if (t.device().is_cuda()) {
-        NT_CUDA(detail::randn_cuda(t));
+    if (t.device().is_cuda()) {  // cuRAND's normal generators make pairs: f32 (f64 for f64), an even count
+        const int64_t n = t.numel();
+        const DType pair_dtype = t.dtype() == DType::F64 ? DType::F64 : DType::F32;
+        const Tensor pairs = empty_for("randn", {n + (n & 1)}, TensorOptions().dtype(pair_dtype).device(t.device()));
+        if (!is_dry_run()) NT_CUDA(detail::randn_cuda(t, pairs));
         return t;
     }
+    if (is_dry_run()) return t;  // Note [The dry run]: no values, and the generator does not advance
     dispatch_floating(t.dtype(), "randn", [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data_ptr<T>();

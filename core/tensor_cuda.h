@@ -18,8 +18,10 @@ void fill_cuda(const Tensor& dst, double value);
 void add_scaled_cuda(const Tensor& out, const Tensor& a, const Tensor& b, double alpha);
 // a *= value; a contiguous.
 void mul_scalar_cuda(const Tensor& a, double value);
-// Standard normal samples from the device's cuRAND generator (Philox; manual_seed seeds it).
-void randn_cuda(const Tensor& t);
+// Standard normal samples from the device's cuRAND generator (Philox; manual_seed seeds it) into
+// t, through `pairs`: cuRAND's normal generators make pairs, so pairs is t.numel() rounded up to
+// even, f64 for an f64 t and f32 otherwise.
+void randn_cuda(const Tensor& t, const Tensor& pairs);
 // Reseeds every device's generator (manual_seed calls it).
 void cuda_manual_seed(uint64_t seed);
 // Copies the bytes of contiguous src into contiguous dst of the same dtype and numel, any

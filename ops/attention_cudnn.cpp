@@ -28,6 +28,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/device_ptr.h"
+#include "core/dry_run.h"
 #include "core/tensor.h"
 
 namespace normtape::detail {
@@ -446,7 +447,7 @@ bool cudnn_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
     normtape::Tensor row_sum = scratch(row_sum_bytes(L), device);
     normtape::Tensor dq_accum = scratch(dq_accum_bytes(L), device);
     // cuDNN 9.6 and later zero the accumulator themselves (the frontend zeroes it only before).
-    if (cudnnGetVersion() < 90600)
+    if (cudnnGetVersion() < 90600 && !is_dry_run())  // a memset's address is checked when captured
         CUDA_CHECK(cudaMemsetAsync(device_ptr<float>(dq_accum), 0, dq_accum.numel() * sizeof(float),
                                    cuda::stream(device)));
     float scale = 1.0f / std::sqrt(static_cast<float>(L.hs)), lowest = std::numeric_limits<float>::lowest(), one = 1;
