@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 
 #include "nn/formats/json_read.h"
 #include "report.h"
+#include "run_config.h"
 #include "svg_chart.h"
 
 using namespace normtape;
@@ -128,4 +131,51 @@ void report_sweep(const Args& a, const std::vector<SweepPoint>& points, const st
     chart << render_svg({panel}, 900, 560);
     if (!chart) throw std::runtime_error("--chart " + a.chart + ": cannot write the file");
     std::printf("chart: %s\n", a.chart.c_str());
+}
+
+int sweep(const Args& a, int64_t budget, const std::function<RunResult(const Args& run, SavePolicy policy)>& train) {
+    const GPTConfig config = make_config(a, SavePolicy::Input);
+    const std::vector<SweepReference> refs = read_sweep_references(a.sweep_reference);
+    const StepCostModel costs = calibrate_step_costs(config, a.batch, a.seq);
+    std::optional<MemoryBudgetPlan> plan;
+    const StepOptimizer optimizer = settings_of(a, SavePolicy::Input).optimizer;
+    if (budget > 0) {
+        plan = plan_memory(config, budget, a.batch, a.seq, costs, optimizer);
+        if (!plan->fits) throw UsageError("--memory-budget " + a.memory_budget + ": " + plan->advice);
+    }
+    std::vector<SweepPoint> points;
+    for (const MemorySettings& s : memory_settings_grid(config, a.batch, optimizer)) {
+        SweepPoint p{s, settings_label(s), predict_peak(config, s, a.batch, a.seq), 0,
+                     predict_step_ms(config, s, a.batch, a.seq, costs), 0, false, false};
+        if (budget > 0 && p.predicted_peak > budget) continue;
+        Args run = a;
+        set_settings(run, s);
+        run.log_every = run.steps;  // the last step's line only
+        run.sample = 0;
+        std::printf("--- memory sweep %zu: %s\n", points.size() + 1, p.label.c_str());
+        const RunResult r = train(run, s.policy);
+        p.peak = r.peak_allocated_bytes;
+        p.step_ms = r.step_ms_median;
+        p.pick = plan && plan->fits && settings_label(plan->settings) == p.label;
+        points.push_back(p);
+    }
+    mark_pareto(points);
+    report_sweep(a, points, refs, budget);
+    for (const SweepPoint& p : points)
+        if (p.peak > p.predicted_peak) {
+            std::fprintf(stderr, "train_gpt: the measured peak of %s, %lld bytes, exceeds its prediction %lld\n",
+                         p.label.c_str(), static_cast<long long>(p.peak), static_cast<long long>(p.predicted_peak));
+            return 1;
+        }
+    return 0;
+}
+
+void plan_budget(Args& a, int64_t budget) {
+    const MemoryBudgetPlan plan = plan_memory(make_config(a, SavePolicy::Input), budget, a.batch, a.seq,
+                                              settings_of(a, SavePolicy::Input).optimizer);
+    if (!plan.fits) throw UsageError("--memory-budget " + a.memory_budget + ": " + plan.advice);
+    set_settings(a, plan.settings);
+    std::printf("memory plan for %s bytes (--memory-budget %s): %s; predicted peak %s bytes, predicted step %.1f ms\n",
+                with_commas(budget).c_str(), a.memory_budget.c_str(), settings_label(plan.settings).c_str(),
+                with_commas(plan.predicted_peak).c_str(), plan.predicted_step_ms);
 }

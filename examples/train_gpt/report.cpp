@@ -294,3 +294,30 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
     }
     write_file("--json", a.json, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
+
+// x * 0 sums to 0 for finite x, to NaN when one x is NaN or Inf.
+std::string nonfinite_parameter(const Module& model) {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : model.named_parameters())
+        if (!std::isfinite(sum(scale(p, 0.0)).to(DType::F32).item<float>())) return name;
+    return "";
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
+    model.eval();
+    SamplingOptions options;
+    options.temperature = 0.8;
+    options.top_k = 200;
+    options.seed = seed;
+    std::printf("[%-6s] a sample of %lld bytes (temperature 0.8, top-k 200):\n", policy_name(policy),
+                static_cast<long long>(bytes));
+    generate(model, {'\n'}, bytes, options, [](int64_t token) { std::putchar(static_cast<int>(token)); });
+    std::printf("\n");
+    model.train();
+}

@@ -116,3 +116,12 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs);
 // device, by category and the whole saved-tensor report, and losses (null where non-finite). Throws normtape::IOError naming the file and the reason when it cannot be written.
 void write_json(const Args& a, const std::vector<RunResult>& runs, const Predicted& predicted,
                 const std::string& data_desc, int64_t params);
+
+// The name of the first parameter of `model` that holds a NaN or Inf, "" when all are finite.
+std::string nonfinite_parameter(const normtape::Module& model);
+// The median of v (the mean of the middle two for an even count; 0 for none).
+double median(std::vector<double> v);
+// Prints `bytes` bytes sampled from `model` after a newline (nn/model/generate.h; nanoGPT's
+// sample.py settings: temperature 0.8, top-k 200), seeded with `seed`; the model is left in
+// training mode.
+void print_sample(normtape::GPT& model, normtape::SavePolicy policy, int64_t bytes, uint64_t seed);

@@ -55,6 +55,7 @@
 #include "phase_timer.h"
 #include "report.h"
 #include "resume.h"
+#include "run_config.h"
 #include "saved_categories.h"
 #include "train_args.h"
 #include "train_data.h"
@@ -63,41 +64,6 @@
 using namespace normtape;
 
 namespace {
-
-Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda(a.device_index) : Device::CPU; }
-DType dtype_of(const Args& a) { return a.dtype == "bf16" ? DType::BF16 : DType::F32; }
-
-GPTConfig make_config(const Args& a, SavePolicy policy) {
-    GPTConfig c = gpt_config(a.arch);
-    c.n_kv_head = a.kv_heads;
-    c.tie_embeddings = a.tie == "on";
-    c.vocab_size = a.vocab;
-    c.block_size = a.seq;
-    c.n_layer = a.layers;
-    c.n_head = a.heads;
-    c.n_embd = a.embd;
-    c.norm = a.norm == "layer" ? NormKind::Layer : NormKind::RMS;
-    c.policy = policy;
-    c.recompute_activation = a.recompute_activation == "on";
-    c.dropout = a.dropout;
-    c.dtype = dtype_of(a);
-    c.device = device_of(a);
-    c.offload = a.offload == "on";
-    c.checkpoint_blocks = a.checkpoint == "blocks";
-    c.checkpoint_every = a.checkpoint_every;
-    c.fused_head_loss = a.fused_loss == "on";
-    return c;
-}
-
-// Whether activation recompute's saving is measured: with it on, and not with checkpointed blocks, which
-// keep only their inputs either way.
-bool recompute_saving_measured(const Args& a) { return a.recompute_activation == "on" && a.checkpoint != "blocks"; }
-
-// Linear warm-up over --warmup steps, then cosine decay to --min-lr at the last step.
-WarmupCosineLR lr_schedule(const Args& a) {
-    const int64_t warmup = warmup_steps(a);
-    return WarmupCosineLR(a.lr, warmup, std::max(a.steps, warmup + 1), min_lr(a));
-}
 
 // Records the device allocator's events into `trace` for its lifetime (stops even if the step
 // throws).
@@ -117,15 +83,6 @@ private:
     bool active_;
 };
 
-// The name of the first parameter of `model` that holds a NaN or Inf, "" when all are finite
-// (x * 0 sums to 0 for finite x, to NaN when one x is NaN or Inf).
-std::string nonfinite_parameter(const Module& model) {
-    NoGradGuard no_grad;
-    for (const auto& [name, p] : model.named_parameters())
-        if (!std::isfinite(sum(scale(p, 0.0)).to(DType::F32).item<float>())) return name;
-    return "";
-}
-
 // saved_bytes() after a forward of (idx, targets) with the MLPs' activation recompute off, the graph
 // dropped before it returns: what the run would save without it. The dropout stream is set back,
 // so the run draws the masks it draws without this measurement.
@@ -141,66 +98,6 @@ int64_t saved_bytes_without_recompute(GPT& model, const Tensor& idx, const Tenso
     for (auto& block : model.h) block->mlp->recompute_activation = false;
     Tensor loss = model.loss(idx, targets);
     return saved_bytes();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-// Prints `bytes` bytes sampled from `model` after a newline (nn/model/generate.h; nanoGPT's sample.py
-// settings: temperature 0.8, top-k 200), seeded with --seed.
-void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
-    model.eval();
-    SamplingOptions options;
-    options.temperature = 0.8;
-    options.top_k = 200;
-    options.seed = seed;
-    std::printf("[%-6s] a sample of %lld bytes (temperature 0.8, top-k 200):\n", policy_name(policy),
-                static_cast<long long>(bytes));
-    generate(model, {'\n'}, bytes, options, [](int64_t token) { std::putchar(static_cast<int>(token)); });
-    std::printf("\n");
-    model.train();
-}
-
-// Note [Micro-batches]
-// With --micro-batch N (B_micro = N, n = B / N) a step draws the whole batch as without it
-// (batcher.next(): the data stream, and so a resumed run, does not depend on N); gpt_step (Note
-// [The training step], nn/train/gpt_step.h) then runs n forwards and backwards of N rows each, the
-// parameters' grads adding up (+=, Note [Gradient accumulation] in core/autograd.h) to the gradient
-// of the whole batch's mean loss, and the clipping and the optimizers' step once. The step's loss
-// is the mean of the micro-batches' losses (summed in double, rounded to f32). What changes
-// against the whole batch: the order in which the gradients are summed (results agree to
-// rounding); with --dropout, which elements are dropped (each micro-batch's forward draws its own
-// masks from the stream, in turn); in bf16 the factor 1 / n, unless a power of two, is rounded to
-// bf16 where backward seeds it. What one forward saves is a micro-batch's (predicted_saved_bytes
-// at B_micro). With n == 1 the step is the one without the flag, op for op.
-
-// The memory settings the flags of `a` ask for under `policy` (nn/memory/memory_plan.h), and the flags
-// that ask for `s` (its policy becomes --policy).
-MemorySettings settings_of(const Args& a, SavePolicy policy) {
-    MemorySettings s;
-    s.policy = policy;
-    s.recompute_activation = a.recompute_activation == "on";
-    s.fused_head_loss = a.fused_loss == "on";
-    s.checkpoint_every = a.checkpoint == "blocks" ? a.checkpoint_every : 0;
-    s.offload = a.offload == "on";
-    s.micro_batch = micro_batch(a);
-    s.optimizer = a.optimizer == "muon" ? StepOptimizer::Muon : StepOptimizer::AdamW;
-    s.world_size = a.world_size;
-    s.rank = a.rank;
-    s.shard_optimizer_state = a.shard_optimizer == "on";
-    return s;
-}
-void set_settings(Args& a, const MemorySettings& s) {
-    a.policy = policy_name(s.policy);
-    a.recompute_activation = s.recompute_activation ? "on" : "off";
-    a.fused_loss = s.fused_head_loss ? "on" : "off";
-    a.checkpoint = s.checkpoint_every > 0 ? "blocks" : "none";
-    a.checkpoint_every = std::max<int64_t>(s.checkpoint_every, 1);
-    a.offload = s.offload ? "on" : "off";
-    a.micro_batch = s.micro_batch;
 }
 
 // Rows [k * micro, (k + 1) * micro) of a [B, T] batch `t`, in storage of their own; `t` itself
@@ -496,59 +393,6 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     return r;
 }
 
-// --memory-sweep: every setting of memory_settings_grid whose predicted peak fits `budget` (0:
-// any) trained for --steps steps, then the report (examples/train_gpt/memory_sweep.h). Exits 1
-// when a measured peak exceeds its prediction; throws UsageError with the planner's advice when no
-// setting fits the budget, as --memory-budget alone does.
-int sweep(const Args& a, const std::string& text, int64_t budget, ProcessGroup& group) {
-    const GPTConfig config = make_config(a, SavePolicy::Input);
-    const std::vector<SweepReference> refs = read_sweep_references(a.sweep_reference);
-    const StepCostModel costs = calibrate_step_costs(config, a.batch, a.seq);
-    std::optional<MemoryBudgetPlan> plan;
-    const StepOptimizer optimizer = settings_of(a, SavePolicy::Input).optimizer;
-    if (budget > 0) {
-        plan = plan_memory(config, budget, a.batch, a.seq, costs, optimizer);
-        if (!plan->fits) throw UsageError("--memory-budget " + a.memory_budget + ": " + plan->advice);
-    }
-    std::vector<SweepPoint> points;
-    for (const MemorySettings& s : memory_settings_grid(config, a.batch, optimizer)) {
-        SweepPoint p{s, settings_label(s), predict_peak(config, s, a.batch, a.seq), 0,
-                     predict_step_ms(config, s, a.batch, a.seq, costs), 0, false, false};
-        if (budget > 0 && p.predicted_peak > budget) continue;
-        Args run = a;
-        set_settings(run, s);
-        run.log_every = run.steps;  // the last step's line only
-        run.sample = 0;
-        std::printf("--- memory sweep %zu: %s\n", points.size() + 1, p.label.c_str());
-        const RunResult r = train(run, text, s.policy, nullptr, false, group);
-        p.peak = r.peak_allocated_bytes;
-        p.step_ms = r.step_ms_median;
-        p.pick = plan && plan->fits && settings_label(plan->settings) == p.label;
-        points.push_back(p);
-    }
-    mark_pareto(points);
-    report_sweep(a, points, refs, budget);
-    for (const SweepPoint& p : points)
-        if (p.peak > p.predicted_peak) {
-            std::fprintf(stderr, "train_gpt: the measured peak of %s, %lld bytes, exceeds its prediction %lld\n",
-                         p.label.c_str(), static_cast<long long>(p.peak), static_cast<long long>(p.predicted_peak));
-            return 1;
-        }
-    return 0;
-}
-
-// --memory-budget: the planner's settings for `budget` bytes, printed, set into `a`. Throws
-// UsageError with the planner's advice when nothing fits.
-void plan_budget(Args& a, int64_t budget) {
-    const MemoryBudgetPlan plan = plan_memory(make_config(a, SavePolicy::Input), budget, a.batch, a.seq,
-                                              settings_of(a, SavePolicy::Input).optimizer);
-    if (!plan.fits) throw UsageError("--memory-budget " + a.memory_budget + ": " + plan.advice);
-    set_settings(a, plan.settings);
-    std::printf("memory plan for %s bytes (--memory-budget %s): %s; predicted peak %s bytes, predicted step %.1f ms\n",
-                with_commas(budget).c_str(), a.memory_budget.c_str(), settings_label(plan.settings).c_str(),
-                with_commas(plan.predicted_peak).c_str(), plan.predicted_step_ms);
-}
-
 int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
     Args a = a_in;
     const int64_t budget = a.memory_budget.empty()      ? 0
@@ -575,7 +419,10 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
                     static_cast<long long>(a.batch * a.world_size),
                     a.shard_optimizer == "on" ? "sharded (ZeRO-1)" : "on every process");
 
-    if (a.memory_sweep) return sweep(a, text, budget, group);
+    if (a.memory_sweep)
+        return sweep(a, budget, [&](const Args& run, SavePolicy policy) {
+            return train(run, text, policy, nullptr, false, group);
+        });
     if (budget > 0) plan_budget(a, budget);
 
     std::vector<SavePolicy> policies;  // both: input, output; all: the three
