@@ -148,7 +148,7 @@ void train_step(TensorOptions o, SavePolicy policy, bool checkpointed) {
 bool step_peaks(TensorOptions o) {
     const Device dev = o.device_;
     std::printf("\nThe peak of a training step (a fresh model, AdamW), predicted by dry_run before it runs, then run:\n");
-    std::printf("%-26s %16s %16s\n", "setting", "predicted peak", "measured peak");
+    std::printf("%-34s %16s %16s\n", "setting", "predicted peak", "measured peak");
     bool ok = true;
     for (bool checkpointed : {false, true})
         for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
@@ -163,7 +163,7 @@ bool step_peaks(TensorOptions o) {
                                      (policy == SavePolicy::Input    ? "Input"
                                       : policy == SavePolicy::Output ? "Output"
                                                                      : "Normalized");
-            std::printf("%-26s %16lld %16lld%s\n", name.c_str(), static_cast<long long>(predicted),
+            std::printf("%-34s %16lld %16lld%s\n", name.c_str(), static_cast<long long>(predicted),
                         static_cast<long long>(measured), predicted == measured ? "" : "  DIFFERENT");
         }
     return ok;
