@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "normtape.h"
@@ -429,6 +430,14 @@ TEST_CASE("distributed: mpirun -np 2 trains as one process with the doubled batc
     CHECK(r.out.find("Status: SUCCESS") != std::string::npos);
 }
 
+// Whether train_gpt's line "peak allocated in a step X bytes, predicted Y" has X == Y: the step's
+// measured peak is predict_peak's, the dry run of the same step (on a stand-in group of the ranks).
+bool peak_as_predicted(const std::string& out) {
+    static const std::regex line(R"(peak allocated in a step ([0-9,]+) bytes, predicted ([0-9,]+))");
+    std::smatch m;
+    return std::regex_search(out, m, line) && m[1] == m[2];
+}
+
 TEST_CASE("distributed: train_gpt on 2 ranks trains as one process with the doubled batch, and ZeRO-1 as plain") {
     if (under_mpirun()) SKIP_TEST("starts mpirun itself");
     REQUIRE_MPIRUN_OR_SKIP();
@@ -460,9 +469,12 @@ TEST_CASE("distributed: train_gpt on 2 ranks trains as one process with the doub
             REQUIRE(b[i].first == a[i].first);
             CHECK(normwise_error(b[i].second, a[i].second) <= 1e-5);
         }
-        // Each rank's half of the state, measured = predicted.
+        // Each rank's half of the state, measured = predicted; and rank 0's step peak, to the byte.
         CHECK(sharded.out.find("(predicted") != std::string::npos);
         CHECK(sharded.out.find("= measured)") != std::string::npos);
+        CHECK(peak_as_predicted(one.out));
+        CHECK(peak_as_predicted(plain.out));
+        CHECK(peak_as_predicted(sharded.out));
     }
 }
 
