@@ -74,8 +74,8 @@ void check_options(const char* op, const MuonOptions& o) {
 // One class of Note [Muon on CUDA]: `count` matrices [rows, cols] of dtype T, their momentum
 // step (without buffers: the gradients themselves) and orthogonalization as one batch; returns the
 // orthogonalized updates [count, rows, cols] in ns_t<T>. `matrices(first, n)` gives the kernel
-// arguments of members first .. first + n - 1. Allocates the scratch of muon_scratch_bytes, in
-// its order; all but the result is released on return.
+// arguments of members first .. first + n - 1. Allocates its scratch (the two iterates, the Gram
+// matrix and the polynomial, the chunks' sums of squares); all but the result is released on return.
 template <class T, class Members>
 Tensor orthogonalize_class(Device device, int64_t count, int64_t rows, int64_t cols, int64_t steps, double momentum,
                            bool nesterov, const Members& matrices, const double* skip) {
@@ -288,12 +288,6 @@ MuonParamSplit param_groups_for_muon(const GPT& model) {
         else split.vectors.push_back(p);
     }
     return split;
-}
-
-std::vector<int64_t> muon_scratch_bytes(DType dtype, int64_t n, int64_t rows, int64_t cols) {
-    const int64_t x = dtype == DType::F64 ? 8 : 2, s = dtype == DType::F64 ? 8 : 4, m = std::min(rows, cols);
-    return {n * rows * cols * x, n * rows * cols * x, n * m * m * x, n * m * m * x,
-            n * detail::muon_chunks(rows * cols) * s};
 }
 
 }  // namespace normtape

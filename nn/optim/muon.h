@@ -44,7 +44,7 @@ struct MuonOptions {
 // 3 ns_steps strided-batched products, queued without waiting for the GPU. Each class takes its
 // scratch from normtape's allocator for the step and gives it back before the next class:
 // 2 n rows cols + 2 n m^2 elements of bf16 (f64) for n matrices, m = min(rows, cols), and
-// a few floats per 4096 elements (muon_scratch_bytes).
+// a few floats per 4096 elements (a dry run counts them as it runs: core/dry_run.h).
 class Muon {
 public:
     // The state of one parameter: its momentum buffer (torch's "momentum_buffer") in
@@ -135,12 +135,5 @@ struct MuonParamSplit {
     std::vector<Tensor> vectors;     // the rest: norm weights and biases
 };
 MuonParamSplit param_groups_for_muon(const GPT& model);
-
-// The bytes Muon's CUDA step takes from the allocator for one class of n matrices [rows, cols]
-// of parameter dtype `dtype` (Note [Muon on CUDA], nn/optim/muon.cu), in allocation order: the two
-// iterates [n, rows, cols], the Gram matrix and the polynomial [n, m, m] (m = min(rows, cols)),
-// in bf16 (f64 for f64), then the per-chunk sums of squares (f32; f64 for f64: one per 4096
-// elements of each matrix). All are released when the class is done.
-std::vector<int64_t> muon_scratch_bytes(DType dtype, int64_t n, int64_t rows, int64_t cols);
 
 }  // namespace normtape
