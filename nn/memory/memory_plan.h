@@ -93,7 +93,7 @@ StepMemory step_memory(const GPTConfig& config, const MemorySettings& s, int64_t
 // Throws as detail::check_step_settings, its messages naming predict_peak (or GPTConfig, for what
 // check_config refuses): ShapeError for B, T or sizes out of range, Error for the settings;
 // DeviceError as dry_run; OutOfMemoryError, naming predict_peak, when the host cannot hold the dry
-// run's model and graph (about 16 KiB of host memory a layer, checked against
+// run's model and graph (about 64 KiB of host memory a layer, checked against
 // memory_available_bytes(Device::CPU) before it starts).
 int64_t predict_peak(const GPTConfig& config, const MemorySettings& s, int64_t B, int64_t T);
 
