@@ -43,7 +43,7 @@
 namespace normtape {
 
 namespace detail {
-struct ProcessGroupState;  // core/distributed.cpp
+struct ProcessGroupState;  // core/distributed_internal.h
 struct WorkState;
 }  // namespace detail
 

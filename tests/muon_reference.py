@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""tests/muon_reference.py: the PyTorch side of tests/test_muon.cpp's cross-check of Muon.
+"""tests/muon_reference.py: the PyTorch side of tests/test_muon_api.cpp's cross-check of Muon.
 
 Runs Muon as KellerJordan/Muon describes it (https://github.com/KellerJordan/Muon; nn/optim/muon.h),
 written here with torch ops, over parameters and per-step gradients that normtape wrote, and
