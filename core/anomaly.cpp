@@ -26,8 +26,9 @@ struct NonFinite {
 
 NonFinite find_non_finite(const Tensor& t) {
     NonFinite r;
-    if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0 || is_dry_run()) return r;  // no values in a dry run
+    if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return r;
     Tensor host = t.device().is_cuda() ? t.to(Device::CPU) : t.detach().contiguous();  // CUDA: waits for the device
+    if (is_dry_run()) return r;  // Note [The dry run]: the copy made, no values to look at
     dispatch_floating(host.dtype(), "detect_anomaly", [&](auto tag) {
         using T = decltype(tag);
         const T* p = host.data_ptr<T>();

@@ -294,6 +294,9 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
                                      : "one tensor",
              "), got bytes that overlap otherwise");
     s.check_usable(name);
+    NT_CHECK(!is_dry_run() || s.launcher == "stand-in", "ProcessGroup::", name, ": a dry run (core/dry_run.h) ",
+             "cannot send its tensors to other processes: expected a stand-in group (ProcessGroup::stand_in), got ",
+             "one started by ", s.launcher);
     auto work = std::make_unique<detail::WorkState>();
     work->group = &s;
     work->what = std::string(name) + " of " + with_commas(n) + " " + dtype_name(in.dtype()) + " elements";
@@ -302,7 +305,7 @@ static Work start_collective(detail::ProcessGroupState& s, Op op, const Tensor& 
     if (s.launcher == "stand-in") {  // Note [The dry run]: checked and numbered, nothing sent
         NT_CHECK(is_dry_run(), "ProcessGroup::", name, ": a stand-in group (ProcessGroup::stand_in) serves dry runs "
                  "only (core/dry_run.h), got a collective outside one");
-        s.begin();
+        work->number = s.begin();
         work->local = true;
         return Work(std::move(work));
     }
@@ -436,6 +439,9 @@ void ProcessGroup::broadcast(Tensor& t, int root) {
 void ProcessGroup::barrier() {
     detail::ProcessGroupState& s = *state_;
     s.check_usable("barrier");
+    NT_CHECK(!is_dry_run() || s.launcher == "stand-in", "ProcessGroup::barrier: a dry run (core/dry_run.h) cannot ",
+             "wait for other processes: expected a stand-in group (ProcessGroup::stand_in), got one started by ",
+             s.launcher);
 #if NORMTAPE_WITH_MPI
     if (s.launcher == "mpi") {
         auto w = std::make_unique<detail::WorkState>();

@@ -22,8 +22,10 @@ struct DryRun {
     std::vector<MemoryEvent>* timeline = nullptr;  // the result's: every event on `device`
     uintptr_t next_address = uintptr_t(1) << 44;   // far from any real mapping, 256-byte aligned
     bool capturing = false;
+    uint64_t id = 0;
 };
 DryRun* current = nullptr;
+uint64_t runs = 0;  // dry runs started so far
 
 // The counters of `device` in the current dry run; DeviceError for a device it does not cover.
 int slot(Device device) {
@@ -44,9 +46,9 @@ void record(int s, int64_t delta) noexcept {
 bool is_dry_run() { return current != nullptr; }
 
 void detail::throw_dry_access() {
-    throw_error<Error>("a cpu kernel reached a tensor of a dry run (core/dry_run.h), which holds no data: a dry run ",
-                       "skips the kernels behind dispatch_floating and dispatch_all, and cannot run one outside them, ",
-                       "nor a cpu kernel inside a CUDA dry run");
+    throw_error<Error>("a kernel reached a tensor of a dry run (core/dry_run.h), which holds no data: a dry run ",
+                       "skips the cpu kernels behind dispatch_floating and dispatch_all, and cannot run one outside ",
+                       "them, nor a cpu kernel inside a CUDA dry run; and a dry tensor cannot be used after its run");
 }
 
 bool detail::dry_run_skips_kernels() { return current != nullptr && !current->capturing; }
@@ -66,8 +68,10 @@ void* detail::dry_allocate(Device device, size_t nbytes) {
     return address;
 }
 
-void detail::dry_deallocate(Device device, size_t nbytes) noexcept {
-    if (!current || nbytes == 0) return;  // a dry tensor that outlived its dry run counts nowhere
+uint64_t detail::dry_run_id() { return current ? current->id : 0; }
+
+void detail::dry_deallocate(uint64_t id, Device device, size_t nbytes) noexcept {
+    if (!current || current->id != id || nbytes == 0) return;  // a tensor that outlived its dry run counts nowhere
     const int s = device.is_cpu() ? 0 : 1;
     if (s == 1 && current->device != device) return;
     current->stats[s].allocated_bytes -= static_cast<int64_t>(nbytes);
@@ -99,6 +103,7 @@ DryRunResult dry_run(Device device, const std::function<void()>& fn) {
     result.device = device;
     DryRun run;
     run.device = device;
+    run.id = ++runs;
     run.timeline = &result.timeline;
     const PhiloxState philox = philox_state();  // dropout's offsets advance; the real run's do not
     current = &run;

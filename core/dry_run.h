@@ -10,27 +10,34 @@
 //   - on the cpu, a kernel runs inside dispatch_floating / dispatch_all (core/dispatch.h), which
 //     check the dtype and return without calling it; the few loops outside one (a cpu product's
 //     blocks, copies, fills, the factories' values) ask is_dry_run() themselves;
-//   - on CUDA, the launchers run as usual, allocating their own temporaries (a reduction's
-//     partial sums, the embedding's sort buffers, cuDNN's workspace), but the device's stream is
-//     being captured into a CUDA graph (cudaStreamBeginCapture, relaxed mode) that is destroyed
-//     without ever running: the kernels, cuBLAS's products and cuDNN's graphs are recorded, never
-//     executed, and nothing is allocated on the GPU. Copies and memsets within the device are
-//     skipped instead: CUDA checks their addresses when it records them. The plans that decide a workspace (cuDNN's,
+//   - on CUDA, the launchers run, allocating their own temporaries (a reduction's partial sums,
+//     the embedding's sort buffers, cuDNN's workspace), while the device's stream is captured into
+//     a CUDA graph (cudaStreamBeginCapture, relaxed mode) that is destroyed without ever running:
+//     the kernels, cuBLAS's products and cuDNN's graphs are recorded, never executed, and nothing
+//     is allocated on the GPU. Copies and memsets within the device are skipped instead, since
+//     CUDA checks their addresses when it records them. The plans that decide a workspace (cuDNN's,
 //     cuBLASLt's heuristics) are asked of the device, as a real run asks them; so a CUDA dry run
 //     needs the GPU visible.
 // The autograd engine, hooks, checkpoint(), SaveOnCpu, the optimizers and DataParallel (over a
 // stand-in process group, core/distributed.h) run their host logic unchanged, so the peak of a
 // dry run is the peak of the real run: the same allocations, released where the real ones are.
+// One exception: SaveOnCpu's copies on CUDA run on a side stream that the capture does not see and
+// that no dry run can time; they are not made, and their sources are kept as if no copy finished,
+// so under offload on CUDA the dry run's peak is a bound of the real one.
 // A host read of a value returns a placeholder: item() gives 0 (so a gradient norm is finite and
 // an optimizer steps, the path that allocates), to_vector() zeros, a copy between devices
 // nothing; Tensor::data_ptr() throws, since a dry tensor has no data to point to. Code whose
 // allocations depend on values (sampling a length from a tensor) sees the placeholders.
+// fn should build what it runs: an optimizer or model made outside and stepped inside is changed
+// by the dry run (its step count, its gradients, which hold no data). Dropout's Philox offset is
+// restored when the run ends and randn draws nothing, but a manual_seed inside fn stays.
 // What cannot be dry-run: a kernel that is not behind dispatch_* or is_dry_run() on the cpu (its
 // data_ptr() throws, naming the dry run); a cpu kernel inside a CUDA dry run (same); a CUDA call
 // that waits for the device or another stream (a synchronizing copy, an event query) inside a
-// CUDA dry run, which CUDA refuses during a capture (Error, naming the call); a CUDA dry run
-// without a visible GPU (DeviceError); tensors on another device than the dry run's (DeviceError),
-// except cpu tensors in a CUDA dry run.
+// CUDA dry run, which CUDA refuses during a capture (Error, naming the call); a collective of a
+// real process group (Error); a CUDA dry run without a visible GPU (DeviceError); a tensor
+// allocated on another device than the dry run's (DeviceError), except cpu tensors in a CUDA dry
+// run. After the run a dry tensor keeps its placeholders, and a kernel given one throws.
 #pragma once
 
 #include <cstdint>
@@ -58,11 +65,11 @@ struct DryRunResult {
 // forward, loss, backward, optimizer step; inside, memory_stats(device), reset_peak_memory_stats
 // and set_memory_trace act on the dry run's counters, so code that measures itself measures its
 // dry run. Tensors fn leaves alive outside it stay dry: their bytes count on no counter once the
-// dry run ends, and their data cannot be read. Not reentrant: a dry run inside a dry run throws
-// Error. Throws DeviceError for a CUDA device in a build without CUDA or with no GPU visible, and
-// when fn allocates on a device other than `device` (cpu tensors aside in a CUDA dry run);
-// whatever fn throws, after ending the dry run (a CUDA call refused during the capture is an Error
-// naming it).
+// dry run ends, item() and to_vector() give placeholders, and a kernel given one throws. Not
+// reentrant: a dry run inside a dry run throws Error. Throws DeviceError for a CUDA device in a
+// build without CUDA or with no GPU visible, and when fn allocates on a device other than
+// `device` (cpu tensors aside in a CUDA dry run); whatever fn throws, after ending the dry run (a
+// CUDA call refused during the capture is an Error naming it).
 DryRunResult dry_run(Device device, const std::function<void()>& fn);
 
 // True while a dry run is in progress (on this process: the library is single-threaded).
@@ -73,7 +80,10 @@ namespace detail {
 // returns an address that is never dereferenced (256-byte aligned, distinct for every live block);
 // nbytes == 0 gives nullptr. Throws DeviceError for a device the dry run does not cover.
 void* dry_allocate(Device device, size_t nbytes);
-void dry_deallocate(Device device, size_t nbytes) noexcept;
+// Releases bytes that dry run `id` counted: on its counters while it lasts, on none after it.
+void dry_deallocate(uint64_t id, Device device, size_t nbytes) noexcept;
+// The number of the dry run in progress (1, 2, ... in order), 0 outside one.
+uint64_t dry_run_id();
 // The dry run's counters and trace for `device`, in place of the allocator's (core/allocator.h).
 MemoryStats dry_memory_stats(Device device);
 void dry_reset_peak_memory_stats(Device device);

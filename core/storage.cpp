@@ -24,10 +24,10 @@ Storage::Storage(size_t nbytes, Device device, bool pinned)
       nbytes_(nbytes),
       device_(device),
       pinned_(pinned),
-      dry_(is_dry_run()) {}
+      dry_run_(detail::dry_run_id()) {}
 
 Storage::~Storage() {
-    if (dry_) detail::dry_deallocate(device_, nbytes_);
+    if (dry_run_ != 0) detail::dry_deallocate(dry_run_, device_, nbytes_);
     else if (pinned_) deallocate_pinned(data_, nbytes_);
     else deallocate(device_, data_, nbytes_);
 }

@@ -32,7 +32,7 @@ public:
     size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
     bool is_pinned() const { return pinned_; }
-    bool is_dry() const { return dry_; }
+    bool is_dry() const { return dry_run_ != 0; }
     uint64_t version() const { return version_; }
     void bump_version() { ++version_; }
     // True once a leaf over this storage was marked requires_grad (a parameter or a user input
@@ -48,7 +48,7 @@ private:
     uint64_t version_ = 0;
     bool is_parameter_ = false;
     bool pinned_ = false;
-    bool dry_ = false;
+    uint64_t dry_run_ = 0;  // the dry run that counted these bytes (core/dry_run.h); 0: real bytes
 };
 
 }  // namespace normtape

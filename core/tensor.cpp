@@ -260,8 +260,8 @@ T Tensor::item() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-    if (storage() && storage()->is_dry()) return std::vector<T>(static_cast<size_t>(numel()), T(0));
-    Tensor c = device().is_cuda() ? to(Device::CPU) : contiguous();
+    Tensor c = device().is_cuda() ? to(Device::CPU) : contiguous();  // a copy made in a dry run is dry
+    if (c.storage() && c.storage()->is_dry()) return std::vector<T>(static_cast<size_t>(numel()), T(0));
     const T* p = c.data_ptr<T>();
     return std::vector<T>(p, p + c.numel());
 }

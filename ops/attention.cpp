@@ -294,20 +294,6 @@ const char* attention_backend_name(AttentionBackend backend) {
     return backend == AttentionBackend::Cudnn ? "cudnn" : "kernels";
 }
 
-std::vector<int64_t> detail::attention_backward_allocations(int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                                                            int64_t hs, bool packed, DType dtype, bool dropout,
-                                                            Device device) {
-    if (!device.is_cuda()) return {};
-    if (dtype == DType::BF16 && !dropout && attention_backend() == AttentionBackend::Cudnn) {
-        const int64_t C = n_head * hs;
-        const AttentionLayout L = packed ? AttentionLayout{B, T, n_head, n_head, hs, T * 3 * C, 3 * C, 3 * C, 0}
-                                         : AttentionLayout{B, T, n_head, n_kv_head, hs, T * C, C, n_kv_head * hs, 0};
-        std::vector<int64_t> bytes = cudnn_attention_backward_allocations(L, device.index);
-        if (!bytes.empty()) return bytes;
-    }
-    return {B * n_head * T * static_cast<int64_t>(element_size(stat_dtype(dtype)))};
-}
-
 Tensor causal_self_attention(const Tensor& qkv_in, int64_t n_head, double dropout_p) {
     const char* op = "causal_self_attention";
     check_qkv(op, qkv_in, n_head);

@@ -97,15 +97,6 @@ void set_attention_backend(AttentionBackend backend);
 const char* attention_backend_name(AttentionBackend backend);
 
 namespace detail {
-// The device allocations causal attention's backward makes besides its outputs on `device`, in
-// bytes, in the order it makes them, all alive together: on CUDA the row sums dout . out (our
-// kernels), or cuDNN's row sums, f32 dq accumulator and workspace (its plan is built to know);
-// none on the CPU. packed: causal_self_attention's qkv [B, T, 3C]; else causal_attention's
-// separate q, k, v. For nn/memory/memory_plan.h's prediction of a step's peak.
-std::vector<int64_t> attention_backward_allocations(int64_t B, int64_t T, int64_t n_head, int64_t n_kv_head,
-                                                    int64_t head_size, bool packed, DType dtype, bool dropout,
-                                                    Device device);
-
 // Attention's dropout factor z of query t and key s in (batch, head) bh = b * n_head + h: keep /
 // (1 - p) for element (bh * T + t) * T + s of the mask (the numbering above), 1 without dropout.
 // One definition for the cpu loops and the CUDA kernels, so both draw the same mask.

@@ -30,9 +30,4 @@ bool cudnn_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
                               const bf16* v, const bf16* out, const float* lse, const AttentionLayout& layout,
                               int device);
 
-// The device allocations cudnn_attention_backward makes for `layout`, in bytes, in the order it
-// makes them (all alive together: the row sums of dout * out, dq's f32 accumulator, the plan's
-// workspace), or empty where it would return false. Builds (and caches) the plan.
-std::vector<int64_t> cudnn_attention_backward_allocations(const AttentionLayout& layout, int device);
-
 }  // namespace normtape::detail

@@ -264,6 +264,22 @@ TEST_CASE("dry_run: refuses nesting, a device without a backend or GPU, and a co
         check_throws<ShapeError>([&] { group->reduce_scatter(u, small); }, {"reduce_scatter", "world_size (4)"});
     });
     check_throws<Error>([] { ProcessGroup::stand_in(4, 4); }, {"stand_in", "rank 4"});
+    // A real group's collective would send the dry run's addresses: refused.
+    ProcessGroup real;
+    check_throws<Error>([&] { dry_run(Device::CPU, [&] { Tensor u = zeros({8}); real.all_reduce(u); }); },
+                        {"all_reduce", "dry run", "stand-in"});
+}
+
+TEST_CASE("dry_run: a dry tensor that outlives its run counts on no later run's counters") {
+    Tensor kept;
+    dry_run(Device::CPU, [&] { kept = empty({1000}); });
+    const DryRunResult later = dry_run(Device::CPU, [&] {
+        kept = Tensor();  // released here: its bytes were the first run's
+        Tensor a = empty({10});
+    });
+    CHECK(later.stats.allocated_bytes == 0);
+    CHECK(later.stats.peak_allocated_bytes == 40);
+    CHECK(later.timeline.size() == 2);  // a's allocation and release, nothing of kept's
 }
 
 }  // TEST_SUITE

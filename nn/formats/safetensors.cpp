@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/device_ptr.h"
 #include "nn/formats/safetensors_internal.h"
 
 namespace normtape {
@@ -353,7 +354,7 @@ NamedTensors parse_safetensors(const uint8_t* data, size_t size, const std::stri
     for (size_t i = 0; i < h.entries.size(); ++i) {
         const Entry& e = h.entries[i];
         Tensor t = empty(e.shape, TensorOptions().dtype(e.dtype));
-        if (e.end > e.begin) std::memcpy(t.storage()->data(), start + e.begin, e.end - e.begin);
+        if (e.end > e.begin) std::memcpy(detail::byte_ptr(t), start + e.begin, e.end - e.begin);
         if (h.checksummed) check_data_checksum(h, i, XXH3_64bits(start + e.begin, e.end - e.begin), name);
         out.emplace_back(e.name, t);
     }
@@ -386,7 +387,7 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
         Tensor t = empty(e.shape, TensorOptions().dtype(e.dtype));
         Hasher hasher;
         if (e.end > e.begin)
-            read_exact(f.fd, t.storage()->data(), e.end - e.begin, 8 + n + e.begin, path, h.checksummed ? &hasher : nullptr);
+            read_exact(f.fd, detail::byte_ptr(t), e.end - e.begin, 8 + n + e.begin, path, h.checksummed ? &hasher : nullptr);
         if (h.checksummed) check_data_checksum(h, i, hasher.digest(), path);
         out.emplace_back(e.name, t);
     }

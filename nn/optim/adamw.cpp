@@ -33,8 +33,9 @@ struct AdamWPlan {
         std::vector<int64_t> chunk_begin;  // member k's chunks: [chunk_begin[k], chunk_begin[k + 1])
         Tensor table;  // on `device`: AdamWTensor<T>[members.size()], then AdamWChunk[chunk_begin.back()]
     };
-    // What the tables were built from: per bucket its device, dtype and size, then per member its
-    // group, index, pointers (parameter, master, m, v) and numel. A step whose key differs rebuilds.
+    // What the tables were built from: whether in a dry run (core/dry_run.h), then per bucket its
+    // device, dtype and size, then per member its group, index, pointers (parameter, master, m, v)
+    // and numel. A step whose key differs rebuilds.
     std::vector<uintptr_t> key;
     std::vector<Bucket> buckets;
 };
@@ -108,7 +109,7 @@ std::shared_ptr<const AdamWPlan> step_cuda(std::shared_ptr<const AdamWPlan> plan
             if (b == buckets.size()) buckets.push_back({p.device(), p.dtype(), {}, {}, Tensor()});
             buckets[b].members.emplace_back(gi, i);
         }
-    std::vector<uintptr_t> key;
+    std::vector<uintptr_t> key{uintptr_t(is_dry_run())};  // a dry run's table is no real run's
     for (const AdamWPlan::Bucket& b : buckets) {
         key.insert(key.end(), {uintptr_t(b.device.index), uintptr_t(b.dtype), b.members.size()});
         for (auto [gi, i] : b.members) {
