@@ -42,6 +42,13 @@ void count_cpu_deallocation(size_t nbytes) noexcept {
 
 }  // namespace
 
+bool detail::cuda_memory_caching_setting(const char* value) {
+    std::string v = value ? value : "";
+    NT_CHECK(v.empty() || v == "0" || v == "1",
+             "allocate: expected NORMTAPE_NO_CUDA_MEMORY_CACHING to be unset, empty, 0 or 1, got \"", v, "\"");
+    return v != "1";
+}
+
 void* allocate(Device device, size_t nbytes) {
     check_backend(device, "allocate");
     if (device.is_cuda()) {  // checked even for 0 bytes: no tensor may claim a GPU that is not there

@@ -8,6 +8,15 @@
 // 64-byte aligned blocks straight from the system, and counts pinned blocks as it counts those;
 // the CUDA allocator caches blocks (core/cuda_allocator.h) and also counts the bytes it holds from
 // the driver (reserved).
+//
+// Caching off: with NORMTAPE_NO_CUDA_MEMORY_CACHING=1 in the environment (PyTorch's is
+// PYTORCH_NO_CUDA_MEMORY_CACHING), every CUDA allocation is a cudaMalloc of exactly the bytes asked
+// for, and every deallocation a cudaFree, at once. It is for compute-sanitizer: its memcheck and
+// initcheck then see each tensor's own bounds, where with caching a kernel that overruns its
+// tensor writes into the rest of a cached block unseen. allocated_bytes and peak_allocated_bytes
+// are the same bytes either way; reserved_bytes is then the bytes held from the driver, which equal
+// allocated_bytes. Slow: every free waits for the device. Unset, empty or 0 leaves caching on; any
+// other value makes the first CUDA allocation throw Error.
 #pragma once
 
 #include <cstddef>

@@ -2,7 +2,9 @@
 #include "core/cuda_allocator.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -25,6 +27,7 @@ struct Block {
     char* ptr;
     size_t size;           // bytes of the block
     bool small;            // in the small pool
+    bool uncached = false; // its own cudaMalloc, freed at once (caching off)
     size_t requested = 0;  // bytes asked for while allocated
     bool allocated = false;
     Block* prev = nullptr;  // neighbours within the same segment
@@ -44,6 +47,18 @@ struct DeviceAllocator {
     std::vector<MemoryEvent>* trace = nullptr;
 
     void record(int64_t delta_bytes) noexcept { append_memory_event(trace, stats, delta_bytes); }
+
+    // Marks `b` allocated for a request of `nbytes` and counts it; returns its address.
+    void* take(Block* b, size_t nbytes) {
+        b->allocated = true;
+        b->requested = nbytes;
+        live[b->ptr] = b;
+        stats.allocated_bytes += static_cast<int64_t>(nbytes);
+        stats.peak_allocated_bytes = std::max(stats.peak_allocated_bytes, stats.allocated_bytes);
+        stats.num_allocs += 1;
+        record(static_cast<int64_t>(nbytes));
+        return b->ptr;
+    }
 
     std::set<Block*, BySize>& pool(bool small) { return small ? small_free : large_free; }
 };
@@ -83,12 +98,49 @@ void release_free_segments(int device, DeviceAllocator& a) {
     }
 }
 
+// `bytes` from cudaMalloc for a request of `nbytes`, counted as reserved. When the driver has no
+// more, every wholly free segment is returned and the call tried once more; then OutOfMemoryError.
+char* driver_allocate(int device, DeviceAllocator& a, size_t bytes, size_t nbytes) {
+    void* ptr = nullptr;
+    CUDA_CHECK(cudaSetDevice(device));
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // clear it, give the cache back, try once more
+        release_free_segments(device, a);
+        err = cudaMalloc(&ptr, bytes);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaMemGetInfo(&free_bytes, &total_bytes);
+        cudaGetLastError();
+        NT_CHECK_AS(OutOfMemoryError, false, "allocate: out of memory on cuda:", device, ": tried to allocate ",
+                    nbytes, " bytes (", bytes == nbytes ? std::string("uncached") : "a segment of " + std::to_string(bytes),
+                    "); ", a.stats.allocated_bytes, " bytes allocated, ", a.stats.reserved_bytes,
+                    " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device");
+    }
+    CUDA_CHECK(err);
+    a.stats.reserved_bytes += static_cast<int64_t>(bytes);
+    a.stats.peak_reserved_bytes = std::max(a.stats.peak_reserved_bytes, a.stats.reserved_bytes);
+    return static_cast<char*>(ptr);
+}
+
+bool& caching_on() {
+    static bool on = cuda_memory_caching_setting(std::getenv("NORMTAPE_NO_CUDA_MEMORY_CACHING"));
+    return on;
+}
+
 }  // namespace
+
+bool cuda_memory_caching() { return caching_on(); }
+
+void set_cuda_memory_caching(bool on) { caching_on() = on; }
 
 void* cuda_allocate(int device, size_t nbytes) {
     DeviceAllocator& a = allocator(device);
     NT_CHECK_AS(OutOfMemoryError, nbytes <= (size_t(1) << 50), "allocate: out of memory on cuda:", device,
                 ": requested ", nbytes, " bytes, more than any GPU holds (at most 2^50 bytes)");
+    if (!caching_on()) return a.take(new Block{driver_allocate(device, a, nbytes, nbytes), nbytes, false, true}, nbytes);
     size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);
     bool small = size <= kSmallRequest;
     auto& pool = a.pool(small);
@@ -100,28 +152,7 @@ void* cuda_allocate(int device, size_t nbytes) {
         pool.erase(it);
     } else {
         size_t segment = small ? kSmallSegment : size < kMediumRequest ? kMediumSegment : round_up(size, kLargeRound);
-        void* ptr = nullptr;
-        CUDA_CHECK(cudaSetDevice(device));
-        cudaError_t err = cudaMalloc(&ptr, segment);
-        if (err == cudaErrorMemoryAllocation) {
-            cudaGetLastError();  // clear it, give the cache back, try once more
-            release_free_segments(device, a);
-            err = cudaMalloc(&ptr, segment);
-        }
-        if (err == cudaErrorMemoryAllocation) {
-            cudaGetLastError();
-            size_t free_bytes = 0, total_bytes = 0;
-            cudaMemGetInfo(&free_bytes, &total_bytes);
-            cudaGetLastError();
-            NT_CHECK_AS(OutOfMemoryError, false, "allocate: out of memory on cuda:", device, ": tried to allocate ",
-                        nbytes, " bytes (a segment of ",
-                        segment, "); ", a.stats.allocated_bytes, " bytes allocated, ", a.stats.reserved_bytes,
-                        " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device");
-        }
-        CUDA_CHECK(err);
-        b = new Block{static_cast<char*>(ptr), segment, small};
-        a.stats.reserved_bytes += static_cast<int64_t>(segment);
-        a.stats.peak_reserved_bytes = std::max(a.stats.peak_reserved_bytes, a.stats.reserved_bytes);
+        b = new Block{driver_allocate(device, a, segment, nbytes), segment, small};
     }
     size_t rest = b->size - size;
     if (small ? rest >= kRound : rest > kLargeSplitMin) {
@@ -133,14 +164,7 @@ void* cuda_allocate(int device, size_t nbytes) {
         b->size = size;
         pool.insert(r);
     }
-    b->allocated = true;
-    b->requested = nbytes;
-    a.live[b->ptr] = b;
-    a.stats.allocated_bytes += static_cast<int64_t>(nbytes);
-    a.stats.peak_allocated_bytes = std::max(a.stats.peak_allocated_bytes, a.stats.allocated_bytes);
-    a.stats.num_allocs += 1;
-    a.record(static_cast<int64_t>(nbytes));
-    return b->ptr;
+    return a.take(b, nbytes);
 }
 
 void cuda_deallocate(int device, void* ptr) noexcept {
@@ -153,6 +177,14 @@ void cuda_deallocate(int device, void* ptr) noexcept {
     a.record(-static_cast<int64_t>(b->requested));
     b->allocated = false;
     b->requested = 0;
+    if (b->uncached) {  // cudaFree waits for the device, so no kernel still uses the bytes
+        // noexcept: an error (most likely an earlier kernel's) stays for the next check to report
+        (void)cudaSetDevice(device);
+        (void)cudaFree(b->ptr);
+        a.stats.reserved_bytes -= static_cast<int64_t>(b->size);
+        delete b;
+        return;
+    }
     auto& pool = a.pool(b->small);
     if (b->prev && !b->prev->allocated) {  // merge into the free block before
         Block* p = b->prev;

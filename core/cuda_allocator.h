@@ -12,6 +12,9 @@
 //   tried once more before Error is thrown with the request and the counters.
 // Freed blocks can be reused at once: all of normtape's work on a device is on its one stream,
 // so later work is ordered after earlier work that used the block.
+// With caching off (NORMTAPE_NO_CUDA_MEMORY_CACHING=1, core/allocator.h) none of this happens: every
+// request gets a cudaMalloc of exactly its bytes, freed with cudaFree (which waits for the device)
+// as soon as it is deallocated.
 // Counters: allocated_bytes counts the bytes asked for (as the CPU allocator does, so that
 // predictions hold to the byte); reserved_bytes counts the segments held from the driver.
 //
@@ -40,6 +43,15 @@ int64_t cuda_available_bytes(int device);
 void cuda_reset_peak_memory_stats(int device);
 void cuda_empty_cache(int device);
 void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace);
+// Whether allocations from now on are cached: cuda_memory_caching_setting of
+// NORMTAPE_NO_CUDA_MEMORY_CACHING, read at the first call of either or of cuda_allocate. The setter
+// is for tests: blocks allocated before a switch are returned the way they came. Always true, and
+// the setter does nothing, in a build without the CUDA backend.
+bool cuda_memory_caching();
+void set_cuda_memory_caching(bool on);
+// What a value of NORMTAPE_NO_CUDA_MEMORY_CACHING means: nullptr (unset), "" and "0" keep caching
+// on (true), "1" turns it off (false); anything else throws Error naming the variable and the value.
+bool cuda_memory_caching_setting(const char* value);
 
 // `nbytes` (> 0) of pinned host memory, from the cache or cudaHostAlloc (after a failure the
 // cache is freed and the call tried once more). Throws OutOfMemoryError, Error on a CUDA error.

@@ -28,6 +28,8 @@ MemoryStats cuda_memory_stats(int) { return {}; }
 int64_t cuda_available_bytes(int) { return 0; }
 void cuda_reset_peak_memory_stats(int) {}
 void cuda_empty_cache(int) {}
+bool cuda_memory_caching() { return true; }
+void set_cuda_memory_caching(bool) {}
 void cuda_set_memory_trace(int, std::vector<MemoryEvent>*) {}
 void* cuda_host_allocate(size_t) {
     NT_CHECK_AS(DeviceError, false, "allocate_pinned: expected a build with the CUDA backend, got one without it");

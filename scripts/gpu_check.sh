@@ -53,15 +53,19 @@ summary=()
 failed=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$GPU_OUT/gpu.txt"
 
-# build DIR LABEL [CMAKE ARGS...]: configures and builds DIR with -Werror, logs under $GPU_OUT.
+# build DIR LABEL [CMAKE ARGS...]: configures and builds DIR with -Werror (only $BUILD_TARGETS where
+# it is set), logs under $GPU_OUT.
 build() {
     local dir=$1 label=$2; shift 2
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DNORMTAPE_WERROR=ON "$@" > "$GPU_OUT/configure-$label.log" 2>&1 ||
         { tail -20 "$GPU_OUT/configure-$label.log"; exit 1; }
-    if cmake --build "$dir" -j "$(nproc)" > "$GPU_OUT/build-$label.log" 2>&1; then
+    # shellcheck disable=SC2086  # a list of targets
+    if cmake --build "$dir" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$GPU_OUT/build-$label.log" 2>&1; then
         summary+=("build $label: ok ($(sed -n 's/^-- normtape: //p' "$GPU_OUT/configure-$label.log"))"); else
         grep -E "error" "$GPU_OUT/build-$label.log" | head -20; exit 1; fi
 }
+# The sanitizers need only the library and the tests (which bring train_gpt and generate).
+[ "$MODE" = sanitize ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests}"
 [ "$MODE" = ptx80 ] || build build-gpu gpu ${CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH"}
 
 export NORMTAPE_PYTHON=python3
@@ -83,37 +87,129 @@ if [ "$MODE" = all ] || [ "$MODE" = ptx80 ]; then
     grep -E "Failed|\*\*\*Exception|Not Run" "$GPU_OUT/ctest-ptx80.log" | head -20
 fi
 
-# sanitize TOOL LABEL FILTER...: the tests FILTER picks under compute-sanitizer's TOOL, capped at
-# 300 s (a timeout is reported, not counted as a failure). racecheck does not follow the
-# asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma) and reports hazards inside them
-# wherever cuDNN runs attention: a hazard counts only outside cuDNN's kernels.
+# sanitize TOOL LABEL FILTER...: the tests FILTER picks under compute-sanitizer's TOOL with the
+# caching allocator off (NORMTAPE_NO_CUDA_MEMORY_CACHING=1, so that each tensor has its own bounds),
+# capped at $SANITIZE_TIMEOUT s (default 540; a timeout is reported, not counted as a failure).
+# $SANITIZER_OPTIONS goes to compute-sanitizer. The verdict is written to
+# sanitizer-LABEL-TOOL.verdict, which verdict() adds to the summary, so that runs can go in parallel.
+# racecheck does not follow the asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma) and
+# reports hazards inside them wherever cuDNN runs attention: a hazard counts only outside cuDNN's kernels.
 SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-540}"
 sanitize() {
     local tool=$1 label=$2; shift 2
     local log="$GPU_OUT/sanitizer-$label-$tool.log" start=$SECONDS
-    timeout 300 "$SANITIZER" --tool $tool --error-exitcode 1 ./build-gpu/normtape_tests "$@" > "$log" 2>&1
+    # shellcheck disable=SC2086  # SANITIZER_OPTIONS is a list of options
+    NORMTAPE_NO_CUDA_MEMORY_CACHING=1 timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool $tool ${SANITIZER_OPTIONS:-} \
+        --error-exitcode 1 ./build-gpu/normtape_tests "$@" > "$log" 2>&1
     local rc=$? took=$((SECONDS - start))
-    local ours errors verdict
+    local ours errors cases verdict
     ours=$(grep -E "Race reported" "$log" | grep -vc "cudnn_generated")
     [ $tool = racecheck ] && [ $rc -eq 1 ] && [ "$ours" -eq 0 ] && grep -q "Status: SUCCESS" "$log" && rc=0
     errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)"
     [ $tool = racecheck ] && errors+="; outside cuDNN's own kernels: $ours"
-    if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line})"
-    elif [ $rc -eq 124 ]; then verdict="timed out after 300 s (inconclusive)"
-    else verdict="FAILED, exit $rc (${errors:-no summary line}; a test failure if it says 0 errors)"; failed=1; fi
-    summary+=("compute-sanitizer $tool, $label: $verdict, ${took} s")
+    cases="$(grep -E '^\[doctest\] test cases' "$log" | tail -1 | sed 's/^\[doctest\] //')"
+    if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line}; ${cases:-no doctest summary})"
+    elif [ $rc -eq 124 ]; then verdict="timed out after $SANITIZE_TIMEOUT s (inconclusive)"
+    else verdict="FAILED, exit $rc (${errors:-no summary line}; ${cases:-no doctest summary})"; fi
+    echo "compute-sanitizer $tool, $label: $verdict, ${took} s" > "${log%.log}.verdict"
+}
+# verdict LABEL TOOL: adds a finished sanitize run's verdict to the summary; a failure fails the script.
+verdict() {
+    local line
+    line="$(cat "$GPU_OUT/sanitizer-$1-$2.verdict" 2>/dev/null || echo "compute-sanitizer $2, $1: FAILED, no verdict")"
+    summary+=("$line")
+    [[ $line != *FAILED* ]] || failed=1
 }
 
-# compute-sanitizer: memcheck (out-of-bounds and misaligned device accesses, leaks, CUDA API
-# errors) over the cuda, nn and cross_entropy suites, without the out-of-memory test (its failing
-# cudaMalloc is the point, and memcheck reports it); racecheck (shared-memory hazards) over the
-# tests that launch our kernels on small shapes: the ops against the cpu, AdamW and cross-entropy
-# on CUDA, the norms over every shape class (racecheck takes minutes over the benchmark widths'
-# millions of rows). memcheck sees the caching allocator's blocks, not our tensors: an overrun that
-# stays inside a cached block is missed.
+# overrun_check: the allocator switch's own check. A copy of core/tensor_cuda.cu's fill_kernel with
+# its bound moved one element on (i <= n), written under $GPU_OUT/overrun/ and never into the tree,
+# fills a 1,000-float tensor from normtape's allocate() under memcheck, once with caching on and once
+# off: memcheck must report the write past the tensor with caching off (the tensor is its own
+# cudaMalloc) and cannot with it on (the write lands inside a cached block).
+overrun_check() {
+    local dir="$GPU_OUT/overrun"
+    mkdir -p "$dir"
+    { printf '#include <cstdio>\n#include "core/allocator.h"\ntemplate <class T>\n'
+      sed -n '/__global__ void fill_kernel/,/^}/p' core/tensor_cuda.cu | sed 's/i < n;/i <= n;/'
+      cat <<'EOF'
+int main() {
+    const int64_t n = 1000;
+    auto* p = static_cast<float*>(normtape::allocate(normtape::Device::cuda(0), n * sizeof(float)));
+    fill_kernel<<<1, 256>>>(p, 1.0f, n);
+    cudaError_t err = cudaDeviceSynchronize();
+    normtape::deallocate(normtape::Device::cuda(0), p, n * sizeof(float));
+    std::printf("the planted overrun ran: %s\n", cudaGetErrorString(err));
+    return 0;
+}
+EOF
+    } > "$dir/overrun.cu"
+    if ! grep -q "i <= n;" "$dir/overrun.cu"; then
+        summary+=("overrun check: FAILED, no fill_kernel with an 'i < n;' bound in core/tensor_cuda.cu"); failed=1; return
+    fi
+    # The allocator's objects bring the CUDA context's, which call cuBLAS, cuBLASLt and cuRAND.
+    if ! nvcc -std=c++20 -O1 -arch=native -I. -Iinclude -Ibuild-gpu/generated "$dir/overrun.cu" -o "$dir/overrun" \
+            build-gpu/libnormtape.a -lcublas -lcublasLt -lcurand > "$dir/build.log" 2>&1; then
+        tail -5 "$dir/build.log"; summary+=("overrun check: FAILED to build (overrun/build.log)"); failed=1; return
+    fi
+    local caching off found
+    for caching in on off; do
+        off=$([ $caching = off ] && echo 1 || echo 0)
+        NORMTAPE_NO_CUDA_MEMORY_CACHING=$off "$SANITIZER" --tool memcheck "$dir/overrun" > "$dir/memcheck-caching-$caching.log" 2>&1
+        found="$(grep -m1 -E "Invalid __global__ write" "$dir/memcheck-caching-$caching.log")"
+        summary+=("overrun check, caching $caching: ${found:-no invalid write}; $(grep "ERROR SUMMARY" "$dir/memcheck-caching-$caching.log")")
+        if [ "$off" = 1 ] && [ -z "$found" ]; then failed=1; fi
+        if [ "$off" = 0 ] && [ -n "$found" ]; then failed=1; fi
+    done
+}
+
+# The sanitizer runs: every test case, in five groups of test suites that together hold them all
+# (core is every suite that the other four do not name), each under memcheck (out-of-bounds and
+# misaligned device accesses, leaks, CUDA API errors) and initcheck (reads of device memory never
+# written), without the out-of-memory test (its failing cudaMalloc is the point, and memcheck
+# reports it). The programs group runs child processes (train_gpt, generate, MPI ranks), which
+# compute-sanitizer follows. racecheck (shared-memory hazards) runs over the test cases that launch
+# our kernels on CUDA on small shapes (it takes minutes over the benchmark widths' millions of rows).
+# Each run is meant to fit one 10-minute call on an H100 or H200 with build-gpu/ built;
+# SANITIZE_RUNS picks some (default every one), SANITIZE_JOBS how many go at once (default 4; each
+# is one process on the one GPU):
+#   overrun       overrun_check above
+#   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs
+#   initcheck-core, initcheck-ops, initcheck-attention, initcheck-nn, initcheck-programs
+#   racecheck-cuda
+OPS_SUITES=layer_norm,rms_norm,add,mul,scale,sum,mean,gelu,relu_squared,swiglu,softmax,dropout,embedding,rotary_embedding,matmul,linear,linear_gelu
+ATTENTION_SUITES=causal_attention,causal_self_attention,causal_self_attention_rows,cross_entropy,linear_cross_entropy
+NN_SUITES=nn,gpt,generate,checkpoint,hf,safetensors,muon,memory_plan,torch_crosscheck
+PROGRAM_SUITES=train_gpt,generate_cli,memory_report,distributed
+ALL_SANITIZE_RUNS="overrun memcheck-core memcheck-ops memcheck-attention memcheck-nn memcheck-programs initcheck-core
+    initcheck-ops initcheck-attention initcheck-nn initcheck-programs racecheck-cuda"
+# sanitize_run NAME: one of the runs above.
+sanitize_run() {
+    local tool=${1%%-*} group=${1#*-} no_oom="-tce=*running out of memory*"
+    case "$group" in
+        core) sanitize "$tool" core "-tse=$OPS_SUITES,$ATTENTION_SUITES,$NN_SUITES,$PROGRAM_SUITES" "$no_oom" ;;
+        ops) sanitize "$tool" ops "-ts=$OPS_SUITES" "$no_oom" ;;
+        attention) sanitize "$tool" attention "-ts=$ATTENTION_SUITES" "$no_oom" ;;
+        nn) sanitize "$tool" nn "-ts=$NN_SUITES" "$no_oom" ;;
+        programs) SANITIZER_OPTIONS="--target-processes all" sanitize "$tool" programs "-ts=$PROGRAM_SUITES" "$no_oom" ;;
+        cuda) sanitize "$tool" cuda "-tc=*cuda*,*match the cpu*,*every shape class*" \
+            "-tce=*running out of memory*,*GPT step on the GPU*,torch_crosscheck*,hf:*,generate*,errors:*" ;;
+    esac
+}
 if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
-    sanitize memcheck tests -ts=cuda,nn,cross_entropy "-tce=*running out of memory*"
-    sanitize racecheck tests -ts=cuda,nn,cross_entropy "-tc=*match the cpu*,*every shape class*,*AdamW step*,* on CUDA*"
+    runs="${SANITIZE_RUNS:-$ALL_SANITIZE_RUNS}"
+    known=" $(echo $ALL_SANITIZE_RUNS) "
+    for run in $runs; do
+        [[ $known == *" $run "* ]] || { echo "gpu_check.sh: no sanitizer run named $run (runs:$known)" >&2; exit 2; }
+    done
+    for run in $runs; do [ "$run" != overrun ] || overrun_check; done
+    for run in $runs; do
+        [ "$run" != overrun ] || continue
+        while [ "$(jobs -rp | wc -l)" -ge "${SANITIZE_JOBS:-4}" ]; do wait -n; done
+        sanitize_run "$run" &
+    done
+    wait
+    for run in $runs; do [ "$run" = overrun ] || verdict "${run#*-}" "${run%%-*}"; done
 fi
 
 # step LABEL COMMAND...: runs the command, notes its exit status, and fails the script if it failed
@@ -132,8 +228,10 @@ if [ "$MODE" = attention ]; then
     step "attention tests" ./build-gpu/normtape_tests "-tc=*attention*,*cuDNN*,memory: every preset*" \
         > "$GPU_OUT/attention_tests.log" 2>&1
     summary+=("attention tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/attention_tests.log")")
-    sanitize memcheck attention "-tc=*cuDNN*"
-    sanitize racecheck attention "-tc=*cuDNN*"
+    sanitize memcheck cudnn "-tc=*cuDNN*"
+    verdict cudnn memcheck
+    sanitize racecheck cudnn "-tc=*cuDNN*"
+    verdict cudnn racecheck
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = attention ]; then
     step bench_attention ./build-gpu/bench_attention --json "$GPU_OUT/attention.json" > "$GPU_OUT/attention.log" 2>&1
@@ -229,6 +327,7 @@ if [ "$MODE" = muon ]; then
         > "$GPU_OUT/muon_tests.log" 2>&1
     summary+=("muon tests: $(grep -E '^\[doctest\] test cases' "$GPU_OUT/muon_tests.log")")
     sanitize memcheck muon "-tc=muon*"
+    verdict muon memcheck
     step bench_muon ./build-gpu/bench_muon --json "$GPU_OUT/bench_muon.json" > "$GPU_OUT/bench_muon.log" 2>&1
     for optimizer in adamw muon; do
         step "preset, $optimizer" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy normalized --steps 12 \

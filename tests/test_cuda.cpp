@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "core/cuda_allocator.h"
 #include "core/device_ptr.h"
 #include "norm_test_cases.h"
 #include "ops/attention_cudnn.h"
@@ -72,6 +73,16 @@ void check_cuda_matches_cpu(DType dtype, const std::vector<Input>& inputs, const
 
 const DType kDtypes[] = {DType::F32, DType::BF16};
 
+// Sets the CUDA allocator's caching for one scope (whatever NORMTAPE_NO_CUDA_MEMORY_CACHING says),
+// then restores it.
+struct CachingScope {
+    bool before = detail::cuda_memory_caching();
+    explicit CachingScope(bool on) { detail::set_cuda_memory_caching(on); }
+    ~CachingScope() { detail::set_cuda_memory_caching(before); }
+    CachingScope(const CachingScope&) = delete;
+    CachingScope& operator=(const CachingScope&) = delete;
+};
+
 }  // namespace
 
 TEST_SUITE("cuda") {
@@ -95,6 +106,7 @@ TEST_CASE("cuda: cuda_compute_capability is the driver's, and bf16 runs where it
 
 TEST_CASE("cuda: the caching allocator counts, caches, reuses, splits and resets") {
     REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);
     empty_cache(Device::CUDA);
     MemoryStats s0 = memory_stats(Device::CUDA);
     void* first = nullptr;
@@ -125,6 +137,38 @@ TEST_CASE("cuda: the caching allocator counts, caches, reuses, splits and resets
     }
     empty_cache(Device::CUDA);
     CHECK(memory_stats(Device::CUDA).reserved_bytes == s0.reserved_bytes);
+}
+
+TEST_CASE("cuda: with caching off each tensor is a cudaMalloc of its bytes, freed at once, counted the same") {
+    REQUIRE_CUDA_OR_SKIP();
+    CachingScope off(false);
+    MemoryStats s0 = memory_stats(Device::CUDA);
+    {
+        Tensor a = empty({250}, TensorOptions().device(Device::CUDA));  // 1000 bytes: no segment, no rounding
+        MemoryStats s1 = memory_stats(Device::CUDA);
+        CHECK(s1.allocated_bytes - s0.allocated_bytes == 1000);
+        CHECK(s1.reserved_bytes - s0.reserved_bytes == 1000);
+        CHECK(s1.num_allocs - s0.num_allocs == 1);
+        CHECK(s1.peak_allocated_bytes - s0.allocated_bytes >= 1000);
+        Tensor b = empty({3}, TensorOptions().device(Device::CUDA).dtype(DType::BF16));  // 6 bytes
+        CHECK(memory_stats(Device::CUDA).reserved_bytes - s0.reserved_bytes == 1006);
+        CHECK(memory_stats(Device::CUDA).allocated_bytes - s0.allocated_bytes == 1006);
+        a.fill_(2.0);  // the bytes are usable
+        CHECK(sum(a).item<float>() == 500.0f);
+    }
+    MemoryStats s2 = memory_stats(Device::CUDA);
+    CHECK(s2.allocated_bytes == s0.allocated_bytes);
+    CHECK(s2.reserved_bytes == s0.reserved_bytes);  // returned to the driver, not cached
+    // A block allocated while caching was on goes back to the cache when it is freed with caching off.
+    Tensor cached;
+    {
+        CachingScope on(true);
+        cached = empty({250}, TensorOptions().device(Device::CUDA));
+    }
+    int64_t held = memory_stats(Device::CUDA).reserved_bytes;
+    cached = Tensor();
+    CHECK(memory_stats(Device::CUDA).reserved_bytes == held);
+    CHECK(memory_stats(Device::CUDA).allocated_bytes == s0.allocated_bytes);
 }
 
 TEST_CASE("cuda: running out of memory throws with the request and the counters, and leaks nothing") {

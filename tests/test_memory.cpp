@@ -3,6 +3,7 @@
 // the tape (saved_bytes) and by the allocator, against predictions, to the byte.
 #include <unistd.h>
 
+#include "core/cuda_allocator.h"
 #include "test_util.h"
 
 using namespace normtape;
@@ -146,6 +147,16 @@ TEST_CASE("memory: after backward and with the graph dropped, the allocator is b
     CHECK(memory_stats(Device::CPU).allocated_bytes == before + grads);
     model.zero_grad();
     CHECK(memory_stats(Device::CPU).allocated_bytes == before);
+}
+
+TEST_CASE("memory: NORMTAPE_NO_CUDA_MEMORY_CACHING turns caching off at 1, and refuses what is not 0 or 1") {
+    CHECK(detail::cuda_memory_caching_setting(nullptr));
+    CHECK(detail::cuda_memory_caching_setting(""));
+    CHECK(detail::cuda_memory_caching_setting("0"));
+    CHECK_FALSE(detail::cuda_memory_caching_setting("1"));
+    for (const char* wrong : {"yes", "true", "2", " 1", "10"})
+        CHECK_THROWS_KIND_WITH(detail::cuda_memory_caching_setting(wrong), Error, "NORMTAPE_NO_CUDA_MEMORY_CACHING",
+                               "unset, empty, 0 or 1", std::string("got \"") + wrong + "\"");
 }
 
 TEST_CASE("memory: memory_available_bytes on the cpu is above 0 and at most the machine's memory") {
