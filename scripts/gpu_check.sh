@@ -3,9 +3,10 @@
 # for this machine's GPU (CMake's native; CUDA_ARCH=... for other architectures), builds, runs every
 # test with the GPU visible (the PyTorch cross-check needs a python3 with CUDA torch), every test
 # again from build-ptx80/, a build of compute_80 PTX only, which the driver compiles for this GPU,
-# so that the code of GPUs before Hopper (no thread-block clusters) runs on it too; the CUDA
-# tests once more under compute-sanitizer's memcheck and racecheck, the norm kernels' and the
-# attention's benchmarks beside PyTorch's, the other bandwidth-bound kernels' (bench_ops), the
+# so that the code of GPUs before Hopper (no thread-block clusters) runs on it too; every test
+# once more under compute-sanitizer's memcheck and initcheck, and the small CUDA ones under
+# racecheck, with the caching allocator off (the runs are listed above sanitize_run), the norm
+# kernels' and the attention's benchmarks beside PyTorch's, the other bandwidth-bound kernels' (bench_ops), the
 # memory comparison of the gpt2-medium-ish preset in bf16 and its step beside PyTorch eager's, the
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
@@ -14,7 +15,7 @@
 #                         muon|muon-shakespeare|distributed|dryrun]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
-#     sanitizers only; bench: the benchmarks and training runs only (each of the four fits in 10
+#     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs; it builds only the tests); bench: the benchmarks and training runs only (each of the four fits in 10
 #     minutes on an H100 or H200 with nothing built yet); profile: only scripts/profile_step.sh,
 #     the step's kernel time by category beside PyTorch's (needs Nsight Compute's ncu); nanogpt:
 #     nanoGPT's Shakespeare GPU configuration trained by train_gpt and by PyTorch eager
@@ -90,7 +91,7 @@ fi
 # sanitize TOOL LABEL FILTER...: the tests FILTER picks under compute-sanitizer's TOOL with the
 # caching allocator off (NORMTAPE_NO_CUDA_MEMORY_CACHING=1, so that each tensor has its own bounds),
 # capped at $SANITIZE_TIMEOUT s (default 540; a timeout is reported, not counted as a failure).
-# $SANITIZER_OPTIONS goes to compute-sanitizer. The verdict is written to
+# $SANITIZER_OPTIONS goes to compute-sanitizer. The verdict is printed and written to
 # sanitizer-LABEL-TOOL.verdict, which verdict() adds to the summary, so that runs can go in parallel.
 # racecheck does not follow the asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma) and
 # reports hazards inside them wherever cuDNN runs attention: a hazard counts only outside cuDNN's kernels.
@@ -112,7 +113,8 @@ sanitize() {
     if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line}; ${cases:-no doctest summary})"
     elif [ $rc -eq 124 ]; then verdict="timed out after $SANITIZE_TIMEOUT s (inconclusive)"
     else verdict="FAILED, exit $rc (${errors:-no summary line}; ${cases:-no doctest summary})"; fi
-    echo "compute-sanitizer $tool, $label: $verdict, ${took} s" > "${log%.log}.verdict"
+    # Printed at once too, so that a call cut off by its time limit still says what finished.
+    echo "compute-sanitizer $tool, $label: $verdict, ${took} s" | tee "${log%.log}.verdict"
 }
 # verdict LABEL TOOL: adds a finished sanitize run's verdict to the summary; a failure fails the script.
 verdict() {
@@ -158,6 +160,7 @@ EOF
         NORMTAPE_NO_CUDA_MEMORY_CACHING=$off "$SANITIZER" --tool memcheck "$dir/overrun" > "$dir/memcheck-caching-$caching.log" 2>&1
         found="$(grep -m1 -E "Invalid __global__ write" "$dir/memcheck-caching-$caching.log")"
         summary+=("overrun check, caching $caching: ${found:-no invalid write}; $(grep "ERROR SUMMARY" "$dir/memcheck-caching-$caching.log")")
+        echo "${summary[-1]}"
         if [ "$off" = 1 ] && [ -z "$found" ]; then failed=1; fi
         if [ "$off" = 0 ] && [ -n "$found" ]; then failed=1; fi
     done
