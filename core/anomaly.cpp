@@ -82,10 +82,11 @@ void detail::check_forward_anomaly(const char* op, const char* output_name, cons
 }
 
 void detail::check_backward_anomaly(const char* node_name, size_t i, const Tensor& grad_input,
-                                    const Tensor& grad_output) {
+                                    const std::vector<Tensor>& grad_outputs) {
     NonFinite nf = find_non_finite(grad_input);
     if (nf.count == 0) return;
-    NonFinite upstream = find_non_finite(grad_output);
+    NonFinite upstream;
+    for (const Tensor& g : grad_outputs) upstream.count += find_non_finite(g).count;
     detail::throw_error<AnomalyError>(
         node_name, ": anomaly in backward: ",
         describe_non_finite("the gradient for input " + std::to_string(i), grad_input, nf),

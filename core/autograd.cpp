@@ -185,7 +185,7 @@ NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
 
 Edge gradient_edge(const Tensor& t) {
     if (!t.defined() || !t.requires_grad()) return {};
-    if (t.grad_fn()) return {t.grad_fn(), nullptr};
+    if (t.grad_fn()) return {t.grad_fn(), nullptr, t.impl().output_nr};
     return {nullptr, t.impl_ptr()};
 }
 
@@ -309,7 +309,14 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
         if (--it->second.first == 0 && it->second.second) run_post_accumulate_grad_hooks(e.leaf);
     };
 
-    std::unordered_map<Node*, Tensor> pending{{root.grad_fn().get(), g}};
+    // The gradients reaching each node, one per output of it (undefined until one arrives).
+    std::unordered_map<Node*, std::vector<Tensor>> pending;
+    auto gradient_of = [&](Node* n, uint32_t output_nr) -> Tensor& {
+        std::vector<Tensor>& grads = pending[n];
+        if (grads.empty()) grads.resize(n->num_outputs());
+        return grads[output_nr];
+    };
+    gradient_of(root.grad_fn().get(), root.impl().output_nr) = g;
     for (Node* node : order) {
         auto it = pending.find(node);
         if (it == pending.end()) {  // no gradient reached this node
@@ -317,14 +324,14 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
                 if (e.leaf) leaf_edge_done(e, false);
             continue;
         }
-        Tensor grad_output = std::move(it->second);
+        std::vector<Tensor> grad_outputs = std::move(it->second);
         pending.erase(it);
         check_not_released(node->released(), node->name());
         node->retain_saved_ = retain_graph;
         std::vector<Tensor> grad_inputs;
         {
             detail::BackwardNodeScope where(node->module_path_, node->name());
-            grad_inputs = node->apply(grad_output);
+            grad_inputs = node->apply_outputs(grad_outputs);
         }
         if (!retain_graph) node->release_saved();
         const std::vector<Edge>& edges = node->next_edges();
@@ -335,8 +342,8 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
                 if (edges[i].leaf) leaf_edge_done(edges[i], false);
                 continue;
             }
-            if (is_anomaly_enabled()) detail::check_backward_anomaly(node->name(), i, grad_inputs[i], grad_output);
-            if (edges[i].node) accumulate(pending[edges[i].node.get()], grad_inputs[i]);
+            if (is_anomaly_enabled()) detail::check_backward_anomaly(node->name(), i, grad_inputs[i], grad_outputs);
+            if (edges[i].node) accumulate(gradient_of(edges[i].node.get(), edges[i].input_nr), grad_inputs[i]);
             else {
                 accumulate_into_leaf(*edges[i].leaf, grad_inputs[i]);
                 leaf_edge_done(edges[i], true);

@@ -5,7 +5,16 @@
 // An op that records builds a Node holding exactly the tensors its backward reads (its saved
 // tensors) and one Edge per differentiable input; record() stamps it with the next sequence
 // number, so the recording order is a topological order. backward() walks the reachable nodes in
-// reverse recording order. The engine knows no op: it only calls Node::apply().
+// reverse recording order. The engine knows no op: it only calls Node::apply_outputs(), which for
+// a node of one output is Node::apply().
+//
+// Note [Nodes of several outputs]
+// An op that returns several tensors with gradients of their own (a fused norm's y and its
+// residual sum, say) records one MultiOutputNode with record_outputs(). Each output remembers
+// which one it is (TensorImpl::output_nr), each Edge to it says which output its gradient belongs
+// to (Edge::input_nr), and the engine sums the gradients per output before it runs the node once
+// with all of them, as PyTorch's engine does. An output that no gradient reached gets an undefined
+// Tensor, which the node reads as zeros; a node none of whose outputs got one does not run.
 //
 // Note [A node holds no input it did not save]
 // An Edge points at the producer's Node, never at the producer's output data. (An edge to a leaf
@@ -69,11 +78,12 @@ namespace detail {
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);  // below
 }  // namespace detail
 
-// Where the gradient of one input goes: its producer node, or the leaf whose grad accumulates.
-// Both null: the input needs no gradient.
+// Where the gradient of one input goes: its producer node (as the gradient of that node's output
+// input_nr), or the leaf whose grad accumulates. Both null: the input needs no gradient.
 struct Edge {
     std::shared_ptr<Node> node;
     std::shared_ptr<TensorImpl> leaf;
+    uint32_t input_nr = 0;  // PyTorch's name: which of node's outputs the input was
     bool valid() const { return node != nullptr || leaf != nullptr; }
 };
 
@@ -162,7 +172,13 @@ public:
     // Gradients of the inputs given the gradient of the output; one entry per next_edges() entry,
     // undefined where !needs_input_grad(i). May alias grad_output (Note [Gradient accumulation]).
     virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+    // What the engine calls: one gradient per output, undefined for an output that no gradient
+    // reached (the node treats it as zeros). A node of one output keeps this default; a node of
+    // several (record_outputs) derives from MultiOutputNode, which overrides it.
+    virtual std::vector<Tensor> apply_outputs(const std::vector<Tensor>& grad_outputs) { return apply(grad_outputs[0]); }
     virtual std::vector<SavedSlot> saved_tensors() { return {}; }
+    // How many outputs record() (1) or record_outputs() gave the node.
+    size_t num_outputs() const { return num_outputs_; }
 
     const std::vector<Edge>& next_edges() const { return next_edges_; }
     bool needs_input_grad(size_t i) const { return i < next_edges_.size() && next_edges_[i].valid(); }
@@ -180,6 +196,9 @@ public:
 private:
     template <class... Ts>
     friend void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inputs);
+    template <class... Ts>
+    friend void record_outputs(const std::shared_ptr<Node>& node, std::initializer_list<Tensor*> outputs,
+                               const Ts&... inputs);
     friend void add_to_tape(const std::shared_ptr<Node>& node);
     void set_next_edges(std::vector<Edge> edges);
     friend void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
@@ -187,8 +206,21 @@ private:
     std::vector<Edge> next_edges_;
     std::shared_ptr<const std::string> module_path_;
     uint64_t sequence_nr_ = 0;
+    size_t num_outputs_ = 1;
     bool released_ = false;
     bool retain_saved_ = false;
+};
+
+// A node of several outputs (an op that returns more than one tensor, each with its own gradient):
+// it implements apply_outputs(); apply() passes its one gradient as output 0's.
+class MultiOutputNode : public Node {
+public:
+    std::vector<Tensor> apply(const Tensor& grad_output) final {
+        std::vector<Tensor> grad_outputs(num_outputs());
+        grad_outputs[0] = grad_output;
+        return apply_outputs(grad_outputs);
+    }
+    std::vector<Tensor> apply_outputs(const std::vector<Tensor>& grad_outputs) override = 0;
 };
 
 // Grad mode: on by default, per thread. NoGradGuard turns it off for its scope.
@@ -224,7 +256,27 @@ void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inpu
     node->set_next_edges({gradient_edge(inputs)...});
     add_to_tape(node);
     output.impl().grad_fn = node;
+    output.impl().output_nr = 0;
     output.impl().requires_grad = true;
+}
+
+// record() for a node of several outputs (a MultiOutputNode): output k of `outputs` becomes the
+// node's output k, its gradient the node's grad_outputs[k]. A null or undefined entry is an
+// output the call did not make (its gradient stays undefined).
+template <class... Ts>
+void record_outputs(const std::shared_ptr<Node>& node, std::initializer_list<Tensor*> outputs, const Ts&... inputs) {
+    node->set_next_edges({gradient_edge(inputs)...});
+    add_to_tape(node);
+    node->num_outputs_ = outputs.size();
+    uint32_t k = 0;
+    for (Tensor* out : outputs) {
+        if (out && out->defined()) {
+            out->impl().grad_fn = node;
+            out->impl().output_nr = k;
+            out->impl().requires_grad = true;
+        }
+        ++k;
+    }
 }
 
 // Bytes of the unique storages held right now by the saved tensors of live nodes, not counting

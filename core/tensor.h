@@ -55,6 +55,7 @@ struct TensorImpl {
     bool requires_grad = false;
     std::shared_ptr<TensorImpl> grad;  // accumulated gradient (leaves only)
     std::shared_ptr<Node> grad_fn;     // the node that produced this tensor (non-leaves only)
+    uint32_t output_nr = 0;            // which of grad_fn's outputs this is (record_outputs)
     std::shared_ptr<const Recipe> recipe;  // how to remake it from saved tensors, if it can be (core/autograd.h)
     // Leaves: called by backward() once this backward's gradient is complete, with their handles.
     std::vector<std::pair<int64_t, std::function<void(const Tensor&)>>> post_accumulate_grad_hooks;

@@ -1,9 +1,50 @@
 // tests/test_autograd.cpp: the engine's contract (core/autograd.h): accumulation, grad mode,
-// release after backward, in-place detection, saved-tensor bookkeeping, no cycles.
+// release after backward, in-place detection, saved-tensor bookkeeping, no cycles, nodes of several
+// outputs.
 #include "test_util.h"
 
 using namespace normtape;
 using namespace normtape::testing;
+
+namespace {
+
+// A node of two outputs for the engine's tests: u = x * x and v = 3x from one x; dx = 2x du + 3 dv,
+// each term only where its output got a gradient. Remembers which ones did, on its last run.
+struct SquareAndTripleBackward : MultiOutputNode {
+    SavedTensor x;
+    bool got_du = false, got_dv = false;
+    const char* name() const override { return "SquareAndTripleBackward"; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"x", &x}}; }
+    std::vector<Tensor> apply_outputs(const std::vector<Tensor>& grad_outputs) override {
+        const Tensor &du = grad_outputs[0], &dv = grad_outputs[1];
+        got_du = du.defined();
+        got_dv = dv.defined();
+        Tensor dx;
+        if (got_du) dx = mul(scale(x.unpack(name()), 2.0), du);
+        if (got_dv) dx = dx.defined() ? add(dx, scale(dv, 3.0)) : scale(dv, 3.0);
+        return {dx};
+    }
+};
+
+// (u, v) of SquareAndTripleBackward; `node`, when given, receives the recorded node.
+std::pair<Tensor, Tensor> square_and_triple(const Tensor& x,
+                                            std::shared_ptr<SquareAndTripleBackward>* node = nullptr) {
+    Tensor u, v;
+    {
+        NoGradGuard no_grad;
+        u = mul(x, x);
+        v = scale(x, 3.0);
+    }
+    if (should_record(x)) {
+        auto n = std::make_shared<SquareAndTripleBackward>();
+        n->x = SavedTensor(x);
+        record_outputs(n, {&u, &v}, x);
+        if (node) *node = n;
+    }
+    return {u, v};
+}
+
+}  // namespace
 
 TEST_SUITE("autograd") {
 
@@ -312,6 +353,67 @@ TEST_CASE("autograd: a recipe's tensor modified in place is caught, before or af
         sum(out).backward();  // the data was saved, and y is what the linear saw
         CHECK(w1.grad().defined());
     }
+}
+
+TEST_CASE("autograd: a node of several outputs gets each output's gradient, undefined where none came") {
+    manual_seed(11);
+    Tensor x = leaf({5});
+    std::shared_ptr<SquareAndTripleBackward> node;
+    auto [u, v] = square_and_triple(x, &node);
+    REQUIRE(node);
+    CHECK(u.grad_fn() == v.grad_fn());
+    CHECK(node->num_outputs() == 2);
+    CHECK(u.impl().output_nr == 0);
+    CHECK(v.impl().output_nr == 1);
+    sum(u).backward(/*gradient=*/Tensor(), /*retain_graph=*/true);
+    CHECK(node->got_du);
+    CHECK_FALSE(node->got_dv);
+    CHECK_CLOSE(x.grad(), scale(x.detach(), 2.0), tolerance(DType::F64));
+    x.zero_grad();
+    sum(v).backward(Tensor(), true);  // output 1 alone: output 0's gradient stays undefined
+    CHECK_FALSE(node->got_du);
+    CHECK(node->got_dv);
+    CHECK_CLOSE(x.grad(), full({5}, 3.0, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
+    // f64 finite differences with either output, or both, as the root or behind other ops.
+    auto first = [](const std::vector<Tensor>& in) { return square_and_triple(in[0]).first; };
+    auto second = [](const std::vector<Tensor>& in) { return square_and_triple(in[0]).second; };
+    auto both = [](const std::vector<Tensor>& in) {
+        auto [a, b] = square_and_triple(in[0]);
+        return add(mul(a, in[1]), scale(b, -0.5));
+    };
+    CHECK_GRADCHECK(first, std::vector<Tensor>{leaf({4})});
+    CHECK_GRADCHECK(second, std::vector<Tensor>{leaf({4})});
+    CHECK_GRADCHECK(both, (std::vector<Tensor>{leaf({3}), leaf({3})}));
+}
+
+TEST_CASE("autograd: gradients of two outputs of one node that meet in a later op add up per output") {
+    manual_seed(12);
+    Tensor x = leaf({4});
+    auto [u, v] = square_and_triple(x);
+    sum(add(mul(u, v), u)).backward();  // sum(3x^3 + x^2): 9x^2 + 2x; u feeds two ops
+    Tensor xd = x.detach();
+    CHECK_CLOSE(x.grad(), add(scale(mul(xd, xd), 9.0), scale(xd, 2.0)), tolerance(DType::F64));
+}
+
+TEST_CASE("autograd: record_outputs leaves an output the call did not make without a grad_fn") {
+    manual_seed(13);
+    Tensor x = leaf({2});
+    Tensor u, v;
+    {
+        NoGradGuard no_grad;
+        u = mul(x, x);
+        v = scale(x, 3.0);
+    }
+    auto node = std::make_shared<SquareAndTripleBackward>();
+    node->x = SavedTensor(x);
+    record_outputs(node, {&u, nullptr}, x);
+    CHECK(node->num_outputs() == 2);
+    CHECK(v.grad_fn() == nullptr);
+    CHECK_FALSE(v.requires_grad());
+    sum(u).backward();
+    CHECK(node->got_du);
+    CHECK_FALSE(node->got_dv);
+    CHECK_CLOSE(x.grad(), scale(x.detach(), 2.0), tolerance(DType::F64));
 }
 
 }  // TEST_SUITE
