@@ -3,7 +3,8 @@
 //          NoGradGuard, saved_bytes, saved_tensors_report, SavedTensorHooks, SaveOnCpu, checkpoint,
 //          NamedScope), anomaly detection, the cpu thread count (set_num_threads)
 //   ops/   add, mul, scale, gelu, relu_squared, swiglu, softmax, dropout, sum, mean, matmul, linear, linear_gelu,
-//          causal_self_attention, rotary_embedding, embedding, cross_entropy, layer_norm, rms_norm, SavePolicy
+//          causal_self_attention, rotary_embedding, embedding, cross_entropy, layer_norm, rms_norm,
+//          layer_norm_fn, rms_norm_fn (the norm with the residual add), SavePolicy
 //   nn/    Module (named_modules, apply, ModuleScope), Linear, Embedding, Dropout, LayerNorm, RMSNorm,
 //          set_save_policy, GPT, AdamW, clip_grad_norm_, safetensors, checkpoints, learning-rate
 //          schedules (ConstantLR, WarmupCosineLR, StepLR), Batcher

@@ -10,4 +10,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     return detail::norm_forward("layer_norm", "LayerNormBackward", /*centered=*/true, x, weight, bias, eps, policy);
 }
 
+FusedNormOutputs layer_norm_fn(const Tensor& x, const Tensor& weight, const Tensor& bias, const FusedNormOptions& options) {
+    return detail::fused_norm_forward("layer_norm_fn", "LayerNormBackward", /*centered=*/true, x, weight, bias, options);
+}
+
 }  // namespace normtape

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/norm/fused_norm.h"
 #include "ops/norm/norm_policy.h"
 
 namespace normtape {
@@ -27,5 +28,16 @@ namespace normtape {
 // detection (core/anomaly.h).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   SavePolicy policy = SavePolicy::Input);
+
+// layer_norm_fn: layer_norm of s = x + options.residual, returning s too with options.prenorm
+// (FlashAttention's layer_norm_fn with residual and prenorm; Note [The fused norm],
+// ops/norm/fused_norm.h). x, weight, bias, eps and the policy as layer_norm's, the policy
+// applying to s; residual: x's shape, dtype and device, or undefined. Returns y (layer_norm(s)) and,
+// with prenorm, residual_out = s (x itself when there is no residual). Saves what layer_norm(s)
+// saves under options.policy, and nothing of x or residual. Backward gives x and residual the same
+// gradient, the norm's ds plus residual_out's gradient (=); dweight, dbias as layer_norm's (+= into
+// .grad). On CUDA the add runs as its own kernel before the norm's. Throws as layer_norm, naming
+// layer_norm_fn, and ShapeError, DTypeError or DeviceError for a residual unlike x.
+FusedNormOutputs layer_norm_fn(const Tensor& x, const Tensor& weight, const Tensor& bias, const FusedNormOptions& options);
 
 }  // namespace normtape

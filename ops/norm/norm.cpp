@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
+#include "ops/elementwise.h"
 
 namespace normtape {
 
@@ -119,29 +120,47 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
     for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(acc[nw + j]);
 }
 
-// Saved: x (Input), y (Output) or x_hat (Normalized) [M, N]; mean [M] (LayerNorm under Input),
-// rstd [M]; weight, bias [N] when present. Gradients: dx [.., N], dweight, dbias [N].
-struct NormBackward : Node {
+// Inputs: x, weight, bias, residual (the last two may be undefined). Outputs: y and, for
+// layer_norm_fn and rms_norm_fn with a residual and prenorm, s = x + residual (Note [The fused
+// norm], ops/norm/fused_norm.h). Saved: s, which is x without a residual (Input), y (Output) or
+// x_hat (Normalized) [M, N]; mean [M] (LayerNorm under Input), rstd [M]; weight, bias [N] when
+// present. Gradients: ds for x and for residual [.., N] (the norm's, plus s's own), dweight, dbias [N].
+struct NormBackward : MultiOutputNode {
     const char* node_name;
     bool centered;
+    bool has_residual;
     SavePolicy policy;
     SavedTensor x_or_y, mean, rstd, weight, bias;
 
-    NormBackward(const char* name_, bool centered_, SavePolicy policy_, const Tensor& x_or_y_, const Tensor& mean_,
-                 const Tensor& rstd_, const Tensor& weight_, const Tensor& bias_)
-        : node_name(name_), centered(centered_), policy(policy_), x_or_y(x_or_y_), mean(mean_), rstd(rstd_),
-          weight(weight_), bias(bias_) {}
+    NormBackward(const char* name_, bool centered_, bool has_residual_, SavePolicy policy_, const Tensor& x_or_y_,
+                 const Tensor& mean_, const Tensor& rstd_, const Tensor& weight_, const Tensor& bias_)
+        : node_name(name_), centered(centered_), has_residual(has_residual_), policy(policy_), x_or_y(x_or_y_),
+          mean(mean_), rstd(rstd_), weight(weight_), bias(bias_) {}
 
     const char* name() const override { return node_name; }
-    std::vector<SavedSlot> saved_tensors() override { const char* first = policy == SavePolicy::Input ? "x" : policy == SavePolicy::Output ? "y" : "x_hat";
-        return {{first, &x_or_y}, {"mean", &mean}, {"rstd", &rstd}, {"weight", &weight}, {"bias", &bias}}; }
+    std::vector<SavedSlot> saved_tensors() override {
+        const char* first = policy == SavePolicy::Input ? (has_residual ? "s" : "x")
+                            : policy == SavePolicy::Output ? "y" : "x_hat";
+        return {{first, &x_or_y}, {"mean", &mean}, {"rstd", &rstd}, {"weight", &weight}, {"bias", &bias}};
+    }
 
-    std::vector<Tensor> apply(const Tensor& grad_output) override {
+    std::vector<Tensor> apply_outputs(const std::vector<Tensor>& grad_outputs) override {
+        const Tensor& ds_out = grad_outputs[1];  // the gradient that reached s itself (prenorm)
+        if (!grad_outputs[0].defined()) return {ds_out, Tensor(), Tensor(), ds_out};  // y unused: s's own alone
+        std::vector<Tensor> grads = norm_backward(grad_outputs[0]);  // ds, dweight, dbias
+        if (grads[0].defined() && ds_out.defined()) grads[0].add_(ds_out);
+        grads.push_back(has_residual ? grads[0] : Tensor());  // dresidual = ds = dx
+        return grads;
+    }
+
+private:
+    // The norm's own backward: {ds (undefined when neither x nor residual needs it), dweight, dbias}.
+    std::vector<Tensor> norm_backward(const Tensor& grad_output) {
         Tensor s = x_or_y.unpack(node_name), m = mean.unpack(node_name), r = rstd.unpack(node_name);
         Tensor w = weight.unpack(node_name), b = bias.unpack(node_name);
         Tensor dy = grad_output.contiguous();
         TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
-        Tensor dx = needs_input_grad(0) ? empty(s.shape(), opts) : Tensor();
+        Tensor dx = needs_input_grad(0) || needs_input_grad(3) ? empty(s.shape(), opts) : Tensor();
         Tensor dw = needs_input_grad(1) ? empty(w.shape(), opts) : Tensor();
         Tensor db = needs_input_grad(2) ? empty(b.shape(), opts) : Tensor();
         int64_t N = s.size(-1), M = s.numel() / N;
@@ -201,8 +220,19 @@ int64_t output_policy_fallbacks() { return fallback_count; }
 
 namespace detail {
 
-Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x_in, const Tensor& weight_in,
-                    const Tensor& bias_in, double eps, SavePolicy policy) {
+Tensor norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x, const Tensor& weight,
+                    const Tensor& bias, double eps, SavePolicy policy) {
+    FusedNormOptions options;
+    options.eps = eps;
+    options.policy = policy;
+    return fused_norm_forward(op, node_name, centered, x, weight, bias, options).y;
+}
+
+FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool centered, const Tensor& x_in,
+                                    const Tensor& weight_in, const Tensor& bias_in, const FusedNormOptions& options) {
+    const double eps = options.eps;
+    SavePolicy policy = options.policy;
+    const Tensor& residual = options.residual;
     detail::check_floating_input(op, "x", x_in);
     NT_CHECK_AS(ShapeError, x_in.dim() >= 1, op,
                 ": expected x of shape [..., N] with at least one dimension, got a scalar (shape [])");
@@ -213,54 +243,67 @@ Tensor norm_forward(const char* op, const char* node_name, bool centered, const 
     detail::check_fits_int32(op, x_in, "M (rows, numel / N)", M);
     check_param(op, "weight", weight_in, x_in, N);
     check_param(op, "bias", bias_in, x_in, N);
+    if (residual.defined()) {
+        detail::check_like(op, "residual", residual, "x", x_in);
+        NT_CHECK_AS(ShapeError, residual.shape() == x_in.shape(), op, ": expected residual of x's shape ",
+                    shape_str(x_in.shape()), ", got ", shape_str(residual.shape()));
+    }
 
     Tensor x = x_in.contiguous();
+    // The norm's input: s = x + residual by the add op's own kernels, so that s is add(x, residual)
+    // bit for bit (Note [The fused norm]); x itself without a residual.
+    Tensor s = x;
+    if (residual.defined()) {
+        NoGradGuard no_grad;
+        s = add(x, residual);
+    }
     Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
     Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-    TensorOptions opts = TensorOptions().dtype(x.dtype()).device(x.device());
-    TensorOptions stat_opts = opts.dtype(stat_dtype(x.dtype()));
+    TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
+    TensorOptions stat_opts = opts.dtype(stat_dtype(s.dtype()));
+    const bool records = should_record(x, weight, bias, residual);
     // Under Normalized with a weight or bias, when the call records (Note [SavePolicy::Normalized]),
     // the forward writes x_hat too and makes y from the rounded x_hat; otherwise y alone.
-    const bool normalized =
-        policy == SavePolicy::Normalized && (weight.defined() || bias.defined()) && should_record(x, weight, bias);
-    Tensor y = empty(x.shape(), opts);
-    Tensor x_hat = normalized ? empty(x.shape(), opts) : Tensor();
+    const bool normalized = policy == SavePolicy::Normalized && (weight.defined() || bias.defined()) && records;
+    Tensor y = empty(s.shape(), opts);
+    Tensor x_hat = normalized ? empty(s.shape(), opts) : Tensor();
     // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
     Tensor mean = centered ? empty({M}, stat_opts) : Tensor();
     Tensor rstd = empty({M}, stat_opts);
-    dispatch_floating(x.dtype(), op, [&](auto tag) {
+    dispatch_floating(s.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
         using S = acc_t<T>;
-        if (x.device().is_cuda()) {
+        if (s.device().is_cuda()) {
             NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<S>(mean),
-                                                 device_ptr<S>(rstd), device_ptr<T>(x), device_ptr<T>(weight),
-                                                 device_ptr<T>(bias), M, N, eps, x.device().index));
+                                                 device_ptr<S>(rstd), device_ptr<T>(s), device_ptr<T>(weight),
+                                                 device_ptr<T>(bias), M, N, eps, s.device().index));
         } else if (normalized) {
-            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
+            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
                                 nullptr, nullptr, M, N, eps);
             norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M, N);
         } else {
-            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x),
+            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
                                 device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
         }
     });
-    if (normalized) {
-        auto node = std::make_shared<NormBackward>(node_name, centered, policy, x_hat, Tensor(), rstd, weight, bias);
-        record(node, y, x, weight, bias);
-        set_recipe(y, "norm affine", {x_hat, weight, bias},
-                   [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
-    } else if (should_record(x, weight, bias)) {
+    // s is the node's second output when it is returned and is not x itself.
+    const bool prenorm_output = options.prenorm && residual.defined();
+    if (records) {
         if (policy == SavePolicy::Output && !weight_allows_output_policy(weight)) {
             policy = SavePolicy::Input;
             ++fallback_count;
         }
-        const Tensor& saved = policy == SavePolicy::Input ? x : y;  // Output, or Normalized without affine: y = x_hat
-        auto node = std::make_shared<NormBackward>(node_name, centered, policy, saved,
+        // Normalized: x_hat; Output, or Normalized without affine (y = x_hat): y; Input: s.
+        const Tensor& saved = normalized ? x_hat : policy == SavePolicy::Input ? s : y;
+        auto node = std::make_shared<NormBackward>(node_name, centered, residual.defined(), policy, saved,
                                                    policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias);
-        record(node, y, x, weight, bias);
+        record_outputs(node, {&y, prenorm_output ? &s : nullptr}, x, weight, bias, residual);
+        if (normalized)
+            set_recipe(y, "norm affine", {x_hat, weight, bias},
+                       [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
     }
-    detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"weight", weight}, {"bias", bias}});
-    return y;
+    detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"residual", residual}, {"weight", weight}, {"bias", bias}});
+    return {y, options.prenorm ? (residual.defined() ? s : x_in) : Tensor()};
 }
 
 Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias) {

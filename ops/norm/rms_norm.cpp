@@ -10,4 +10,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, SavePolicy po
     return detail::norm_forward("rms_norm", "RMSNormBackward", /*centered=*/false, x, weight, Tensor(), eps, policy);
 }
 
+FusedNormOutputs rms_norm_fn(const Tensor& x, const Tensor& weight, const FusedNormOptions& options) {
+    return detail::fused_norm_forward("rms_norm_fn", "RMSNormBackward", /*centered=*/false, x, weight, Tensor(),
+                                      options);
+}
+
 }  // namespace normtape

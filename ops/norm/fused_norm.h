@@ -1,0 +1,40 @@
+// ops/norm/fused_norm.h: the fused norm's options and outputs (layer_norm_fn, rms_norm_fn in
+// ops/norm/layer_norm.h and ops/norm/rms_norm.h), in the names of FlashAttention's layer_norm_fn
+// (flash_attn/ops/triton/layer_norm.py). Public.
+//
+// Note [The fused norm]
+// A pre-LN block does x = x + branch(norm(x)) and then norm(x) again: the residual add and the next
+// norm read and write the residual stream apart. layer_norm_fn and rms_norm_fn take the add in:
+//     s = x + residual                    (residual undefined: s = x)
+//     y = norm(s) * weight + bias
+// and with prenorm they return s too, the new residual stream, as layer_norm_fn(prenorm=True)
+// does. s is rounded to x's dtype before the norm reads it, so that y is exactly
+// layer_norm(add(x, residual)) and s exactly add(x, residual), bit for bit (FlashAttention's kernel
+// normalizes the unrounded sum instead). One node, with y and s as its two outputs (Note [Nodes of
+// several outputs], core/autograd.h), takes both gradients at once: ds = the norm's dx + the
+// gradient that reached s, which is dx and dresidual, as llm.c's layernorm_backward adds into
+// dresidual. What it saves is the norm's policy (ops/norm/norm_policy.h) with s in x's place:
+// under Input s (which with prenorm the next block keeps anyway), under Output y, under Normalized
+// x_hat; never x or residual themselves.
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/norm/norm_policy.h"
+
+namespace normtape {
+
+// What layer_norm_fn and rms_norm_fn fuse into the norm, beside x.
+struct FusedNormOptions {
+    Tensor residual;       // added to x before the norm: x's shape, dtype and device; undefined: none
+    bool prenorm = false;  // also return s = x + residual (x itself without a residual)
+    double eps = 1e-5;
+    SavePolicy policy = SavePolicy::Input;
+};
+
+// What they return.
+struct FusedNormOutputs {
+    Tensor y;             // the norm's output: x's shape, dtype and device
+    Tensor residual_out;  // with prenorm, s = x + residual (x's shape and dtype); otherwise undefined
+};
+
+}  // namespace normtape

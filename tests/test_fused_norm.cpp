@@ -1,0 +1,201 @@
+// tests/test_fused_norm.cpp: layer_norm_fn and rms_norm_fn (Note [The fused norm],
+// ops/norm/fused_norm.h): the norm of s = x + residual, and s itself with prenorm, against the
+// unfused add and norm, f64 finite differences under each policy, what each policy saves, the
+// gradient that reaches s alone, argument errors, and CUDA against the cpu.
+#include "test_util.h"
+
+using namespace normtape;
+using namespace normtape::testing;
+
+namespace {
+
+constexpr SavePolicy kPolicies[] = {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized};
+
+// One of the two fused norms with its unfused twin; bias is ignored by the RMS pair.
+struct FusedNormUnderTest {
+    const char* op;
+    bool centered;
+    FusedNormOutputs fused(const Tensor& x, const Tensor& w, const Tensor& b, const FusedNormOptions& o) const {
+        return centered ? layer_norm_fn(x, w, b, o) : rms_norm_fn(x, w, o);
+    }
+    Tensor unfused(const Tensor& s, const Tensor& w, const Tensor& b, SavePolicy policy) const {
+        return centered ? layer_norm(s, w, b, 1e-5, policy) : rms_norm(s, w, 1e-5, policy);
+    }
+};
+const FusedNormUnderTest kNorms[] = {{"layer_norm_fn", true}, {"rms_norm_fn", false}};
+
+FusedNormOptions options(const Tensor& residual, bool prenorm, SavePolicy policy) {
+    FusedNormOptions o;
+    o.residual = residual;
+    o.prenorm = prenorm;
+    o.policy = policy;
+    return o;
+}
+
+// Weights away from zero (the Output policy divides by them): 1 + 0.2 * randn.
+Tensor weight_of(int64_t N, TensorOptions o) { return add(full({N}, 1.0, o), scale(randn({N}, o), 0.2)); }
+
+}  // namespace
+
+TEST_SUITE("fused_norm") {
+
+TEST_CASE("fused_norm: y and residual_out are the unfused norm of add(x, residual) and the add, bit for bit") {
+    manual_seed(1);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (DType dtype : {DType::F64, DType::F32, DType::BF16})
+            for (SavePolicy policy : kPolicies) {
+                CAPTURE(n.op);
+                CAPTURE(dtype_name(dtype));
+                CAPTURE(policy_name(policy));
+                TensorOptions o = opts(dtype);
+                Tensor x = randn({2, 3, 40}, o).requires_grad_(true), r = randn({2, 3, 40}, o).requires_grad_(true);
+                Tensor w = weight_of(40, o).requires_grad_(true), b = scale(randn({40}, o), 0.1).requires_grad_(true);
+                FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy));
+                Tensor s = add(x, r);
+                CHECK_CLOSE(out.residual_out, s, (Tolerance{0, 0}));
+                CHECK_CLOSE(out.y, n.unfused(s, w, b, policy), (Tolerance{0, 0}));
+                CHECK_FALSE(n.fused(x, w, b, options(r, false, policy)).residual_out.defined());
+                // Without a residual: the plain norm, and residual_out is x itself.
+                FusedNormOutputs plain = n.fused(x, w, b, options(Tensor(), true, policy));
+                CHECK(plain.residual_out.impl_ptr() == x.impl_ptr());
+                CHECK_CLOSE(plain.y, n.unfused(x, w, b, policy), (Tolerance{0, 0}));
+            }
+}
+
+TEST_CASE("fused_norm: gradients match finite differences in f64 under each policy, through y and s") {
+    manual_seed(2);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            Tensor x = leaf({3, 7}, 2.0), r = leaf({3, 7}), b = leaf({7}, 0.3);
+            Tensor w = weight_of(7, opts(DType::F64)).requires_grad_(true);
+            // y and s both used, s weighted apart so that its own gradient shows.
+            auto both = [&](const std::vector<Tensor>& in) {
+                FusedNormOutputs out = n.fused(in[0], in[2], n.centered ? in[3] : Tensor(), options(in[1], true, policy));
+                return add(out.y, scale(out.residual_out, 0.7));
+            };
+            std::vector<Tensor> inputs = n.centered ? std::vector<Tensor>{x, r, w, b} : std::vector<Tensor>{x, r, w};
+            CHECK_GRADCHECK(both, inputs);
+            auto y_only = [&](const std::vector<Tensor>& in) {
+                return n.fused(in[0], in[2], n.centered ? in[3] : Tensor(), options(in[1], false, policy)).y;
+            };
+            CHECK_GRADCHECK(y_only, inputs);
+            Tensor w_fixed = w.detach();
+            auto s_only = [&](const std::vector<Tensor>& in) {  // y unused: s's gradient alone
+                return n.fused(in[0], w_fixed, Tensor(), options(in[1], true, policy)).residual_out;
+            };
+            CHECK_GRADCHECK(s_only, (std::vector<Tensor>{leaf({3, 7}), leaf({3, 7})}));
+        }
+}
+
+TEST_CASE("fused_norm: x and residual get the unfused composition's gradients, the same for both") {
+    manual_seed(3);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            TensorOptions o = opts(DType::F32);
+            Tensor x0 = randn({5, 64}, o), r0 = randn({5, 64}, o), w0 = weight_of(64, o), u = randn({5, 64}, o),
+                   v = randn({5, 64}, o);
+            auto grads = [&](bool fused) {
+                Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+                Tensor w = w0.clone().requires_grad_(true);
+                Tensor y, s;
+                if (fused) {
+                    FusedNormOutputs out = n.fused(x, w, Tensor(), options(r, true, policy));
+                    y = out.y;
+                    s = out.residual_out;
+                } else {
+                    s = add(x, r);
+                    y = n.unfused(s, w, Tensor(), policy);
+                }
+                add(sum(mul(y, u)), sum(mul(s, v))).backward();
+                return std::vector<Tensor>{x.grad(), r.grad(), w.grad()};
+            };
+            std::vector<Tensor> f = grads(true), g = grads(false);
+            CHECK_CLOSE(f[0], g[0], tolerance(DType::F32));
+            CHECK_CLOSE(f[1], f[0], (Tolerance{0, 0}));
+            CHECK_CLOSE(f[2], g[2], tolerance(DType::F32));
+        }
+}
+
+TEST_CASE("fused_norm: saves s (Input), y (Output) or x_hat (Normalized) with rstd, never x or residual") {
+    const int64_t M = 6, N = 16;
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies)
+            for (bool prenorm : {false, true}) {
+                CAPTURE(n.op);
+                CAPTURE(policy_name(policy));
+                CAPTURE(prenorm);
+                Tensor w = ones({N}).requires_grad_(true);
+                Tensor h = scale(randn({M, N}).requires_grad_(true), 1.0);  // non-leaf inputs, as in a model
+                Tensor r = scale(randn({M, N}).requires_grad_(true), 1.0);
+                int64_t saved_before = saved_bytes();
+                int64_t allocated_before = cpu_allocated();
+                FusedNormOutputs out = n.fused(h, w, Tensor(), options(r, prenorm, policy));
+                int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+                CHECK(saved_bytes() - saved_before == M * N * 4 + stats);
+                // Live now: y, the saved rows (s under Input, y under Output, x_hat under
+                // Normalized), the statistics, and s where it is returned.
+                int64_t rows = policy == SavePolicy::Output ? 1 : 2;
+                if (policy == SavePolicy::Normalized && prenorm) rows = 3;
+                if (policy == SavePolicy::Output && prenorm) rows = 2;
+                CHECK(cpu_allocated() - allocated_before == rows * M * N * 4 + stats);
+                // Dropping x and residual frees them: the node holds neither.
+                int64_t inputs_live = cpu_allocated();
+                h = Tensor();
+                r = Tensor();
+                CHECK(inputs_live - cpu_allocated() == 2 * M * N * 4);
+            }
+}
+
+TEST_CASE("fused_norm: a residual unlike x is refused, naming the op, and leaks nothing") {
+    int64_t before = cpu_allocated();
+    for (const FusedNormUnderTest& n : kNorms) {
+        Tensor x = randn({4, 8}), w = ones({8});
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), options(randn({4, 9}), true, SavePolicy::Input)), ShapeError,
+                               n.op, "residual of x's shape [4, 8]", "got [4, 9]");
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), options(randn({8}), false, SavePolicy::Output)), ShapeError,
+                               n.op, "residual of x's shape");
+        CHECK_THROWS_KIND_WITH(
+            n.fused(x, w, Tensor(), options(randn({4, 8}, opts(DType::F64)), true, SavePolicy::Input)), DTypeError,
+            n.op, "residual");
+        FusedNormOptions bad_eps = options(randn({4, 8}), true, SavePolicy::Input);
+        bad_eps.eps = 0.0;
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), bad_eps), Error, n.op, "eps > 0");
+        CHECK_THROWS_KIND_WITH(n.fused(Tensor(), w, Tensor(), options(Tensor(), false, SavePolicy::Input)), Error,
+                               n.op, "undefined");
+    }
+    CHECK(cpu_allocated() == before);
+}
+
+TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16, outputs and gradients") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(4);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (DType dtype : {DType::F32, DType::BF16})
+            for (SavePolicy policy : kPolicies) {
+                CAPTURE(n.op);
+                CAPTURE(dtype_name(dtype));
+                CAPTURE(policy_name(policy));
+                TensorOptions o = opts(dtype);
+                Tensor x0 = randn({33, 200}, o), r0 = randn({33, 200}, o), w0 = weight_of(200, o),
+                       b0 = scale(randn({200}, o), 0.1), u = randn({33, 200}, o), v = randn({33, 200}, o);
+                auto run = [&](Device d) {
+                    Tensor x = x0.to(d).requires_grad_(true), r = r0.to(d).requires_grad_(true);
+                    Tensor w = w0.to(d).requires_grad_(true), b = b0.to(d).requires_grad_(true);
+                    FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy));
+                    add(sum(mul(out.y, u.to(d))), sum(mul(out.residual_out, v.to(d)))).backward();
+                    return std::vector<Tensor>{out.y, out.residual_out, x.grad(), r.grad(), w.grad(),
+                                               n.centered ? b.grad() : w.grad()};
+                };
+                std::vector<Tensor> cpu = run(Device::CPU), gpu = run(Device::CUDA);
+                for (size_t i = 0; i < cpu.size(); ++i) {
+                    CAPTURE(i);
+                    CHECK_NORMWISE(gpu[i], cpu[i], normwise_tolerance(dtype));
+                }
+            }
+}
+
+}  // TEST_SUITE
