@@ -14,9 +14,9 @@
 // for, and every deallocation a cudaFree, at once. It is for compute-sanitizer: its memcheck and
 // initcheck then see each tensor's own bounds, where with caching a kernel that overruns its
 // tensor writes into the rest of a cached block unseen. allocated_bytes and peak_allocated_bytes
-// are the same bytes either way; reserved_bytes is then the bytes held from the driver, which equal
-// allocated_bytes. Slow: every free waits for the device. Unset, empty or 0 leaves caching on; any
-// other value makes the first CUDA allocation throw Error.
+// are the same bytes either way; reserved_bytes stays the bytes held from the driver, which with
+// caching off from the start equal allocated_bytes. Slow: every free waits for the device. Unset,
+// empty or 0 leaves caching on; any other value makes every CUDA allocation throw Error, naming it.
 #pragma once
 
 #include <cstddef>

@@ -314,6 +314,8 @@ void detail::run_backward(const Tensor& root, const Tensor& gradient, bool retai
     auto gradient_of = [&](Node* n, uint32_t output_nr) -> Tensor& {
         std::vector<Tensor>& grads = pending[n];
         if (grads.empty()) grads.resize(n->num_outputs());
+        NT_CHECK(output_nr < grads.size(), n->name(), ": expected a gradient for one of its ", grads.size(),
+                 " outputs, got one for output ", output_nr);
         return grads[output_nr];
     };
     gradient_of(root.grad_fn().get(), root.impl().output_nr) = g;

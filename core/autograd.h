@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "core/anomaly.h"
+#include "core/check.h"
 #include "core/named_scope.h"
 #include "core/tensor.h"
 
@@ -262,9 +263,10 @@ void record(const std::shared_ptr<Node>& node, Tensor& output, const Ts&... inpu
 
 // record() for a node of several outputs (a MultiOutputNode): output k of `outputs` becomes the
 // node's output k, its gradient the node's grad_outputs[k]. A null or undefined entry is an
-// output the call did not make (its gradient stays undefined).
+// output the call did not make (its gradient stays undefined). Throws Error for an empty list.
 template <class... Ts>
 void record_outputs(const std::shared_ptr<Node>& node, std::initializer_list<Tensor*> outputs, const Ts&... inputs) {
+    NT_CHECK(outputs.size() > 0, "record_outputs: expected at least one output for ", node->name(), ", got none");
     node->set_next_edges({gradient_edge(inputs)...});
     add_to_tape(node);
     node->num_outputs_ = outputs.size();

@@ -10,6 +10,7 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_copy.h"
+#include "core/dry_run.h"
 
 namespace normtape::detail {
 
@@ -43,6 +44,9 @@ struct BySize {
 struct DeviceAllocator {
     std::set<Block*, BySize> small_free, large_free;
     std::unordered_map<void*, Block*> live;
+    // Uncached blocks deallocated during a dry run, whose CUDA stream capture a cudaFree would
+    // break: freed at the next allocation or empty_cache outside one.
+    std::vector<Block*> deferred;
     MemoryStats stats;
     std::vector<MemoryEvent>* trace = nullptr;
 
@@ -100,7 +104,7 @@ void release_free_segments(int device, DeviceAllocator& a) {
 
 // `bytes` from cudaMalloc for a request of `nbytes`, counted as reserved. When the driver has no
 // more, every wholly free segment is returned and the call tried once more; then OutOfMemoryError.
-char* driver_allocate(int device, DeviceAllocator& a, size_t bytes, size_t nbytes) {
+char* driver_allocate(int device, DeviceAllocator& a, size_t bytes, size_t nbytes, bool uncached) {
     void* ptr = nullptr;
     CUDA_CHECK(cudaSetDevice(device));
     cudaError_t err = cudaMalloc(&ptr, bytes);
@@ -115,7 +119,7 @@ char* driver_allocate(int device, DeviceAllocator& a, size_t bytes, size_t nbyte
         cudaMemGetInfo(&free_bytes, &total_bytes);
         cudaGetLastError();
         NT_CHECK_AS(OutOfMemoryError, false, "allocate: out of memory on cuda:", device, ": tried to allocate ",
-                    nbytes, " bytes (", bytes == nbytes ? std::string("uncached") : "a segment of " + std::to_string(bytes),
+                    nbytes, " bytes (", uncached ? std::string("uncached") : "a segment of " + std::to_string(bytes),
                     "); ", a.stats.allocated_bytes, " bytes allocated, ", a.stats.reserved_bytes,
                     " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device");
     }
@@ -123,6 +127,21 @@ char* driver_allocate(int device, DeviceAllocator& a, size_t bytes, size_t nbyte
     a.stats.reserved_bytes += static_cast<int64_t>(bytes);
     a.stats.peak_reserved_bytes = std::max(a.stats.peak_reserved_bytes, a.stats.reserved_bytes);
     return static_cast<char*>(ptr);
+}
+
+// Returns an uncached block to the driver once the device is done with it (cudaFree alone may not
+// wait). A free that fails leaves its bytes counted as reserved; its error stays for the next check.
+void free_uncached(int device, DeviceAllocator& a, Block* b) noexcept {
+    (void)cudaSetDevice(device);
+    (void)cudaDeviceSynchronize();
+    if (cudaFree(b->ptr) == cudaSuccess) a.stats.reserved_bytes -= static_cast<int64_t>(b->size);
+    delete b;
+}
+
+void free_deferred(int device, DeviceAllocator& a) noexcept {
+    if (a.deferred.empty() || is_dry_run()) return;
+    for (Block* b : a.deferred) free_uncached(device, a, b);
+    a.deferred.clear();
 }
 
 bool& caching_on() {
@@ -140,7 +159,9 @@ void* cuda_allocate(int device, size_t nbytes) {
     DeviceAllocator& a = allocator(device);
     NT_CHECK_AS(OutOfMemoryError, nbytes <= (size_t(1) << 50), "allocate: out of memory on cuda:", device,
                 ": requested ", nbytes, " bytes, more than any GPU holds (at most 2^50 bytes)");
-    if (!caching_on()) return a.take(new Block{driver_allocate(device, a, nbytes, nbytes), nbytes, false, true}, nbytes);
+    free_deferred(device, a);
+    if (!caching_on())
+        return a.take(new Block{driver_allocate(device, a, nbytes, nbytes, true), nbytes, false, true}, nbytes);
     size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);
     bool small = size <= kSmallRequest;
     auto& pool = a.pool(small);
@@ -152,7 +173,7 @@ void* cuda_allocate(int device, size_t nbytes) {
         pool.erase(it);
     } else {
         size_t segment = small ? kSmallSegment : size < kMediumRequest ? kMediumSegment : round_up(size, kLargeRound);
-        b = new Block{driver_allocate(device, a, segment, nbytes), segment, small};
+        b = new Block{driver_allocate(device, a, segment, nbytes, false), segment, small};
     }
     size_t rest = b->size - size;
     if (small ? rest >= kRound : rest > kLargeSplitMin) {
@@ -177,12 +198,17 @@ void cuda_deallocate(int device, void* ptr) noexcept {
     a.record(-static_cast<int64_t>(b->requested));
     b->allocated = false;
     b->requested = 0;
-    if (b->uncached) {  // cudaFree waits for the device, so no kernel still uses the bytes
-        // noexcept: an error (most likely an earlier kernel's) stays for the next check to report
-        (void)cudaSetDevice(device);
-        (void)cudaFree(b->ptr);
-        a.stats.reserved_bytes -= static_cast<int64_t>(b->size);
-        delete b;
+    if (b->uncached) {
+        if (!is_dry_run()) {
+            free_uncached(device, a, b);
+            return;
+        }
+        try {
+            a.deferred.push_back(b);
+        } catch (...) {
+            // No host memory for the list: the block stays allocated on the device, counted as reserved.
+            delete b;
+        }
         return;
     }
     auto& pool = a.pool(b->small);
@@ -225,6 +251,7 @@ void cuda_reset_peak_memory_stats(int device) {
 void cuda_set_memory_trace(int device, std::vector<MemoryEvent>* trace) { allocator(device).trace = trace; }
 
 void cuda_empty_cache(int device) {
+    free_deferred(device, allocator(device));
     release_free_segments(device, allocator(device));
 }
 

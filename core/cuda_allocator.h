@@ -13,8 +13,9 @@
 // Freed blocks can be reused at once: all of normtape's work on a device is on its one stream,
 // so later work is ordered after earlier work that used the block.
 // With caching off (NORMTAPE_NO_CUDA_MEMORY_CACHING=1, core/allocator.h) none of this happens: every
-// request gets a cudaMalloc of exactly its bytes, freed with cudaFree (which waits for the device)
-// as soon as it is deallocated.
+// request gets a cudaMalloc of exactly its bytes, freed with cudaFree after a wait for the device as
+// soon as it is deallocated; inside a dry run, whose stream capture a free would break, at the next
+// allocation or empty_cache after it instead.
 // Counters: allocated_bytes counts the bytes asked for (as the CPU allocator does, so that
 // predictions hold to the byte); reserved_bytes counts the segments held from the driver.
 //

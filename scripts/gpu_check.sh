@@ -154,15 +154,20 @@ EOF
             build-gpu/libnormtape.a -lcublas -lcublasLt -lcurand > "$dir/build.log" 2>&1; then
         tail -5 "$dir/build.log"; summary+=("overrun check: FAILED to build (overrun/build.log)"); failed=1; return
     fi
-    local caching off found
+    # Each run must have reached its end; with caching on memcheck must say 0 errors, with it off
+    # it must name the invalid write.
+    local caching off log found ran
     for caching in on off; do
         off=$([ $caching = off ] && echo 1 || echo 0)
-        NORMTAPE_NO_CUDA_MEMORY_CACHING=$off "$SANITIZER" --tool memcheck "$dir/overrun" > "$dir/memcheck-caching-$caching.log" 2>&1
-        found="$(grep -m1 -E "Invalid __global__ write" "$dir/memcheck-caching-$caching.log")"
-        summary+=("overrun check, caching $caching: ${found:-no invalid write}; $(grep "ERROR SUMMARY" "$dir/memcheck-caching-$caching.log")")
+        log="$dir/memcheck-caching-$caching.log"
+        NORMTAPE_NO_CUDA_MEMORY_CACHING=$off "$SANITIZER" --tool memcheck "$dir/overrun" > "$log" 2>&1
+        found="$(grep -m1 -E "Invalid __global__ write" "$log")"
+        ran="$(grep -c "the planted overrun ran" "$log")"
+        summary+=("overrun check, caching $caching: ${found:-no invalid write}; $(grep "ERROR SUMMARY" "$log")")
         echo "${summary[-1]}"
+        if [ "$ran" -eq 0 ]; then summary+=("overrun check, caching $caching: FAILED, did not run to its end"); failed=1; fi
         if [ "$off" = 1 ] && [ -z "$found" ]; then failed=1; fi
-        if [ "$off" = 0 ] && [ -n "$found" ]; then failed=1; fi
+        if [ "$off" = 0 ] && { [ -n "$found" ] || ! grep -q "ERROR SUMMARY: 0 errors" "$log"; }; then failed=1; fi
     done
 }
 
@@ -180,7 +185,7 @@ EOF
 #   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs
 #   initcheck-core, initcheck-ops, initcheck-attention, initcheck-nn, initcheck-programs
 #   racecheck-cuda
-OPS_SUITES=layer_norm,rms_norm,add,mul,scale,sum,mean,gelu,relu_squared,swiglu,softmax,dropout,embedding,rotary_embedding,matmul,linear,linear_gelu
+OPS_SUITES=layer_norm,rms_norm,fused_norm,add,mul,scale,sum,mean,gelu,relu_squared,swiglu,softmax,dropout,embedding,rotary_embedding,matmul,linear,linear_gelu
 ATTENTION_SUITES=causal_attention,causal_self_attention,causal_self_attention_rows,cross_entropy,linear_cross_entropy
 NN_SUITES=nn,gpt,generate,checkpoint,hf,safetensors,muon,memory_plan,torch_crosscheck
 PROGRAM_SUITES=train_gpt,generate_cli,memory_report,distributed
@@ -205,6 +210,7 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
     for run in $runs; do
         [[ $known == *" $run "* ]] || { echo "gpu_check.sh: no sanitizer run named $run (runs:$known)" >&2; exit 2; }
     done
+    for run in $runs; do rm -f "$GPU_OUT/sanitizer-${run#*-}-${run%%-*}.verdict"; done  # none left from an earlier call
     for run in $runs; do [ "$run" != overrun ] || overrun_check; done
     for run in $runs; do
         [ "$run" != overrun ] || continue

@@ -149,7 +149,6 @@ TEST_CASE("cuda: with caching off each tensor is a cudaMalloc of its bytes, free
         CHECK(s1.allocated_bytes - s0.allocated_bytes == 1000);
         CHECK(s1.reserved_bytes - s0.reserved_bytes == 1000);
         CHECK(s1.num_allocs - s0.num_allocs == 1);
-        CHECK(s1.peak_allocated_bytes - s0.allocated_bytes >= 1000);
         Tensor b = empty({3}, TensorOptions().device(Device::CUDA).dtype(DType::BF16));  // 6 bytes
         CHECK(memory_stats(Device::CUDA).reserved_bytes - s0.reserved_bytes == 1006);
         CHECK(memory_stats(Device::CUDA).allocated_bytes - s0.allocated_bytes == 1006);

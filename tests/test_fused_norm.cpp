@@ -120,6 +120,28 @@ TEST_CASE("fused_norm: x and residual get the unfused composition's gradients, t
         }
 }
 
+TEST_CASE("fused_norm: residual gets its gradient when x needs none, and x when residual needs none") {
+    manual_seed(5);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            TensorOptions o = opts(DType::F64);
+            Tensor x0 = randn({4, 9}, o), r0 = randn({4, 9}, o), w = weight_of(9, o), u = randn({4, 9}, o);
+            Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+            sum(mul(n.fused(x, w, Tensor(), options(r, false, policy)).y, u)).backward();
+            for (bool residual_needs : {true, false}) {
+                CAPTURE(residual_needs);
+                Tensor xi = residual_needs ? x0 : x0.clone().requires_grad_(true);
+                Tensor ri = residual_needs ? r0.clone().requires_grad_(true) : r0;
+                sum(mul(n.fused(xi, w, Tensor(), options(ri, false, policy)).y, u)).backward();
+                const Tensor& g = residual_needs ? ri.grad() : xi.grad();
+                REQUIRE(g.defined());
+                CHECK_CLOSE(g, x.grad(), tolerance(DType::F64));
+            }
+        }
+}
+
 TEST_CASE("fused_norm: saves s (Input), y (Output) or x_hat (Normalized) with rstd, never x or residual") {
     const int64_t M = 6, N = 16;
     for (const FusedNormUnderTest& n : kNorms)
