@@ -5,7 +5,7 @@
 # again from build-ptx80/, a build of compute_80 PTX only, which the driver compiles for this GPU,
 # so that the code of GPUs before Hopper (no thread-block clusters) runs on it too; every test
 # once more under compute-sanitizer's memcheck and initcheck, and the small CUDA ones under
-# racecheck, with the caching allocator off (the runs are listed above sanitize_run), the norm
+# racecheck, with the caching allocator off (the runs are listed above group_filter), the norm
 # kernels' and the attention's benchmarks beside PyTorch's, the other bandwidth-bound kernels' (bench_ops), the
 # memory comparison of the gpt2-medium-ish preset in bf16 and its step beside PyTorch eager's, the
 # saved bytes at a fixed number of tokens, and a bf16 run on data/tinyshakespeare.txt. Logs, JSON
@@ -15,7 +15,8 @@
 #                         muon|muon-shakespeare|distributed|dryrun]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
-#     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs; it builds only the tests); bench: the benchmarks and training runs only (each of the four fits in 10
+#     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs, SANITIZE_SHARDS=K splits each;
+#     it builds only the tests); bench: the benchmarks and training runs only (each of the four fits in 10
 #     minutes on an H100 or H200 with nothing built yet); profile: only scripts/profile_step.sh,
 #     the step's kernel time by category beside PyTorch's (needs Nsight Compute's ncu); nanogpt:
 #     nanoGPT's Shakespeare GPU configuration trained by train_gpt and by PyTorch eager
@@ -90,28 +91,53 @@ fi
 
 # sanitize TOOL LABEL FILTER...: the tests FILTER picks under compute-sanitizer's TOOL with the
 # caching allocator off (NORMTAPE_NO_CUDA_MEMORY_CACHING=1, so that each tensor has its own bounds),
-# capped at $SANITIZE_TIMEOUT s (default 540; a timeout is reported, not counted as a failure).
-# $SANITIZER_OPTIONS goes to compute-sanitizer. The verdict is printed and written to
-# sanitizer-LABEL-TOOL.verdict, which verdict() adds to the summary, so that runs can go in parallel.
-# racecheck does not follow the asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma) and
-# reports hazards inside them wherever cuDNN runs attention: a hazard counts only outside cuDNN's kernels.
+# capped at $SANITIZE_TIMEOUT s (default 540; a timeout is reported, not counted as a failure; the log
+# names the test cases that finished, with their durations). $SANITIZER_OPTIONS goes to
+# compute-sanitizer. The verdict is printed and written to sanitizer-LABEL-TOOL.verdict, which
+# verdict() adds to the summary, so that runs can go in parallel. What counts:
+# - racecheck does not follow the asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma) and
+#   reports hazards inside them wherever cuDNN runs attention: a hazard counts only outside cuDNN's kernels.
+# - memcheck reports NCCL's own probe of its kernels (cudaFuncGetAttributes answering
+#   cudaErrorNoKernelImageForDevice inside libnccl, which NCCL handles), and initcheck reads inside
+#   PyTorch's kernels (the reference the cross-checks run in a child python): those do not count.
+# - initcheck runs with NVTX on, to read the output ranges that ops/matmul.cu marks as written by cuBLAS.
+# - A range of test cases that makes no CUDA call is "no CUDA call", not an error.
 SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-540}"
 sanitize() {
     local tool=$1 label=$2; shift 2
-    local log="$GPU_OUT/sanitizer-$label-$tool.log" start=$SECONDS
+    local log="$GPU_OUT/sanitizer-$label-$tool.log" start=$SECONDS nvtx=()
+    [ "$tool" = initcheck ] && nvtx=(--nvtx yes)
     # shellcheck disable=SC2086  # SANITIZER_OPTIONS is a list of options
-    NORMTAPE_NO_CUDA_MEMORY_CACHING=1 timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool $tool ${SANITIZER_OPTIONS:-} \
-        --error-exitcode 1 ./build-gpu/normtape_tests "$@" > "$log" 2>&1
+    NORMTAPE_NO_CUDA_MEMORY_CACHING=1 timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool "$tool" "${nvtx[@]}" \
+        ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests --duration=true "$@" > "$log" 2>&1
     local rc=$? took=$((SECONDS - start))
-    local ours errors cases verdict
-    ours=$(grep -E "Race reported" "$log" | grep -vc "cudnn_generated")
-    [ $tool = racecheck ] && [ $rc -eq 1 ] && [ "$ours" -eq 0 ] && grep -q "Status: SUCCESS" "$log" && rc=0
-    errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)"
+    local ours total nccl errors cases verdict passed=0
+    grep -q "Status: SUCCESS" "$log" && passed=1
+    total=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -1)
+    # Error blocks start with "========= " and a capital. NCCL's probe is one whose frames are in
+    # libnccl; PyTorch's, one in its kernels or libraries (the reference, run by a child python).
+    read -r nccl torch < <(awk '
+        function close_block() { if (b && nk) n++; else if (t) p++ }
+        /^========= [A-Z]/ { close_block(); b = /Program hit cudaErrorNoKernelImageForDevice/; nk = 0; t = 0 }
+        /libnccl\.so/ { nk = 1 }
+        /at::native::|c10::|libtorch/ { t = 1 }
+        END { close_block(); print n + 0, p + 0 }' "$log")
+    case $tool in
+        racecheck) ours=$(grep -E "Race reported" "$log" | grep -vc "cudnn_generated") ;;
+        *) ours=$(( ${total:-0} - nccl - torch )) ;;
+    esac
+    [ $rc -eq 1 ] && [ "$ours" -eq 0 ] && [ $passed = 1 ] && rc=0
+    errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')"
     [ $tool = racecheck ] && errors+="; outside cuDNN's own kernels: $ours"
+    [ "$nccl" -gt 0 ] && errors+="; NCCL's own probe: $nccl"
+    [ "$torch" -gt 0 ] && errors+="; in PyTorch's kernels: $torch"
     cases="$(grep -E '^\[doctest\] test cases' "$log" | tail -1 | sed 's/^\[doctest\] //')"
-    if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line}; ${cases:-no doctest summary})"
-    elif [ $rc -eq 124 ]; then verdict="timed out after $SANITIZE_TIMEOUT s (inconclusive)"
+    if [ $rc -eq 255 ] && [ $passed = 1 ] && grep -q "terminated before first instrumented API call" "$log"; then
+        verdict="ok (no CUDA call; ${cases:-no doctest summary})"
+    elif [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line}; ${cases:-no doctest summary})"
+    elif [ $rc -eq 124 ]; then
+        verdict="timed out after $SANITIZE_TIMEOUT s (inconclusive; $(grep -c '^[0-9.]* s: ' "$log") test cases finished)"
     else verdict="FAILED, exit $rc (${errors:-no summary line}; ${cases:-no doctest summary})"; fi
     # Printed at once too, so that a call cut off by its time limit still says what finished.
     echo "compute-sanitizer $tool, $label: $verdict, ${took} s" | tee "${log%.log}.verdict"
@@ -174,13 +200,18 @@ EOF
 # The sanitizer runs: every test case, in five groups of test suites that together hold them all
 # (core is every suite that the other four do not name), each under memcheck (out-of-bounds and
 # misaligned device accesses, leaks, CUDA API errors) and initcheck (reads of device memory never
-# written), without the out-of-memory test (its failing cudaMalloc is the point, and memcheck
-# reports it). The programs group runs child processes (train_gpt, generate, MPI ranks), which
-# compute-sanitizer follows. racecheck (shared-memory hazards) runs over the test cases that launch
-# our kernels on CUDA on small shapes (it takes minutes over the benchmark widths' millions of rows).
-# Each run is meant to fit one 10-minute call on an H100 or H200 with build-gpu/ built;
-# SANITIZE_RUNS picks some (default every one), SANITIZE_JOBS how many go at once (default 4; each
-# is one process on the one GPU):
+# written), without two tests of running out of memory: the CUDA one (its failing cudaMalloc is the
+# point, and memcheck reports it) and train_gpt's on the cpu (it launches no kernel; under the
+# sanitizer its child process dies of a segmentation fault in place of the out-of-memory error).
+# The programs group runs child processes (train_gpt, generate, MPI ranks), which compute-sanitizer
+# follows. racecheck (shared-memory hazards) runs over the test cases that launch our kernels on
+# CUDA on small shapes (it takes minutes over the benchmark widths' millions of rows).
+# SANITIZE_RUNS picks some runs (default every one); RUN:K splits that run's test cases into K
+# consecutive ranges (doctest's --first/--last), each its own process, labelled GROUP.k
+# (SANITIZE_SHARDS=K is the default K, 1 unless set). The processes go round the machine's GPUs
+# (CUDA_VISIBLE_DEVICES; the programs group sees them all, for its data-parallel runs),
+# SANITIZE_JOBS at once (default 4 per GPU). A 10-minute call on four H200s ran them all with
+# SANITIZE_RUNS as in docs/PERFORMANCE.md's "Tests on the GPU":
 #   overrun       overrun_check above
 #   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs
 #   initcheck-core, initcheck-ops, initcheck-attention, initcheck-nn, initcheck-programs
@@ -191,34 +222,55 @@ NN_SUITES=nn,gpt,generate,checkpoint,hf,safetensors,muon,memory_plan,torch_cross
 PROGRAM_SUITES=train_gpt,generate_cli,memory_report,distributed
 ALL_SANITIZE_RUNS="overrun memcheck-core memcheck-ops memcheck-attention memcheck-nn memcheck-programs initcheck-core
     initcheck-ops initcheck-attention initcheck-nn initcheck-programs racecheck-cuda"
-# sanitize_run NAME: one of the runs above.
-sanitize_run() {
-    local tool=${1%%-*} group=${1#*-} no_oom="-tce=*running out of memory*"
-    case "$group" in
-        core) sanitize "$tool" core "-tse=$OPS_SUITES,$ATTENTION_SUITES,$NN_SUITES,$PROGRAM_SUITES" "$no_oom" ;;
-        ops) sanitize "$tool" ops "-ts=$OPS_SUITES" "$no_oom" ;;
-        attention) sanitize "$tool" attention "-ts=$ATTENTION_SUITES" "$no_oom" ;;
-        nn) sanitize "$tool" nn "-ts=$NN_SUITES" "$no_oom" ;;
-        programs) SANITIZER_OPTIONS="--target-processes all" sanitize "$tool" programs "-ts=$PROGRAM_SUITES" "$no_oom" ;;
-        cuda) sanitize "$tool" cuda "-tc=*cuda*,*match the cpu*,*every shape class*" \
-            "-tce=*running out of memory*,*GPT step on the GPU*,torch_crosscheck*,hf:*,generate*,errors:*" ;;
+# group_filter GROUP: sets filter to the doctest options that pick the group's test cases.
+group_filter() {
+    local no_oom="-tce=*running out of memory*,*more than memory holds*"
+    case "$1" in
+        core) filter=("-tse=$OPS_SUITES,$ATTENTION_SUITES,$NN_SUITES,$PROGRAM_SUITES" "$no_oom") ;;
+        ops) filter=("-ts=$OPS_SUITES" "$no_oom") ;;
+        attention) filter=("-ts=$ATTENTION_SUITES" "$no_oom") ;;
+        nn) filter=("-ts=$NN_SUITES" "$no_oom") ;;
+        programs) filter=("-ts=$PROGRAM_SUITES" "$no_oom") ;;
+        cuda) filter=("-tc=*cuda*,*match the cpu*,*every shape class*"
+                      "-tce=*running out of memory*,*GPT step on the GPU*,torch_crosscheck*,hf:*,generate*,errors:*") ;;
     esac
 }
 if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
     runs="${SANITIZE_RUNS:-$ALL_SANITIZE_RUNS}"
     known=" $(echo $ALL_SANITIZE_RUNS) "
-    for run in $runs; do
+    for spec in $runs; do
+        run=${spec%%:*}
         [[ $known == *" $run "* ]] || { echo "gpu_check.sh: no sanitizer run named $run (runs:$known)" >&2; exit 2; }
     done
-    for run in $runs; do rm -f "$GPU_OUT/sanitizer-${run#*-}-${run%%-*}.verdict"; done  # none left from an earlier call
+    rm -f "$GPU_OUT"/sanitizer-*.verdict  # none left from an earlier call
     for run in $runs; do [ "$run" != overrun ] || overrun_check; done
-    for run in $runs; do
+    gpus=$(nvidia-smi -L | wc -l) slot=0 launched=()
+    jobs_at_once=${SANITIZE_JOBS:-$((4 * gpus))}
+    # The cpu kernels' OpenMP threads share the cores among the processes.
+    threads=$(( $(nproc) / jobs_at_once )); export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))}
+    for spec in $runs; do
+        run=${spec%%:*} shards=${SANITIZE_SHARDS:-1}
+        [ "$run" = "$spec" ] || shards=${spec#*:}
         [ "$run" != overrun ] || continue
-        while [ "$(jobs -rp | wc -l)" -ge "${SANITIZE_JOBS:-4}" ]; do wait -n; done
-        sanitize_run "$run" &
+        tool=${run%%-*} group=${run#*-}
+        group_filter "$group"
+        count=$(./build-gpu/normtape_tests "${filter[@]}" --count | sed -n 's/.*filters: *//p')
+        per=$(( (${count:-0} + shards - 1) / shards ))
+        for ((k = 1; k <= shards; k++)); do
+            label=$group range=()
+            [ "$shards" -eq 1 ] || { label=$group.$k; range=("--first=$(( (k - 1) * per + 1 ))" "--last=$((k * per))"); }
+            while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n; done
+            if [ "$group" = programs ]; then
+                SANITIZER_OPTIONS="--target-processes all" sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
+            else
+                gpu=$((slot++ % gpus))  # not inside the background command, whose expansions are its own
+                CUDA_VISIBLE_DEVICES=$gpu sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
+            fi
+            launched+=("$label $tool")
+        done
     done
     wait
-    for run in $runs; do [ "$run" = overrun ] || verdict "${run#*-}" "${run%%-*}"; done
+    for run in "${launched[@]}"; do verdict $run; done
 fi
 
 # step LABEL COMMAND...: runs the command, notes its exit status, and fails the script if it failed
