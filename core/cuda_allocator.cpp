@@ -8,7 +8,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nvtx3/nvToolsExtMemCudaRt.h>
+
 #include "core/cuda_check.h"
+#include "core/cuda_context.h"
 #include "core/cuda_copy.h"
 #include "core/dry_run.h"
 
@@ -154,6 +157,22 @@ bool& caching_on() {
 bool cuda_memory_caching() { return caching_on(); }
 
 void set_cuda_memory_caching(bool on) { caching_on() = on; }
+
+void cuda_mark_written(int device, const void* p, int64_t bytes, int64_t count, int64_t stride) {
+    if (caching_on() || count <= 0 || bytes <= 0) return;
+    static const nvtxDomainHandle_t domain = nvtxDomainCreateA("normtape");
+    std::vector<nvtxMemVirtualRangeDesc_t> ranges(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+        ranges[size_t(i)] = {static_cast<size_t>(bytes), static_cast<const char*>(p) + i * stride};
+    nvtxMemMarkInitializedBatch_t batch{};
+    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+    batch.structSize = sizeof(batch);
+    batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+    batch.regionDescCount = ranges.size();
+    batch.regionDescElementSize = sizeof(nvtxMemVirtualRangeDesc_t);
+    batch.regionDescElements = ranges.data();
+    nvtxMemCudaMarkInitialized(domain, cuda::stream(device), 0, &batch);
+}
 
 void* cuda_allocate(int device, size_t nbytes) {
     DeviceAllocator& a = allocator(device);

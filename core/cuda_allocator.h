@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "core/allocator.h"
@@ -53,6 +54,13 @@ void set_cuda_memory_caching(bool on);
 // What a value of NORMTAPE_NO_CUDA_MEMORY_CACHING means: nullptr (unset), "" and "0" keep caching
 // on (true), "1" turns it off (false); anything else throws Error naming the variable and the value.
 bool cuda_memory_caching_setting(const char* value);
+// With caching off, marks `count` ranges of `bytes` bytes, `stride` bytes apart from `p` on, as
+// written for compute-sanitizer's initcheck (NVTX's memory API, nvToolsExtMemCudaRt.h; read by a
+// tool run with --nvtx yes, a no-op without one); with caching on it does nothing. initcheck does not
+// see the writes of cuBLAS's and cuDNN's Hopper kernels (their tensor-memory-accelerator stores) and
+// would report every read of their outputs as a read of memory never written: their callers mark
+// what those libraries wrote in full.
+void cuda_mark_written(int device, const void* p, int64_t bytes, int64_t count = 1, int64_t stride = 0);
 
 // `nbytes` (> 0) of pinned host memory, from the cache or cudaHostAlloc (after a failure the
 // cache is freed and the call tried once more). Throws OutOfMemoryError, Error on a CUDA error.

@@ -25,6 +25,7 @@
 #include <string>
 #include <tuple>
 
+#include "core/cuda_allocator.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "core/device_ptr.h"
@@ -432,6 +433,9 @@ bool cudnn_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k
     float scale = 1.0f / std::sqrt(static_cast<float>(L.hs)), lowest = std::numeric_limits<float>::lowest();
     execute(plan, {kQ, kK, kV, kO, kStats, kScale, kMaskValue},
             {const_cast<bf16*>(q), const_cast<bf16*>(k), const_cast<bf16*>(v), out, lse, &scale, &lowest}, device);
+    // out [B, Tq, NH, hs] and lse [B, NH, Tq] are written in full.
+    cuda_mark_written(device, out, L.B * L.Tq() * L.NH * L.hs * int64_t(sizeof(bf16)));
+    cuda_mark_written(device, lse, L.B * L.NH * L.Tq() * int64_t(sizeof(float)));
     return true;
 }
 
@@ -453,6 +457,13 @@ bool cudnn_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
             {in(q), in(k), in(v), in(out), in(dout), in(lse), dq, dk, dv, device_ptr<float>(row_sum),
              device_ptr<float>(dq_accum), &scale, &lowest, &one},
             device);
+    // Every row of dq (NH heads, q_row apart within a batch), dk and dv (NKV heads, kv_row apart) is
+    // written in full; rows may interleave in one buffer, so each row is marked, not the span.
+    for (int64_t b = 0; b < L.B; ++b)
+        cuda_mark_written(device, dq + L.q_at(b, L.first_row, 0), L.NH * L.hs * int64_t(sizeof(bf16)), L.Tq(),
+                          L.q_row * int64_t(sizeof(bf16)));
+    for (bf16* d : {dk, dv})
+        cuda_mark_written(device, d, L.NKV * L.hs * int64_t(sizeof(bf16)), L.B * L.T, L.kv_row * int64_t(sizeof(bf16)));
     return true;
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "core/cuda_allocator.h"
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
 #include "ops/cuda_common.cuh"
@@ -37,6 +38,8 @@ void gemm_any(O* out, const T* a, int64_t a_rows, int64_t a_cols, bool trans_a, 
                               static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b, cuda_type<T>(),
                               static_cast<int>(b_cols), a, cuda_type<T>(), static_cast<int>(a_cols), &beta, out,
                               cuda_type<O>(), static_cast<int>(N), compute, CUBLAS_GEMM_DEFAULT));
+    // cuBLAS writes all of out when K > 0 (with accumulate, out was written before).
+    if (!accumulate && K > 0) cuda_mark_written(device, out, M * N * int64_t(sizeof(O)));
 }
 
 }  // namespace
@@ -157,6 +160,8 @@ bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool
         CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(device), desc.d, &alpha, b, la.l, a, lb.l, &beta, out, ld.l, out,
                                     ld.l, &*found->second, cuda::workspace(device), cuda::kWorkspaceBytes,
                                     cuda::stream(device)));
+        cuda_mark_written(device, out, M * N * int64_t(sizeof(T)));
+        if (aux) cuda_mark_written(device, aux, M * N * int64_t(sizeof(T)));
         return true;
     }
 }
@@ -242,6 +247,8 @@ void gemm_strided_batched_cuda(bool trans_a, bool trans_b, int64_t m, int64_t n,
     const S al = static_cast<S>(alpha), be = static_cast<S>(beta);
     CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(device), p.desc, &al, a, p.a, b, p.b, &be, c, p.c, d, p.c, &p.algo,
                                 cuda::workspace(device), cuda::kWorkspaceBytes, cuda::stream(device)));
+    // Each product's n columns of m rows, ldc apart (column-major).
+    if (k > 0) cuda_mark_written(device, d, ((n - 1) * ldc + m) * int64_t(sizeof(X)), count, stride_c * int64_t(sizeof(X)));
 }
 
 #define NT_INSTANTIATE(T)                                                                                           \
