@@ -15,8 +15,10 @@
 // initcheck then see each tensor's own bounds, where with caching a kernel that overruns its
 // tensor writes into the rest of a cached block unseen. allocated_bytes and peak_allocated_bytes
 // are the same bytes either way; reserved_bytes stays the bytes held from the driver, which with
-// caching off from the start equal allocated_bytes. Slow: every free waits for the device. Unset,
-// empty or 0 leaves caching on; any other value makes every CUDA allocation throw Error, naming it.
+// caching off from the start equal allocated_bytes. The outputs of cuBLAS and cuDNN are then also
+// marked as written for initcheck (cuda_mark_written, core/cuda_allocator.h). Slow: every free
+// waits for the device. Unset, empty or 0 leaves caching on; any other value makes every CUDA
+// allocation throw Error, naming it.
 #pragma once
 
 #include <cstddef>

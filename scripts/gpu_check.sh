@@ -210,8 +210,8 @@ EOF
 # consecutive ranges (doctest's --first/--last), each its own process, labelled GROUP.k
 # (SANITIZE_SHARDS=K is the default K, 1 unless set). The processes go round the machine's GPUs
 # (CUDA_VISIBLE_DEVICES; the programs group sees them all, for its data-parallel runs),
-# SANITIZE_JOBS at once (default 4 per GPU). A 10-minute call on four H200s ran them all with
-# SANITIZE_RUNS as in docs/PERFORMANCE.md's "Tests on the GPU":
+# SANITIZE_JOBS at once (default 4 per GPU). docs/PERFORMANCE.md's "Tests on the GPU" gives the
+# splits that ran in 10-minute calls on four H200s, and the test cases that take longer alone:
 #   overrun       overrun_check above
 #   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs
 #   initcheck-core, initcheck-ops, initcheck-attention, initcheck-nn, initcheck-programs
