@@ -1,7 +1,7 @@
 // tests/test_fused_norm.cpp: layer_norm_fn and rms_norm_fn (Note [The fused norm],
-// ops/norm/fused_norm.h): the norm of s = x + residual, and s itself with prenorm, against the
-// unfused add and norm, f64 finite differences under each policy, what each policy saves, the
-// gradient that reaches s alone, argument errors, and CUDA against the cpu.
+// ops/norm/fused_norm.h): the norm of s = dropout(x) + dropout(x1) + residual, and s itself with
+// prenorm, against the unfused dropout, add and norm, f64 finite differences under each policy,
+// what each policy saves, the gradient that reaches s alone, argument errors, and CUDA against the cpu.
 #include "test_util.h"
 
 using namespace normtape;
@@ -24,9 +24,12 @@ struct FusedNormUnderTest {
 };
 const FusedNormUnderTest kNorms[] = {{"layer_norm_fn", true}, {"rms_norm_fn", false}};
 
-FusedNormOptions options(const Tensor& residual, bool prenorm, SavePolicy policy) {
+FusedNormOptions options(const Tensor& residual, bool prenorm, SavePolicy policy, const Tensor& x1 = Tensor(),
+                         double dropout_p = 0.0) {
     FusedNormOptions o;
     o.residual = residual;
+    o.x1 = x1;
+    o.dropout_p = dropout_p;
     o.prenorm = prenorm;
     o.policy = policy;
     return o;
@@ -62,6 +65,52 @@ TEST_CASE("fused_norm: y and residual_out are the unfused norm of add(x, residua
             }
 }
 
+TEST_CASE("fused_norm: with dropout_p and x1, the masks, outputs and gradients of dropout, add, norm") {
+    for (const FusedNormUnderTest& n : kNorms)
+        for (DType dtype : {DType::F32, DType::BF16})
+            for (SavePolicy policy : kPolicies) {
+                CAPTURE(n.op);
+                CAPTURE(dtype_name(dtype));
+                CAPTURE(policy_name(policy));
+                TensorOptions o = opts(dtype);
+                manual_seed(11);
+                Tensor x0 = randn({6, 48}, o), x10 = randn({6, 48}, o), r0 = randn({6, 48}, o), w0 = weight_of(48, o),
+                       b0 = scale(randn({48}, o), 0.1), u = randn({6, 48}, o), v = randn({6, 48}, o);
+                auto run = [&](bool fused) {
+                    Tensor x = x0.clone().requires_grad_(true), x1 = x10.clone().requires_grad_(true);
+                    Tensor r = r0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+                    Tensor b = b0.clone().requires_grad_(true);
+                    manual_seed(12);  // the same dropout stream for both
+                    Tensor y, s;
+                    if (fused) {
+                        FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy, x1, 0.3));
+                        y = out.y;
+                        s = out.residual_out;
+                    } else {  // FlashAttention's layer_norm_ref's order: x's mask, then x1's
+                        Tensor xd = dropout(x, 0.3);
+                        s = add(add(xd, dropout(x1, 0.3)), r);
+                        y = n.unfused(s, w, b, policy);
+                    }
+                    add(sum(mul(y, u)), sum(mul(s, v))).backward();
+                    return std::vector<Tensor>{y, s, x.grad(), x1.grad(), r.grad(), w.grad(),
+                                               n.centered ? b.grad() : w.grad()};
+                };
+                std::vector<Tensor> f = run(true), g = run(false);
+                CHECK_CLOSE(f[0], g[0], (Tolerance{0, 0}));
+                CHECK_CLOSE(f[1], g[1], (Tolerance{0, 0}));
+                for (size_t i = 2; i < f.size(); ++i) {
+                    CAPTURE(i);
+                    CHECK_CLOSE(f[i], g[i], tolerance(dtype));
+                }
+                // Some elements were dropped: x's gradient is zero there and only there.
+                Tensor kept = f[2].to(DType::F64).contiguous();
+                int64_t zeros = 0;
+                for (int64_t i = 0; i < kept.numel(); ++i) zeros += kept.data_ptr<double>()[i] == 0.0;
+                CHECK(zeros > 0);
+                CHECK(zeros < kept.numel());
+            }
+}
+
 TEST_CASE("fused_norm: gradients match finite differences in f64 under each policy, through y and s") {
     manual_seed(2);
     for (const FusedNormUnderTest& n : kNorms)
@@ -86,6 +135,13 @@ TEST_CASE("fused_norm: gradients match finite differences in f64 under each poli
                 return n.fused(in[0], w_fixed, Tensor(), options(in[1], true, policy)).residual_out;
             };
             CHECK_GRADCHECK(s_only, (std::vector<Tensor>{leaf({3, 7}), leaf({3, 7})}));
+            // With x1 and dropout: the same masks at every evaluation (the stream reseeded).
+            auto dropped = [&](const std::vector<Tensor>& in) {
+                manual_seed(13);
+                FusedNormOutputs out = n.fused(in[0], w_fixed, Tensor(), options(in[1], true, policy, in[2], 0.25));
+                return add(out.y, scale(out.residual_out, 0.7));
+            };
+            CHECK_GRADCHECK(dropped, (std::vector<Tensor>{leaf({3, 7}), leaf({3, 7}), leaf({3, 7})}));
         }
 }
 
@@ -142,37 +198,41 @@ TEST_CASE("fused_norm: residual gets its gradient when x needs none, and x when 
         }
 }
 
-TEST_CASE("fused_norm: saves s (Input), y (Output) or x_hat (Normalized) with rstd, never x or residual") {
+TEST_CASE("fused_norm: saves s (Input), y (Output) or x_hat (Normalized) with rstd, never x, x1 or residual") {
     const int64_t M = 6, N = 16;
     for (const FusedNormUnderTest& n : kNorms)
         for (SavePolicy policy : kPolicies)
-            for (bool prenorm : {false, true}) {
-                CAPTURE(n.op);
-                CAPTURE(policy_name(policy));
-                CAPTURE(prenorm);
-                Tensor w = ones({N}).requires_grad_(true);
-                Tensor h = scale(randn({M, N}).requires_grad_(true), 1.0);  // non-leaf inputs, as in a model
-                Tensor r = scale(randn({M, N}).requires_grad_(true), 1.0);
-                int64_t saved_before = saved_bytes();
-                int64_t allocated_before = cpu_allocated();
-                FusedNormOutputs out = n.fused(h, w, Tensor(), options(r, prenorm, policy));
-                int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
-                CHECK(saved_bytes() - saved_before == M * N * 4 + stats);
-                // Live now: y, the saved rows (s under Input, y under Output, x_hat under
-                // Normalized), the statistics, and s where it is returned.
-                int64_t rows = policy == SavePolicy::Output ? 1 : 2;
-                if (policy == SavePolicy::Normalized && prenorm) rows = 3;
-                if (policy == SavePolicy::Output && prenorm) rows = 2;
-                CHECK(cpu_allocated() - allocated_before == rows * M * N * 4 + stats);
-                // Dropping x and residual frees them: the node holds neither.
-                int64_t inputs_live = cpu_allocated();
-                h = Tensor();
-                r = Tensor();
-                CHECK(inputs_live - cpu_allocated() == 2 * M * N * 4);
-            }
+            for (bool prenorm : {false, true})
+                for (bool dropped : {false, true}) {  // with x1 and dropout: the same bytes
+                    CAPTURE(n.op);
+                    CAPTURE(policy_name(policy));
+                    CAPTURE(prenorm);
+                    CAPTURE(dropped);
+                    Tensor w = ones({N}).requires_grad_(true);
+                    Tensor h = scale(randn({M, N}).requires_grad_(true), 1.0);  // non-leaf inputs, as in a model
+                    Tensor r = scale(randn({M, N}).requires_grad_(true), 1.0);
+                    Tensor x1 = dropped ? scale(randn({M, N}).requires_grad_(true), 1.0) : Tensor();
+                    int64_t saved_before = saved_bytes();
+                    int64_t allocated_before = cpu_allocated();
+                    FusedNormOutputs out = n.fused(h, w, Tensor(), options(r, prenorm, policy, x1, dropped ? 0.5 : 0.0));
+                    int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+                    CHECK(saved_bytes() - saved_before == M * N * 4 + stats);
+                    // Live now: y, the saved rows (s under Input, y under Output, x_hat under
+                    // Normalized), the statistics, and s where it is returned.
+                    int64_t rows = policy == SavePolicy::Output ? 1 : 2;
+                    if (policy == SavePolicy::Normalized && prenorm) rows = 3;
+                    if (policy == SavePolicy::Output && prenorm) rows = 2;
+                    CHECK(cpu_allocated() - allocated_before == rows * M * N * 4 + stats);
+                    // Dropping x, x1 and residual frees them: the graph holds none of them.
+                    int64_t inputs_live = cpu_allocated();
+                    h = Tensor();
+                    r = Tensor();
+                    x1 = Tensor();
+                    CHECK(inputs_live - cpu_allocated() == (dropped ? 3 : 2) * M * N * 4);
+                }
 }
 
-TEST_CASE("fused_norm: a residual unlike x is refused, naming the op, and leaks nothing") {
+TEST_CASE("fused_norm: a residual or x1 unlike x, or dropout_p out of range, is refused, naming the op, and leaks nothing") {
     int64_t before = cpu_allocated();
     for (const FusedNormUnderTest& n : kNorms) {
         Tensor x = randn({4, 8}), w = ones({8});
@@ -188,11 +248,19 @@ TEST_CASE("fused_norm: a residual unlike x is refused, naming the op, and leaks 
         CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), bad_eps), Error, n.op, "eps > 0");
         CHECK_THROWS_KIND_WITH(n.fused(Tensor(), w, Tensor(), options(Tensor(), false, SavePolicy::Input)), Error,
                                n.op, "undefined");
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), options(Tensor(), true, SavePolicy::Input, randn({4, 7}))),
+                               ShapeError, n.op, "x1 of x's shape [4, 8]", "got [4, 7]");
+        CHECK_THROWS_KIND_WITH(
+            n.fused(x, w, Tensor(), options(Tensor(), true, SavePolicy::Input, randn({4, 8}, opts(DType::BF16)))),
+            DTypeError, n.op, "x1");
+        for (double p : {-0.1, 1.0, std::nan("")})
+            CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), options(Tensor(), true, SavePolicy::Input, Tensor(), p)),
+                                   Error, n.op, "dropout_p in [0, 1)");
     }
     CHECK(cpu_allocated() == before);
 }
 
-TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16, outputs and gradients") {
+TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16, with and without dropout, outputs and gradients") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(4);
     for (const FusedNormUnderTest& n : kNorms)
@@ -204,18 +272,25 @@ TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16, outputs and gr
                 TensorOptions o = opts(dtype);
                 Tensor x0 = randn({33, 200}, o), r0 = randn({33, 200}, o), w0 = weight_of(200, o),
                        b0 = scale(randn({200}, o), 0.1), u = randn({33, 200}, o), v = randn({33, 200}, o);
-                auto run = [&](Device d) {
+                Tensor x10 = randn({33, 200}, o);
+                // With x1 and dropout the masks are the same: one stream, reseeded, on either device.
+                auto run = [&](Device d, double p) {
                     Tensor x = x0.to(d).requires_grad_(true), r = r0.to(d).requires_grad_(true);
+                    Tensor x1 = x10.to(d).requires_grad_(true);
                     Tensor w = w0.to(d).requires_grad_(true), b = b0.to(d).requires_grad_(true);
-                    FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy));
+                    manual_seed(14);
+                    FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy, p > 0 ? x1 : Tensor(), p));
                     add(sum(mul(out.y, u.to(d))), sum(mul(out.residual_out, v.to(d)))).backward();
                     return std::vector<Tensor>{out.y, out.residual_out, x.grad(), r.grad(), w.grad(),
-                                               n.centered ? b.grad() : w.grad()};
+                                               n.centered ? b.grad() : w.grad(), p > 0 ? x1.grad() : x.grad()};
                 };
-                std::vector<Tensor> cpu = run(Device::CPU), gpu = run(Device::CUDA);
-                for (size_t i = 0; i < cpu.size(); ++i) {
-                    CAPTURE(i);
-                    CHECK_NORMWISE(gpu[i], cpu[i], normwise_tolerance(dtype));
+                for (double p : {0.0, 0.2}) {
+                    CAPTURE(p);
+                    std::vector<Tensor> cpu = run(Device::CPU, p), gpu = run(Device::CUDA, p);
+                    for (size_t i = 0; i < cpu.size(); ++i) {
+                        CAPTURE(i);
+                        CHECK_NORMWISE(gpu[i], cpu[i], normwise_tolerance(dtype));
+                    }
                 }
             }
 }

@@ -5,8 +5,12 @@
 // Note [The fused norm]
 // A pre-LN block does x = x + branch(norm(x)) and then norm(x) again: the residual add and the next
 // norm read and write the residual stream apart. layer_norm_fn and rms_norm_fn take the add in:
-//     s = x + residual                    (residual undefined: s = x)
+//     s = dropout(x) + dropout(x1) + residual   (each term optional; residual undefined: no add)
 //     y = norm(s) * weight + bias
+// in the order of FlashAttention's layer_norm_ref: x's mask is drawn first, then x1's, from the
+// dropout stream (ops/dropout.h), so that the masks and results are those of the unfused
+// composition dropout, add, norm after the same manual_seed. The dropouts and the add of x1 are
+// recorded as those ops are (they save no tensor: a mask is drawn again in backward).
 // and with prenorm they return s too, the new residual stream, as layer_norm_fn(prenorm=True)
 // does. s is rounded to x's dtype before the norm reads it, so that y is exactly
 // layer_norm(add(x, residual)) and s exactly add(x, residual), bit for bit (FlashAttention's kernel
@@ -25,8 +29,10 @@ namespace normtape {
 
 // What layer_norm_fn and rms_norm_fn fuse into the norm, beside x.
 struct FusedNormOptions {
-    Tensor residual;       // added to x before the norm: x's shape, dtype and device; undefined: none
-    bool prenorm = false;  // also return s = x + residual (x itself without a residual)
+    Tensor residual;         // added to x before the norm: x's shape, dtype and device; undefined: none
+    Tensor x1;               // a second input, dropped out and added to x: x's shape, dtype and device
+    double dropout_p = 0.0;  // dropout on x and x1 before the adds, in [0, 1); 0: none (eval)
+    bool prenorm = false;    // also return s (x itself when nothing is added or dropped)
     double eps = 1e-5;
     SavePolicy policy = SavePolicy::Input;
 };
@@ -34,7 +40,7 @@ struct FusedNormOptions {
 // What they return.
 struct FusedNormOutputs {
     Tensor y;             // the norm's output: x's shape, dtype and device
-    Tensor residual_out;  // with prenorm, s = x + residual (x's shape and dtype); otherwise undefined
+    Tensor residual_out;  // with prenorm, s (x's shape and dtype); otherwise undefined
 };
 
 }  // namespace normtape

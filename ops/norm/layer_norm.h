@@ -29,15 +29,20 @@ namespace normtape {
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   SavePolicy policy = SavePolicy::Input);
 
-// layer_norm_fn: layer_norm of s = x + options.residual, returning s too with options.prenorm
-// (FlashAttention's layer_norm_fn with residual and prenorm; Note [The fused norm],
-// ops/norm/fused_norm.h). x, weight, bias, eps and the policy as layer_norm's, the policy
-// applying to s; residual: x's shape, dtype and device, or undefined. Returns y (layer_norm(s)) and,
-// with prenorm, residual_out = s (x itself when there is no residual). Saves what layer_norm(s)
-// saves under options.policy, and nothing of x or residual. Backward gives x and residual the same
-// gradient, the norm's ds plus residual_out's gradient (=); dweight, dbias as layer_norm's (+= into
-// .grad). On CUDA the add runs as its own kernel before the norm's. Throws as layer_norm, naming
-// layer_norm_fn, and ShapeError, DTypeError or DeviceError for a residual unlike x.
+// layer_norm_fn: layer_norm of s = dropout(x) + dropout(options.x1) + options.residual (each term
+// optional), returning s too with options.prenorm (FlashAttention's layer_norm_fn with residual,
+// prenorm, dropout_p and x1; Note [The fused norm], ops/norm/fused_norm.h). x, weight, bias, eps and
+// the policy as layer_norm's, the policy applying to s; residual and x1: x's shape, dtype and
+// device, or undefined; dropout_p in [0, 1), the same p for x and x1, their masks drawn in that
+// order from the dropout stream as dropout() draws them. Returns y (layer_norm(s)) and, with
+// prenorm, residual_out = s (x itself when nothing is added or dropped). Saves what
+// layer_norm(s) saves under options.policy, and nothing of x, x1 or residual (the dropouts save
+// their stream's seed and offset, no mask). Backward gives residual and dropout(x) + dropout(x1)
+// the same gradient, the norm's ds plus residual_out's gradient (=), which dropout's and add's
+// backward carry to x and x1; dweight, dbias as layer_norm's (+= into .grad). On CUDA the dropouts
+// and adds run as their own kernels before the norm's. Throws as layer_norm, naming
+// layer_norm_fn; ShapeError, DTypeError or DeviceError for a residual or x1 unlike x; Error for
+// dropout_p outside [0, 1).
 FusedNormOutputs layer_norm_fn(const Tensor& x, const Tensor& weight, const Tensor& bias, const FusedNormOptions& options);
 
 }  // namespace normtape

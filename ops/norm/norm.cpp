@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
+#include "ops/dropout.h"
 #include "ops/elementwise.h"
 
 namespace normtape {
@@ -243,13 +244,18 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     detail::check_fits_int32(op, x_in, "M (rows, numel / N)", M);
     check_param(op, "weight", weight_in, x_in, N);
     check_param(op, "bias", bias_in, x_in, N);
-    if (residual.defined()) {
-        detail::check_like(op, "residual", residual, "x", x_in);
-        NT_CHECK_AS(ShapeError, residual.shape() == x_in.shape(), op, ": expected residual of x's shape ",
-                    shape_str(x_in.shape()), ", got ", shape_str(residual.shape()));
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"residual", residual}, {"x1", options.x1}}) {
+        if (!t.defined()) continue;
+        detail::check_like(op, name, t, "x", x_in);
+        NT_CHECK_AS(ShapeError, t.shape() == x_in.shape(), op, ": expected ", name, " of x's shape ",
+                    shape_str(x_in.shape()), ", got ", shape_str(t.shape()));
     }
+    const double p = options.dropout_p;
+    NT_CHECK(p >= 0.0 && p < 1.0, op, ": expected dropout_p in [0, 1), got ", p);
 
-    Tensor x = x_in.contiguous();
+    // dropout(x) + dropout(x1), recorded as those ops, x's mask first (Note [The fused norm]).
+    Tensor x = p > 0.0 ? dropout(x_in, p) : x_in.contiguous();
+    if (options.x1.defined()) x = add(x, p > 0.0 ? dropout(options.x1, p) : options.x1);
     // The norm's input: s = x + residual by the add op's own kernels, so that s is add(x, residual)
     // bit for bit (Note [The fused norm]); x itself without a residual.
     Tensor s = x;
@@ -303,7 +309,9 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
                        [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
     }
     detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"residual", residual}, {"weight", weight}, {"bias", bias}});
-    return {y, options.prenorm ? (residual.defined() ? s : x_in) : Tensor()};
+    // Without residual, dropout or x1, s is x (or its contiguous copy): x itself is returned.
+    const bool mixed = residual.defined() || p > 0.0 || options.x1.defined();
+    return {y, options.prenorm ? (mixed ? s : x_in) : Tensor()};
 }
 
 Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias) {

@@ -25,8 +25,9 @@ namespace normtape {
 // or eps <= 0 or not finite; AnomalyError for a non-finite y under anomaly detection.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5, SavePolicy policy = SavePolicy::Input);
 
-// rms_norm_fn: rms_norm of s = x + options.residual, returning s too with options.prenorm (Liger's
-// FusedAddRMSNorm; FlashAttention's rms_norm_fn with residual and prenorm; Note [The fused norm],
+// rms_norm_fn: rms_norm of s = dropout(x) + dropout(options.x1) + options.residual, returning s too
+// with options.prenorm (Liger's FusedAddRMSNorm; FlashAttention's rms_norm_fn with residual,
+// prenorm, dropout_p and x1; Note [The fused norm],
 // ops/norm/fused_norm.h). Contracts as layer_norm_fn's (ops/norm/layer_norm.h), with rms_norm's
 // in place of layer_norm's; throws naming rms_norm_fn.
 FusedNormOutputs rms_norm_fn(const Tensor& x, const Tensor& weight, const FusedNormOptions& options);
