@@ -26,7 +26,10 @@ for arg in "$@"; do
     --werror) WERROR=ON ;;
     --sanitize)
         BUILD="$ROOT/build-sanitize"
-        CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMTAPE_SANITIZE=ON -DNORMTAPE_CUDA=OFF)
+        # -O1 -g1 (line tables): the optimization AddressSanitizer's documentation suggests, with
+        # stack traces that name files and lines; it compiles in half the time of -O2 -g.
+        CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+                    -DNORMTAPE_SANITIZE=ON -DNORMTAPE_CUDA=OFF)
         # allocator_may_return_null: an allocation too large to satisfy returns null, as malloc
         # does, and the library's OutOfMemoryError path runs (ASan would abort the process instead).
         export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
