@@ -159,7 +159,8 @@ bool cuda_memory_caching() { return caching_on(); }
 void set_cuda_memory_caching(bool on) { caching_on() = on; }
 
 void cuda_mark_written(int device, const void* p, int64_t bytes, int64_t count, int64_t stride) {
-    if (caching_on() || count <= 0 || bytes <= 0) return;
+    // Inside a dry run nothing is written: its kernels are captured, never run.
+    if (caching_on() || is_dry_run() || count <= 0 || bytes <= 0) return;
     static const nvtxDomainHandle_t domain = nvtxDomainCreateA("normtape");
     std::vector<nvtxMemVirtualRangeDesc_t> ranges(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i)

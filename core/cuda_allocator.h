@@ -59,7 +59,7 @@ bool cuda_memory_caching_setting(const char* value);
 // tool run with --nvtx yes, a no-op without one); with caching on it does nothing. initcheck does not
 // see the writes of cuBLAS's and cuDNN's Hopper kernels (their tensor-memory-accelerator stores) and
 // would report every read of their outputs as a read of memory never written: their callers mark
-// what those libraries wrote in full.
+// what those libraries wrote in full. Inside a dry run it does nothing.
 void cuda_mark_written(int device, const void* p, int64_t bytes, int64_t count = 1, int64_t stride = 0);
 
 // `nbytes` (> 0) of pinned host memory, from the cache or cudaHostAlloc (after a failure the

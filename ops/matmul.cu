@@ -161,7 +161,7 @@ bool gemm_epilogue_cuda(T* out, const T* a, int64_t a_rows, int64_t a_cols, bool
                                     ld.l, &*found->second, cuda::workspace(device), cuda::kWorkspaceBytes,
                                     cuda::stream(device)));
         cuda_mark_written(device, out, M * N * int64_t(sizeof(T)));
-        if (aux) cuda_mark_written(device, aux, M * N * int64_t(sizeof(T)));
+        if (epilogue == GemmEpilogue::GeluAuxBias) cuda_mark_written(device, aux, M * N * int64_t(sizeof(T)));
         return true;
     }
 }
@@ -247,8 +247,10 @@ void gemm_strided_batched_cuda(bool trans_a, bool trans_b, int64_t m, int64_t n,
     const S al = static_cast<S>(alpha), be = static_cast<S>(beta);
     CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(device), p.desc, &al, a, p.a, b, p.b, &be, c, p.c, d, p.c, &p.algo,
                                 cuda::workspace(device), cuda::kWorkspaceBytes, cuda::stream(device)));
-    // Each product's n columns of m rows, ldc apart (column-major).
-    if (k > 0) cuda_mark_written(device, d, ((n - 1) * ldc + m) * int64_t(sizeof(X)), count, stride_c * int64_t(sizeof(X)));
+    // Each product's m x n output, where its columns are contiguous (ldc == m, as Muon's are; with
+    // gaps between columns nothing is marked, since cuBLAS does not write the gaps).
+    if (k > 0 && m > 0 && ldc == m)
+        cuda_mark_written(device, d, m * n * int64_t(sizeof(X)), count, stride_c * int64_t(sizeof(X)));
 }
 
 #define NT_INSTANTIATE(T)                                                                                           \

@@ -97,11 +97,12 @@ fi
 # verdict() adds to the summary, so that runs can go in parallel. What counts:
 # - racecheck does not follow the asynchronous barriers of cuDNN's Hopper kernels (TMA, wgmma) and
 #   reports hazards inside them wherever cuDNN runs attention: a hazard counts only outside cuDNN's kernels.
-# - memcheck reports NCCL's own probe of its kernels (cudaFuncGetAttributes answering
-#   cudaErrorNoKernelImageForDevice inside libnccl, which NCCL handles), and initcheck reads inside
-#   PyTorch's kernels (the reference the cross-checks run in a child python): those do not count.
-# - initcheck runs with NVTX on, to read the output ranges that ops/matmul.cu marks as written by cuBLAS.
-# - A range of test cases that makes no CUDA call is "no CUDA call", not an error.
+# - NCCL's own probe of its kernels (cudaFuncGetAttributes answering cudaErrorNoKernelImageForDevice
+#   inside libnccl, which NCCL handles) and errors inside PyTorch's kernels (the reference that the
+#   cross-checks run in a child python) do not count; every other error of every process does.
+# - initcheck runs with NVTX on, to read the ranges that ops/matmul.cu and ops/attention_cudnn.cpp
+#   mark as written by cuBLAS and cuDNN (cuda_mark_written, core/cuda_allocator.h).
+# - A range of test cases that makes no CUDA call is no error (--require-cuda-init no).
 SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-540}"
 sanitize() {
@@ -110,11 +111,14 @@ sanitize() {
     [ "$tool" = initcheck ] && nvtx=(--nvtx yes)
     # shellcheck disable=SC2086  # SANITIZER_OPTIONS is a list of options
     NORMTAPE_NO_CUDA_MEMORY_CACHING=1 timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool "$tool" "${nvtx[@]}" \
-        ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests --duration=true "$@" > "$log" 2>&1
+        --require-cuda-init no ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests --duration=true \
+        "$@" > "$log" 2>&1
     local rc=$? took=$((SECONDS - start))
-    local ours total nccl errors cases verdict passed=0
+    local ours total nccl torch errors cases verdict passed=0
     grep -q "Status: SUCCESS" "$log" && passed=1
-    total=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -1)
+    # Each process tracked prints its own summary: the errors are their sum.
+    total=$(awk '/ERROR SUMMARY: [0-9]+ error/ { for (i = 1; i < NF; ++i) if ($i == "SUMMARY:") s += $(i + 1) }
+                 END { print s + 0 }' "$log")
     # Error blocks start with "========= " and a capital. NCCL's probe is one whose frames are in
     # libnccl; PyTorch's, one in its kernels or libraries (the reference, run by a child python).
     read -r nccl torch < <(awk '
@@ -125,17 +129,16 @@ sanitize() {
         END { close_block(); print n + 0, p + 0 }' "$log")
     case $tool in
         racecheck) ours=$(grep -E "Race reported" "$log" | grep -vc "cudnn_generated") ;;
-        *) ours=$(( ${total:-0} - nccl - torch )) ;;
+        *) ours=$(( total - nccl - torch )) ;;
     esac
     [ $rc -eq 1 ] && [ "$ours" -eq 0 ] && [ $passed = 1 ] && rc=0
     errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')"
+    [ $tool = racecheck ] || errors="ERROR SUMMARY: $total errors in all processes"
     [ $tool = racecheck ] && errors+="; outside cuDNN's own kernels: $ours"
     [ "$nccl" -gt 0 ] && errors+="; NCCL's own probe: $nccl"
     [ "$torch" -gt 0 ] && errors+="; in PyTorch's kernels: $torch"
     cases="$(grep -E '^\[doctest\] test cases' "$log" | tail -1 | sed 's/^\[doctest\] //')"
-    if [ $rc -eq 255 ] && [ $passed = 1 ] && grep -q "terminated before first instrumented API call" "$log"; then
-        verdict="ok (no CUDA call; ${cases:-no doctest summary})"
-    elif [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line}; ${cases:-no doctest summary})"
+    if [ $rc -eq 0 ]; then verdict="ok (${errors:-no summary line}; ${cases:-no doctest summary})"
     elif [ $rc -eq 124 ]; then
         verdict="timed out after $SANITIZE_TIMEOUT s (inconclusive; $(grep -c '^[0-9.]* s: ' "$log") test cases finished)"
     else verdict="FAILED, exit $rc (${errors:-no summary line}; ${cases:-no doctest summary})"; fi
@@ -241,13 +244,17 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
     for spec in $runs; do
         run=${spec%%:*}
         [[ $known == *" $run "* ]] || { echo "gpu_check.sh: no sanitizer run named $run (runs:$known)" >&2; exit 2; }
+        [[ $run = "$spec" || ( $run != overrun && ${spec#*:} =~ ^[1-9][0-9]*$ ) ]] ||
+            { echo "gpu_check.sh: $spec: expected RUN or RUN:K with K >= 1 (not for overrun)" >&2; exit 2; }
     done
     rm -f "$GPU_OUT"/sanitizer-*.verdict  # none left from an earlier call
     for run in $runs; do [ "$run" != overrun ] || overrun_check; done
-    gpus=$(nvidia-smi -L | wc -l) slot=0 launched=()
-    jobs_at_once=${SANITIZE_JOBS:-$((4 * gpus))}
+    # The GPUs the caller made visible, or all of them.
+    IFS=, read -ra gpu_list <<< "${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)}"
+    slot=0 launched=()
+    jobs_at_once=${SANITIZE_JOBS:-$((4 * ${#gpu_list[@]}))}
     # The cpu kernels' OpenMP threads share the cores among the processes.
-    threads=$(( $(nproc) / jobs_at_once )); export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))}
+    omp=$(( $(nproc) / jobs_at_once )); omp=${OMP_NUM_THREADS:-$((omp > 0 ? omp : 1))}
     for spec in $runs; do
         run=${spec%%:*} shards=${SANITIZE_SHARDS:-1}
         [ "$run" = "$spec" ] || shards=${spec#*:}
@@ -255,16 +262,18 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
         tool=${run%%-*} group=${run#*-}
         group_filter "$group"
         count=$(./build-gpu/normtape_tests "${filter[@]}" --count | sed -n 's/.*filters: *//p')
-        per=$(( (${count:-0} + shards - 1) / shards ))
+        if [ "${count:-0}" -eq 0 ]; then summary+=("compute-sanitizer $run: FAILED, no test case to run"); failed=1; continue; fi
+        per=$(( (count + shards - 1) / shards ))
         for ((k = 1; k <= shards; k++)); do
             label=$group range=()
             [ "$shards" -eq 1 ] || { label=$group.$k; range=("--first=$(( (k - 1) * per + 1 ))" "--last=$((k * per))"); }
             while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n; done
             if [ "$group" = programs ]; then
-                SANITIZER_OPTIONS="--target-processes all" sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
+                OMP_NUM_THREADS=$omp SANITIZER_OPTIONS="--target-processes all" \
+                    sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
             else
-                gpu=$((slot++ % gpus))  # not inside the background command, whose expansions are its own
-                CUDA_VISIBLE_DEVICES=$gpu sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
+                gpu=${gpu_list[slot++ % ${#gpu_list[@]}]}  # here: a background command's expansions are its own
+                OMP_NUM_THREADS=$omp CUDA_VISIBLE_DEVICES=$gpu sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
             fi
             launched+=("$label $tool")
         done
