@@ -68,47 +68,66 @@ TEST_CASE("fused_norm: y and residual_out are the unfused norm of add(x, residua
 TEST_CASE("fused_norm: with dropout_p and x1, the masks, outputs and gradients of dropout, add, norm") {
     for (const FusedNormUnderTest& n : kNorms)
         for (DType dtype : {DType::F32, DType::BF16})
-            for (SavePolicy policy : kPolicies) {
-                CAPTURE(n.op);
-                CAPTURE(dtype_name(dtype));
-                CAPTURE(policy_name(policy));
-                TensorOptions o = opts(dtype);
-                manual_seed(11);
-                Tensor x0 = randn({6, 48}, o), x10 = randn({6, 48}, o), r0 = randn({6, 48}, o), w0 = weight_of(48, o),
-                       b0 = scale(randn({48}, o), 0.1), u = randn({6, 48}, o), v = randn({6, 48}, o);
-                auto run = [&](bool fused) {
-                    Tensor x = x0.clone().requires_grad_(true), x1 = x10.clone().requires_grad_(true);
-                    Tensor r = r0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
-                    Tensor b = b0.clone().requires_grad_(true);
-                    manual_seed(12);  // the same dropout stream for both
-                    Tensor y, s;
-                    if (fused) {
-                        FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy, x1, 0.3));
-                        y = out.y;
-                        s = out.residual_out;
-                    } else {  // FlashAttention's layer_norm_ref's order: x's mask, then x1's
-                        Tensor xd = dropout(x, 0.3);
-                        s = add(add(xd, dropout(x1, 0.3)), r);
-                        y = n.unfused(s, w, b, policy);
+            for (SavePolicy policy : kPolicies)
+                for (int terms = 0; terms < 8; ++terms) {  // each of residual, x1 and dropout on or off
+                    const bool with_residual = terms & 1, with_x1 = terms & 2;
+                    const double p = terms & 4 ? 0.3 : 0.0;
+                    CAPTURE(n.op);
+                    CAPTURE(dtype_name(dtype));
+                    CAPTURE(policy_name(policy));
+                    CAPTURE(with_residual);
+                    CAPTURE(with_x1);
+                    CAPTURE(p);
+                    TensorOptions o = opts(dtype);
+                    manual_seed(11);
+                    Tensor x0 = randn({6, 48}, o), x10 = randn({6, 48}, o), r0 = randn({6, 48}, o),
+                           w0 = weight_of(48, o), b0 = scale(randn({48}, o), 0.1), u = randn({6, 48}, o),
+                           v = randn({6, 48}, o);
+                    auto run = [&](bool fused) {
+                        Tensor x = x0.clone().requires_grad_(true), x1 = x10.clone().requires_grad_(true);
+                        Tensor r = r0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+                        Tensor b = b0.clone().requires_grad_(true);
+                        Tensor rr = with_residual ? r : Tensor(), xx1 = with_x1 ? x1 : Tensor();
+                        manual_seed(12);  // the same dropout stream for both
+                        Tensor y, s;
+                        if (fused) {
+                            FusedNormOutputs out = n.fused(x, w, b, options(rr, true, policy, xx1, p));
+                            y = out.y;
+                            s = out.residual_out;
+                            CHECK_FALSE(n.fused(x, w, b, options(rr, false, policy, xx1, p)).residual_out.defined());
+                        } else {  // FlashAttention's layer_norm_ref's order: x's mask, then x1's
+                            s = p > 0 ? dropout(x, p) : x;
+                            if (with_x1) s = add(s, p > 0 ? dropout(x1, p) : x1);
+                            if (with_residual) s = add(s, r);
+                            y = n.unfused(s, w, b, policy);
+                        }
+                        add(sum(mul(y, u)), sum(mul(s, v))).backward();
+                        return std::vector<Tensor>{y, s, x.grad(), with_x1 ? x1.grad() : x.grad(),
+                                                   with_residual ? r.grad() : x.grad(), w.grad(),
+                                                   n.centered ? b.grad() : w.grad()};
+                    };
+                    std::vector<Tensor> f = run(true), g = run(false);
+                    CHECK_CLOSE(f[0], g[0], (Tolerance{0, 0}));
+                    CHECK_CLOSE(f[1], g[1], (Tolerance{0, 0}));
+                    for (size_t i = 2; i < f.size(); ++i) {
+                        CAPTURE(i);
+                        REQUIRE(f[i].defined());
+                        CHECK_CLOSE(f[i], g[i], tolerance(dtype));
                     }
-                    add(sum(mul(y, u)), sum(mul(s, v))).backward();
-                    return std::vector<Tensor>{y, s, x.grad(), x1.grad(), r.grad(), w.grad(),
-                                               n.centered ? b.grad() : w.grad()};
-                };
-                std::vector<Tensor> f = run(true), g = run(false);
-                CHECK_CLOSE(f[0], g[0], (Tolerance{0, 0}));
-                CHECK_CLOSE(f[1], g[1], (Tolerance{0, 0}));
-                for (size_t i = 2; i < f.size(); ++i) {
-                    CAPTURE(i);
-                    CHECK_CLOSE(f[i], g[i], tolerance(dtype));
+                    if (p > 0) {  // x's gradient is zero exactly where its mask, drawn first, dropped
+                        manual_seed(12);
+                        Tensor mask = dropout(ones({6, 48}, opts(DType::F64)), p);
+                        Tensor dx = f[2].to(DType::F64).contiguous();
+                        int64_t dropped = 0, agree = 0;
+                        for (int64_t i = 0; i < dx.numel(); ++i) {
+                            const bool off = mask.data_ptr<double>()[i] == 0.0;
+                            dropped += off;
+                            agree += off == (dx.data_ptr<double>()[i] == 0.0);
+                        }
+                        CHECK(dropped > 0);
+                        CHECK(agree == dx.numel());
+                    }
                 }
-                // Some elements were dropped: x's gradient is zero there and only there.
-                Tensor kept = f[2].to(DType::F64).contiguous();
-                int64_t zeros = 0;
-                for (int64_t i = 0; i < kept.numel(); ++i) zeros += kept.data_ptr<double>()[i] == 0.0;
-                CHECK(zeros > 0);
-                CHECK(zeros < kept.numel());
-            }
 }
 
 TEST_CASE("fused_norm: gradients match finite differences in f64 under each policy, through y and s") {
