@@ -31,7 +31,7 @@ struct FusedNormOptions {
     Tensor residual;         // added to x before the norm: x's shape, dtype and device; undefined: none
     Tensor x1;               // a second input, dropped out and added to x: x's shape, dtype and device
     double dropout_p = 0.0;  // dropout on x and x1 before the adds, in [0, 1); 0: none (eval)
-    bool prenorm = false;    // also return s (x itself when nothing is added or dropped)
+    bool prenorm = false;    // also return s (x.contiguous() when nothing is added or dropped)
     double eps = 1e-5;
     SavePolicy policy = SavePolicy::Input;
 };

@@ -35,7 +35,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // the policy as layer_norm's, the policy applying to s; residual and x1: x's shape, dtype and
 // device, or undefined; dropout_p in [0, 1), the same p for x and x1, their masks drawn in that
 // order from the dropout stream as dropout() draws them. Returns y (layer_norm(s)) and, with
-// prenorm, residual_out = s (x itself when nothing is added or dropped). Saves what
+// prenorm, residual_out = s (x.contiguous() when nothing is added or dropped). Saves what
 // layer_norm(s) saves under options.policy, and nothing of x, x1 or residual (the dropouts save
 // their stream's seed and offset, no mask). Backward gives residual and dropout(x) + dropout(x1)
 // the same gradient, the norm's ds plus residual_out's gradient (=), which dropout's and add's

@@ -309,9 +309,8 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
                        [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
     }
     detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"residual", residual}, {"weight", weight}, {"bias", bias}});
-    // Without residual, dropout or x1, s is x (or its contiguous copy): x itself is returned.
-    const bool mixed = residual.defined() || p > 0.0 || options.x1.defined();
-    return {y, options.prenorm ? (mixed ? s : x_in) : Tensor()};
+    // Without residual, dropout or x1, s is x.contiguous(): x itself when x is contiguous.
+    return {y, options.prenorm ? s : Tensor()};
 }
 
 Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias) {
