@@ -313,8 +313,10 @@ TEST_CASE("cuda: cuDNN's attention matches normtape's kernels, outputs and gradi
     struct Shape4 {
         int64_t B, T, NH, NKV, hs;
     };
+    int64_t item = 0;
     for (Shape4 sh : {Shape4{3, 1, 2, 2, 64}, {2, 37, 4, 4, 64}, {2, 64, 2, 2, 128}, {2, 65, 4, 2, 64},
                       {1, 200, 4, 1, 128}, {2, 513, 8, 2, 64}}) {
+        if (!in_test_part(item++)) continue;
         CAPTURE(sh.B);
         CAPTURE(sh.T);
         CAPTURE(sh.NH);
@@ -360,9 +362,11 @@ TEST_CASE("cuda: layer_norm and rms_norm match the cpu in both policies over eve
     // N below a warp, odd N, N = 3000, N large (f32 12288: the backward's rows split over a
     // thread-block cluster; 20000: past the fast kernels), M = 1
     const Shape shapes[] = {{5, 7}, {3, 33}, {4, 3000}, {3, 12288}, {2, 20000}, {1, 1024}, {2, 3, 768}};
+    int64_t item = 0;
     for (DType d : kDtypes)
         for (SavePolicy p : {SavePolicy::Input, SavePolicy::Output})
             for (const Shape& s : shapes) {
+                if (!in_test_part(item++)) continue;
                 CAPTURE(policy_name(p));
                 CAPTURE(shape_str(s));
                 int64_t N = s.back();
@@ -389,10 +393,12 @@ TEST_CASE("cuda: the fast norm kernels match the reference kernels at every benc
     const std::pair<int64_t, int64_t> shapes[] = {{768, 1031},   {1024, 1031}, {2048, 1031}, {3000, 1031},
                                                   {4096, 1031},  {8192, 1031}, {16384, 1031}, {768, 100003},
                                                   {1024, 100003}, {12288, 7},  {16384, 1}};
+    int64_t item = 0;
     for (DType dtype : kDtypes)
         for (auto [N, M] : shapes)
             for (bool centered : {true, false})
                 for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
+                    if (!in_test_part(item++)) continue;
                     CAPTURE(dtype_name(dtype));
                     CAPTURE(N);
                     CAPTURE(centered);

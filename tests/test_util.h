@@ -1,7 +1,7 @@
 // tests/test_util.h: what every test file shares: tolerances named per dtype, allclose with the
 // largest difference in the message, a finite-difference gradient check in f64, seeded inputs,
-// SKIP_TEST and the REQUIRE_*_OR_SKIP guards, check_throws (the exception's kind and the words of
-// its message), TempDir, and running train_gpt.
+// SKIP_TEST and the REQUIRE_*_OR_SKIP guards, in_test_part (a long loop split over processes),
+// check_throws (the exception's kind and the words of its message), TempDir, and running train_gpt.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -21,10 +22,12 @@
 #include <initializer_list>
 #include <memory>
 #include <source_location>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "normtape.h"
@@ -87,6 +90,26 @@ inline bool& current_test_skipped() {
     do {                                                                                       \
         if (std::string(NORMTAPE_TRAIN_GPT).empty()) SKIP_TEST("train_gpt was not built");     \
     } while (0)
+
+// The part of a long test case's loop that this process runs. NORMTAPE_TEST_PART=k/K (1 <= k <= K)
+// keeps the items i with i % K == k - 1, so that K processes run the loop between them (the
+// sanitizer runs of scripts/gpu_check.sh, where the whole loop takes longer than one device call);
+// unset or empty, every item. in_part(i, {k, K}) is that rule; test_part parses the value ({k, K}; null or empty: {1, 1}) and throws
+// std::invalid_argument, naming it, on anything else.
+inline std::pair<int64_t, int64_t> test_part(const char* value) {
+    if (value == nullptr || *value == '\0') return {1, 1};
+    long long k = 0, K = 0;
+    char rest = 0;
+    if (std::sscanf(value, "%lld/%lld%c", &k, &K, &rest) != 2 || K < 1 || k < 1 || k > K)
+        throw std::invalid_argument("NORMTAPE_TEST_PART: expected k/K with 1 <= k <= K, got '" + std::string(value) +
+                                    "'");
+    return {k, K};
+}
+inline bool in_part(int64_t i, std::pair<int64_t, int64_t> part) { return i % part.second == part.first - 1; }
+inline bool in_test_part(int64_t i) {
+    static const std::pair<int64_t, int64_t> part = test_part(std::getenv("NORMTAPE_TEST_PART"));
+    return in_part(i, part);
+}
 
 // The readable name of a type: "normtape::ShapeError".
 inline std::string type_name(const std::type_info& type) {
