@@ -144,6 +144,14 @@ sanitize() {
     else verdict="FAILED, exit $rc (${errors:-no summary line}; ${cases:-no doctest summary})"; fi
     # Printed at once too, so that a call cut off by its time limit still says what finished.
     echo "compute-sanitizer $tool, $label: $verdict, ${took} s" | tee "${log%.log}.verdict"
+    # A failure's first record that counts (30 lines at most), there too: a device call brings few files back.
+    [ $rc -eq 0 ] || [ $rc -eq 124 ] || awk -v tool="$tool" '
+        function flush() { if (open && !skip) { for (i = 1; i <= n && i <= 30; ++i) print lines[i]; open = 0; exit } open = 0 }
+        /^========= [A-Z]/ { flush(); if (!/COMPUTE-SANITIZER|SUMMARY/) { open = 1; n = 0; skip = 0
+                                                                          probe = /cudaErrorNoKernelImageForDevice/ } }
+        open && /^========= / { lines[++n] = $0 }
+        (probe && /libnccl\.so/) || /at::native::|c10::|libtorch/ || (tool == "racecheck" && /cudnn_generated/) { skip = 1 }
+        END { flush() }' "$log"
 }
 # verdict LABEL TOOL: adds a finished sanitize run's verdict to the summary; a failure fails the script.
 verdict() {
@@ -200,42 +208,50 @@ EOF
     done
 }
 
-# The sanitizer runs: every test case, in five groups of test suites that together hold them all
-# (core is every suite that the other four do not name), each under memcheck (out-of-bounds and
-# misaligned device accesses, leaks, CUDA API errors) and initcheck (reads of device memory never
-# written), without two tests of running out of memory: the CUDA one (its failing cudaMalloc is the
-# point, and memcheck reports it) and train_gpt's on the cpu (it launches no kernel; under the
-# sanitizer its child process dies of a segmentation fault in place of the out-of-memory error).
-# The programs group runs child processes (train_gpt, generate, MPI ranks), which compute-sanitizer
-# follows. racecheck (shared-memory hazards) runs over the test cases that launch our kernels on
-# CUDA on small shapes (it takes minutes over the benchmark widths' millions of rows).
+# The sanitizer runs: every test case, in six groups that together hold them all, each under memcheck
+# (out-of-bounds and misaligned device accesses, leaks, CUDA API errors) and initcheck (reads of
+# device memory never written), without two tests of running out of memory: the CUDA one (its failing
+# cudaMalloc is the point, and memcheck reports it) and train_gpt's on the cpu (it launches no kernel;
+# under the sanitizer its child process dies of a segmentation fault in place of the out-of-memory
+# error). Five groups are suites (core: every suite that the other four do not name); the sixth,
+# long, is the few test cases whose own loops take longer than a device call (LONG_CASES), which the
+# others leave out. The programs group runs child processes (train_gpt, generate, MPI ranks), which
+# compute-sanitizer follows. racecheck (shared-memory hazards) runs over the test cases that launch
+# our kernels on CUDA on small shapes (racecheck-cuda) and over the long ones that do (racecheck-long).
 # SANITIZE_RUNS picks some runs (default every one); RUN:K splits that run's test cases into K
-# consecutive ranges (doctest's --first/--last), each its own process, labelled GROUP.k
+# consecutive ranges (doctest's --first/--last), or the long group's loops into K parts
+# (NORMTAPE_TEST_PART=k/K, tests/test_util.h), each its own process, labelled GROUP.k
 # (SANITIZE_SHARDS=K is the default K, 1 unless set). The processes go round the machine's GPUs
 # (CUDA_VISIBLE_DEVICES; the programs group sees them all, for its data-parallel runs),
 # SANITIZE_JOBS at once (default 4 per GPU). docs/PERFORMANCE.md's "Tests on the GPU" gives the
-# splits that ran in 10-minute calls on four H200s, and the test cases that take longer alone:
+# splits that ran in 10-minute calls on four H200s:
 #   overrun       overrun_check above
-#   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs
-#   initcheck-core, initcheck-ops, initcheck-attention, initcheck-nn, initcheck-programs
-#   racecheck-cuda
+#   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs, memcheck-long
+#   initcheck-core, initcheck-ops, initcheck-attention, initcheck-nn, initcheck-programs, initcheck-long
+#   racecheck-cuda, racecheck-long
+LONG_CASES="*cuDNN's attention matches normtape's kernels*,*fast norm kernels match the reference kernels at every*"
+LONG_CASES+=",*match the cpu in both policies over every shape class*"
+LONG_CASES+=",*predict_peak is the measured peak of a training step*,torch_crosscheck: GPT loss*"
 OPS_SUITES=layer_norm,rms_norm,fused_norm,add,mul,scale,sum,mean,gelu,relu_squared,swiglu,softmax,dropout,embedding,rotary_embedding,matmul,linear,linear_gelu
 ATTENTION_SUITES=causal_attention,causal_self_attention,causal_self_attention_rows,cross_entropy,linear_cross_entropy
 NN_SUITES=nn,gpt,generate,checkpoint,hf,safetensors,muon,memory_plan,torch_crosscheck
 PROGRAM_SUITES=train_gpt,generate_cli,memory_report,distributed
-ALL_SANITIZE_RUNS="overrun memcheck-core memcheck-ops memcheck-attention memcheck-nn memcheck-programs initcheck-core
-    initcheck-ops initcheck-attention initcheck-nn initcheck-programs racecheck-cuda"
-# group_filter GROUP: sets filter to the doctest options that pick the group's test cases.
+ALL_SANITIZE_RUNS="overrun memcheck-core memcheck-ops memcheck-attention memcheck-nn memcheck-programs memcheck-long
+    initcheck-core initcheck-ops initcheck-attention initcheck-nn initcheck-programs initcheck-long racecheck-cuda
+    racecheck-long"
+# group_filter GROUP TOOL: sets filter to the doctest options that pick the group's test cases.
 group_filter() {
-    local no_oom="-tce=*running out of memory*,*more than memory holds*"
+    local skip="-tce=*running out of memory*,*more than memory holds*,$LONG_CASES"
     case "$1" in
-        core) filter=("-tse=$OPS_SUITES,$ATTENTION_SUITES,$NN_SUITES,$PROGRAM_SUITES" "$no_oom") ;;
-        ops) filter=("-ts=$OPS_SUITES" "$no_oom") ;;
-        attention) filter=("-ts=$ATTENTION_SUITES" "$no_oom") ;;
-        nn) filter=("-ts=$NN_SUITES" "$no_oom") ;;
-        programs) filter=("-ts=$PROGRAM_SUITES" "$no_oom") ;;
-        cuda) filter=("-tc=*cuda*,*match the cpu*,*every shape class*"
-                      "-tce=*running out of memory*,*GPT step on the GPU*,torch_crosscheck*,hf:*,generate*,errors:*") ;;
+        core) filter=("-tse=$OPS_SUITES,$ATTENTION_SUITES,$NN_SUITES,$PROGRAM_SUITES" "$skip") ;;
+        ops) filter=("-ts=$OPS_SUITES" "$skip") ;;
+        attention) filter=("-ts=$ATTENTION_SUITES" "$skip") ;;
+        nn) filter=("-ts=$NN_SUITES" "$skip") ;;
+        programs) filter=("-ts=$PROGRAM_SUITES" "$skip") ;;
+        cuda) filter=("-tc=*cuda*,*match the cpu*"
+                      "$skip,*GPT step on the GPU*,torch_crosscheck*,hf:*,generate*,errors:*") ;;
+        long) filter=("-tc=$LONG_CASES")
+              [ "$2" != racecheck ] || filter=("-tc=$(cut -d, -f1-3 <<< "$LONG_CASES")") ;;
     esac
 }
 if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
@@ -260,17 +276,25 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
         [ "$run" = "$spec" ] || shards=${spec#*:}
         [ "$run" != overrun ] || continue
         tool=${run%%-*} group=${run#*-}
-        group_filter "$group"
+        group_filter "$group" "$tool"
         count=$(./build-gpu/normtape_tests "${filter[@]}" --count | sed -n 's/.*filters: *//p')
         if [ "${count:-0}" -eq 0 ]; then summary+=("compute-sanitizer $run: FAILED, no test case to run"); failed=1; continue; fi
         per=$(( (count + shards - 1) / shards ))
         for ((k = 1; k <= shards; k++)); do
-            label=$group range=()
-            [ "$shards" -eq 1 ] || { label=$group.$k; range=("--first=$(( (k - 1) * per + 1 ))" "--last=$((k * per))"); }
+            label=$group range=() part=
+            if [ "$shards" -gt 1 ]; then
+                label=$group.$k
+                if [ "$group" = long ]; then part=$k/$shards
+                else range=("--first=$(( (k - 1) * per + 1 ))" "--last=$((k * per))"); fi
+            fi
             while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n; done
             if [ "$group" = programs ]; then
                 OMP_NUM_THREADS=$omp SANITIZER_OPTIONS="--target-processes all" \
                     sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
+            elif [ "$group" = long ]; then
+                gpu=${gpu_list[slot++ % ${#gpu_list[@]}]}
+                OMP_NUM_THREADS=$omp CUDA_VISIBLE_DEVICES=$gpu NORMTAPE_TEST_PART=$part \
+                    sanitize "$tool" "$label" "${filter[@]}" &
             else
                 gpu=${gpu_list[slot++ % ${#gpu_list[@]}]}  # here: a background command's expansions are its own
                 OMP_NUM_THREADS=$omp CUDA_VISIBLE_DEVICES=$gpu sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
