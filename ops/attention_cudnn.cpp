@@ -409,6 +409,9 @@ int64_t dq_accum_bytes(const AttentionLayout& L) { return row_sum_bytes(L) * L.h
 void execute(const Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& pointers, int device) {
     normtape::Tensor workspace = plan.workspace > 0 ? scratch(plan.workspace, device) : normtape::Tensor();
     void* ws = workspace.defined() ? device_ptr<float>(workspace) : nullptr;
+    // cuDNN's own scratch: its kernels write it with stores that initcheck does not see on Hopper
+    // before they read it back.
+    if (ws) cuda_mark_written(device, ws, plan.workspace);
     try {
         Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
         pack.set_array(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids)
@@ -447,14 +450,14 @@ bool cudnn_attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, co
     if (!plan.plan) return false;
     normtape::Tensor row_sum = scratch(row_sum_bytes(L), device);
     normtape::Tensor dq_accum = scratch(dq_accum_bytes(L), device);
-    // cuDNN 9.6 and later zero the accumulator themselves (the frontend zeroes it only before), with
-    // stores that initcheck does not see on Hopper, as it does not see the reductions into it: it is
-    // marked as written, so that the kernel that reads it back into dq is not reported.
+    // cuDNN 9.6 and later zero the accumulator themselves (the frontend zeroes it only before).
     if (cudnnGetVersion() < 90600 && !is_dry_run())  // a memset's address is checked when captured
         CUDA_CHECK(cudaMemsetAsync(device_ptr<float>(dq_accum), 0, dq_accum.numel() * sizeof(float),
                                    cuda::stream(device)));
-    else
-        cuda_mark_written(device, device_ptr<float>(dq_accum), dq_accum_bytes(L));
+    // Both are cuDNN's to write before it reads them, with stores (and reductions into the
+    // accumulator) that initcheck does not see on Hopper.
+    cuda_mark_written(device, device_ptr<float>(row_sum), row_sum_bytes(L));
+    cuda_mark_written(device, device_ptr<float>(dq_accum), dq_accum_bytes(L));
     float scale = 1.0f / std::sqrt(static_cast<float>(L.hs)), lowest = std::numeric_limits<float>::lowest(), one = 1;
     auto in = [](const void* p) { return const_cast<void*>(p); };
     execute(plan, {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kRowSum, kdQAccum, kScale, kMaskValue, kOne},
