@@ -111,7 +111,7 @@ sanitize() {
     [ "$tool" = initcheck ] && nvtx=(--nvtx yes)
     # shellcheck disable=SC2086  # SANITIZER_OPTIONS is a list of options
     NORMTAPE_NO_CUDA_MEMORY_CACHING=1 timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool "$tool" "${nvtx[@]}" \
-        --require-cuda-init no ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests --duration=true \
+        --require-cuda-init no --target-processes all ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests --duration=true \
         "$@" > "$log" 2>&1
     local rc=$? took=$((SECONDS - start))
     local ours total nccl torch errors cases verdict passed=0
@@ -216,8 +216,10 @@ EOF
 # train_gpt's files on the cpu (220 child processes that launch no kernel). Five groups are suites (core: every suite that the other four do not name); the sixth,
 # long, is the few test cases whose own loops take longer than a device call (LONG_CASES), which the
 # others leave out. The programs group runs child processes (train_gpt, generate, MPI ranks), which
-# compute-sanitizer follows; the others' children (the PyTorch reference) are not followed. racecheck (shared-memory hazards) runs over the test cases that launch
-# our kernels on CUDA on small shapes (racecheck-cuda) and over the long ones that do (racecheck-long).
+# compute-sanitizer follows (--target-processes all, as in every run); the tests start the PyTorch
+# reference without the sanitizer's injection (python_command, tests/test_util.h). racecheck
+# (shared-memory hazards) runs over the test cases that launch our kernels on CUDA on small shapes
+# (racecheck-cuda) and over the long ones that do (racecheck-long).
 # SANITIZE_RUNS picks some runs (default every one); RUN:K splits that run's test cases into K
 # consecutive ranges (doctest's --first/--last), or the long group's loops into K parts
 # (NORMTAPE_TEST_PART=k/K, tests/test_util.h), each its own process, labelled GROUP.k
@@ -289,12 +291,11 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
                 else range=("--first=$(( (k - 1) * per + 1 ))" "--last=$((k * per))"); fi
             fi
             while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n; done
-            # The programs group sees every GPU and follows its child processes; any other process runs
-            # on one GPU (chosen here: a background command's expansions are its own).
-            if [ "$group" = programs ]; then gpus=$(IFS=,; echo "${gpu_list[*]}") follow=all
-            else gpus=${gpu_list[slot++ % ${#gpu_list[@]}]} follow=application-only; fi
+            # The programs group sees every GPU, for its data-parallel runs; any other process runs on
+            # one GPU (chosen here: a background command's expansions are its own).
+            if [ "$group" = programs ]; then gpus=$(IFS=,; echo "${gpu_list[*]}")
+            else gpus=${gpu_list[slot++ % ${#gpu_list[@]}]}; fi
             OMP_NUM_THREADS=$omp CUDA_VISIBLE_DEVICES=$gpus NORMTAPE_TEST_PART=$part \
-                SANITIZER_OPTIONS="--target-processes $follow ${SANITIZER_OPTIONS:-}" \
                 sanitize "$tool" "$label" "${filter[@]}" "${range[@]}" &
             launched+=("$label $tool")
         done
