@@ -216,8 +216,8 @@ EOF
 # train_gpt's files on the cpu (220 child processes that launch no kernel). Five groups are suites (core: every suite that the other four do not name); the sixth,
 # long, is the few test cases whose own loops take longer than a device call (LONG_CASES), which the
 # others leave out. The programs group runs child processes (train_gpt, generate, MPI ranks), which
-# compute-sanitizer follows (--target-processes all, as in every run); the tests start the PyTorch
-# reference without the sanitizer's injection (python_command, tests/test_util.h). racecheck
+# compute-sanitizer follows (--target-processes all, as in every run: a child that it does not follow
+# waits for it and times out), the PyTorch reference of the cross-checks included. racecheck
 # (shared-memory hazards) runs over the test cases that launch our kernels on CUDA on small shapes
 # (racecheck-cuda) and over the long ones that do (racecheck-long).
 # SANITIZE_RUNS picks some runs (default every one); RUN:K splits that run's test cases into K

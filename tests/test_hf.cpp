@@ -496,7 +496,7 @@ TEST_SUITE("hf") {
                              {{"input_ids", ids}, {"logits", logits_of(*load_hf(out), ids)}});
             const std::string log = dir / (c.name + ".log");
             const std::string cmd =
-                python_command() + " " + NORMTAPE_SOURCE_DIR + "/scripts/hf_fixtures.py check " + out + " > " + log + " 2>&1";
+                python() + " " + NORMTAPE_SOURCE_DIR + "/scripts/hf_fixtures.py check " + out + " > " + log + " 2>&1";
             const int status = std::system(cmd.c_str());
             MESSAGE(c.name, ": ", slurp(log));
             CHECK(status == 0);

@@ -360,7 +360,7 @@ TEST_CASE("muon: three steps match KellerJordan/Muon's algorithm in PyTorch, and
         for (const auto& [name, p] : k.params) k.buffers.push_back(opt.state(p).momentum_buffer.to(Device::CPU));
         save_safetensors(k.in.string(), file);
         const MuonOptions& o = k.options;
-        command += "( OMP_NUM_THREADS=1 " + python_command() + " " +
+        command += "( OMP_NUM_THREADS=1 " + python() + " " +
                    shell_quote(fs::path(NORMTAPE_SOURCE_DIR) / "tests" / "muon_reference.py") + " --in " +
                    shell_quote(k.in) + " --out " + shell_quote(k.out) + " --steps " + std::to_string(steps) +
                    " --lr " + number(o.lr) + " --momentum " + number(o.momentum) + (o.nesterov ? "" : " --no-nesterov") +

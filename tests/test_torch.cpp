@@ -34,7 +34,6 @@ namespace fs = std::filesystem;
 using namespace normtape;
 using testing::in_test_part;
 using testing::python;
-using testing::python_command;
 using testing::shell_quote;
 using testing::torch_available;
 using testing::torch_cuda_available;
@@ -121,7 +120,7 @@ void run_scripts(const std::vector<const ScriptRun*>& runs) {
     std::string script = std::string(NORMTAPE_SOURCE_DIR) + "/tests/torch_reference.py";
     std::string command;
     for (const ScriptRun* r : runs)
-        command += "( OMP_NUM_THREADS=1 " + python_command() + " " + shell_quote(script) + " " + r->args + " --out " +
+        command += "( OMP_NUM_THREADS=1 " + python() + " " + shell_quote(script) + " " + r->args + " --out " +
                    shell_quote(r->out) + " > " + shell_quote(r->log) + " 2>&1; echo $? > " + shell_quote(r->rc) +
                    " ) & ";
     command += "wait";

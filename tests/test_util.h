@@ -515,13 +515,10 @@ inline std::string python() {
     const char* p = std::getenv("NORMTAPE_PYTHON");
     return p && *p ? p : "/usr/bin/python3";
 }
-// The shell words that run python(): without CUDA_INJECTION64_PATH, through which compute-sanitizer
-// follows a child process, so that a sanitizer run checks normtape and not the PyTorch reference.
-inline std::string python_command() { return "env -u CUDA_INJECTION64_PATH " + python(); }
 
 // Whether `code` runs (exit 0) in python(), quietly. `code` holds no single quote.
 inline bool python_succeeds(const std::string& code) {
-    return std::system((python_command() + " -c '" + code + "' >/dev/null 2>&1").c_str()) == 0;
+    return std::system((python() + " -c '" + code + "' >/dev/null 2>&1").c_str()) == 0;
 }
 
 inline bool torch_available() {
