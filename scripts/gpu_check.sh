@@ -107,26 +107,47 @@ SANITIZER="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sa
 SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-540}"
 sanitize() {
     local tool=$1 label=$2; shift 2
-    local log="$GPU_OUT/sanitizer-$label-$tool.log" start=$SECONDS nvtx=()
+    local log="$GPU_OUT/sanitizer-$label-$tool.log" start=$SECONDS nvtx=() targets=(--target-processes all)
     [ "$tool" = initcheck ] && nvtx=(--nvtx yes)
+    [[ " ${SANITIZER_OPTIONS:-} " != *" --target-processes "* ]] || targets=()  # the caller's choice
     # shellcheck disable=SC2086  # SANITIZER_OPTIONS is a list of options
     NORMTAPE_NO_CUDA_MEMORY_CACHING=1 timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool "$tool" "${nvtx[@]}" \
-        --require-cuda-init no --target-processes all ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests --duration=true \
-        "$@" > "$log" 2>&1
+        --require-cuda-init no "${targets[@]}" ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests \
+        --duration=true "$@" > "$log" 2>&1
     local rc=$? took=$((SECONDS - start))
-    local ours total nccl torch errors cases verdict passed=0
+    local ours total nccl torch errors cases verdict passed=0 first="${log%.log}.first"
     grep -q "Status: SUCCESS" "$log" && passed=1
     # Each process tracked prints its own summary: the errors are their sum.
     total=$(awk '/ERROR SUMMARY: [0-9]+ error/ { for (i = 1; i < NF; ++i) if ($i == "SUMMARY:") s += $(i + 1) }
                  END { print s + 0 }' "$log")
-    # Error blocks start with "========= " and a capital. NCCL's probe is one whose frames are in
-    # libnccl; PyTorch's, one in its kernels or libraries (the reference, run by a child python).
-    read -r nccl torch < <(awk '
-        function close_block() { if (b && nk) n++; else if (t) p++ }
-        /^========= [A-Z]/ { close_block(); b = /Program hit cudaErrorNoKernelImageForDevice/; nk = 0; t = 0 }
-        /libnccl\.so/ { nk = 1 }
-        /at::native::|c10::|libtorch/ { t = 1 }
-        END { close_block(); print n + 0, p + 0 }' "$log")
+    # A record is a "========= " line with a capital (not the banner, a summary or the notice of a
+    # process's exit status) and the "=========" lines after it. NCCL's probe is one whose frames are
+    # in libnccl; PyTorch's, one in its kernels or libraries (the reference, run by a child python);
+    # under racecheck, one in cuDNN's kernels is neither and not ours. The first of ours (30 lines at
+    # most) goes to $first.
+    rm -f "$first"
+    read -r nccl torch < <(awk -v tool="$tool" -v first="$first" '
+        function close_record() {
+            if (!open) return
+            if (probe && in_nccl) n++
+            else if (in_torch) p++
+            else if (!in_cudnn && !written) { for (i = 1; i <= k && i <= 30; ++i) print lines[i] > first; written = 1 }
+            open = 0
+        }
+        /^========= [A-Z]/ {
+            close_record()
+            if (!/COMPUTE-SANITIZER|SUMMARY|Target application returned|terminate/) {
+                open = 1; k = 0; in_nccl = 0; in_torch = 0; in_cudnn = 0
+                probe = /Program hit cudaErrorNoKernelImageForDevice/
+            }
+        }
+        open && /^=========/ {
+            lines[++k] = $0
+            if (/libnccl\.so/) in_nccl = 1
+            if (/at::native::|c10::|libtorch/) in_torch = 1
+            if (tool == "racecheck" && /cudnn_generated/) in_cudnn = 1
+        }
+        END { close_record(); print n + 0, p + 0 }' "$log")
     case $tool in
         racecheck) ours=$(grep -E "Race reported" "$log" | grep -vc "cudnn_generated") ;;
         *) ours=$(( total - nccl - torch )) ;;
@@ -142,16 +163,10 @@ sanitize() {
     elif [ $rc -eq 124 ]; then
         verdict="timed out after $SANITIZE_TIMEOUT s (inconclusive; $(grep -c '^[0-9.]* s: ' "$log") test cases finished)"
     else verdict="FAILED, exit $rc (${errors:-no summary line}; ${cases:-no doctest summary})"; fi
-    # Printed at once too, so that a call cut off by its time limit still says what finished.
+    # Printed at once too, so that a call cut off by its time limit still says what finished, with a
+    # failure's first record: a device call brings few files back.
     echo "compute-sanitizer $tool, $label: $verdict, ${took} s" | tee "${log%.log}.verdict"
-    # A failure's first record that counts (30 lines at most), there too: a device call brings few files back.
-    [ $rc -eq 0 ] || [ $rc -eq 124 ] || awk -v tool="$tool" '
-        function flush() { if (open && !skip) { for (i = 1; i <= n && i <= 30; ++i) print lines[i]; open = 0; exit } open = 0 }
-        /^========= [A-Z]/ { flush(); if (!/COMPUTE-SANITIZER|SUMMARY/) { open = 1; n = 0; skip = 0
-                                                                          probe = /cudaErrorNoKernelImageForDevice/ } }
-        open && /^========= / { lines[++n] = $0 }
-        (probe && /libnccl\.so/) || /at::native::|c10::|libtorch/ || (tool == "racecheck" && /cudnn_generated/) { skip = 1 }
-        END { flush() }' "$log"
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -f "$first" ]; then sed "s/^/$label $tool: /" "$first"; fi
 }
 # verdict LABEL TOOL: adds a finished sanitize run's verdict to the summary; a failure fails the script.
 verdict() {
@@ -210,16 +225,17 @@ EOF
 
 # The sanitizer runs: every test case, in six groups that together hold them all, each under memcheck
 # (out-of-bounds and misaligned device accesses, leaks, CUDA API errors) and initcheck (reads of
-# device memory never written), without two tests of running out of memory, the CUDA one (its failing
+# device memory never written), but two tests of running out of memory, the CUDA one (its failing
 # cudaMalloc is the point, and memcheck reports it) and train_gpt's on the cpu (under the sanitizer
 # its child process dies of a segmentation fault in place of the out-of-memory error), and two of
-# train_gpt's files on the cpu (220 child processes that launch no kernel). Five groups are suites (core: every suite that the other four do not name); the sixth,
-# long, is the few test cases whose own loops take longer than a device call (LONG_CASES), which the
-# others leave out. The programs group runs child processes (train_gpt, generate, MPI ranks), which
-# compute-sanitizer follows (--target-processes all, as in every run: a child that it does not follow
-# waits for it and times out), the PyTorch reference of the cross-checks included. racecheck
-# (shared-memory hazards) runs over the test cases that launch our kernels on CUDA on small shapes
-# (racecheck-cuda) and over the long ones that do (racecheck-long).
+# train_gpt's files on the cpu (220 child processes that launch no kernel). Five groups are suites
+# (core: every suite that the other four do not name); the sixth, long, is the few test cases whose
+# own loops take longer than a device call (LONG_CASES), which the others leave out. Every run
+# follows child processes (--target-processes all: a child that is not followed waits for the
+# sanitizer and times out): the programs group's train_gpt, generate and MPI ranks, and the PyTorch
+# reference that the cross-checks of the nn and long groups run. racecheck (shared-memory hazards)
+# runs over the test cases of our kernels on CUDA on small shapes (racecheck-cuda) and over the
+# long ones among them (racecheck-long, LONG_KERNEL_CASES), not over whole GPT steps.
 # SANITIZE_RUNS picks some runs (default every one); RUN:K splits that run's test cases into K
 # consecutive ranges (doctest's --first/--last), or the long group's loops into K parts
 # (NORMTAPE_TEST_PART=k/K, tests/test_util.h), each its own process, labelled GROUP.k
@@ -231,9 +247,10 @@ EOF
 #   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs, memcheck-long
 #   initcheck-core, initcheck-ops, initcheck-attention, initcheck-nn, initcheck-programs, initcheck-long
 #   racecheck-cuda, racecheck-long
-LONG_CASES="*cuDNN's attention matches normtape's kernels*,*fast norm kernels match the reference kernels at every*"
-LONG_CASES+=",*match the cpu in both policies over every shape class*"
-LONG_CASES+=",*predict_peak is the measured peak of a training step*,torch_crosscheck: GPT loss*"
+LONG_KERNEL_CASES="*cuDNN's attention matches normtape's kernels*"
+LONG_KERNEL_CASES+=",*fast norm kernels match the reference kernels at every*"
+LONG_KERNEL_CASES+=",*match the cpu in both policies over every shape class*"
+LONG_CASES="$LONG_KERNEL_CASES,*predict_peak is the measured peak of a training step*,torch_crosscheck: GPT loss*"
 OPS_SUITES=layer_norm,rms_norm,fused_norm,add,mul,scale,sum,mean,gelu,relu_squared,swiglu,softmax,dropout,embedding,rotary_embedding,matmul,linear,linear_gelu
 ATTENTION_SUITES=causal_attention,causal_self_attention,causal_self_attention_rows,cross_entropy,linear_cross_entropy
 NN_SUITES=nn,gpt,generate,checkpoint,hf,safetensors,muon,memory_plan,torch_crosscheck
@@ -254,7 +271,7 @@ group_filter() {
         cuda) filter=("-tc=*cuda*,*match the cpu*"
                       "$skip,*GPT step on the GPU*,torch_crosscheck*,hf:*,generate*,errors:*") ;;
         long) filter=("-tc=$LONG_CASES")
-              [ "$2" != racecheck ] || filter=("-tc=$(cut -d, -f1-3 <<< "$LONG_CASES")") ;;
+              [ "$2" != racecheck ] || filter=("-tc=$LONG_KERNEL_CASES") ;;
     esac
 }
 if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then

@@ -12,8 +12,8 @@
 
 #include <cmath>
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -94,15 +94,22 @@ inline bool& current_test_skipped() {
 // The part of a long test case's loop that this process runs. NORMTAPE_TEST_PART=k/K (1 <= k <= K)
 // keeps the items i with i % K == k - 1, so that K processes run the loop between them (the
 // sanitizer runs of scripts/gpu_check.sh, where the whole loop takes longer than one device call);
-// unset or empty, every item. in_part(i, {k, K}) is that rule; test_part parses the value ({k, K}; null or empty: {1, 1}) and throws
-// std::invalid_argument, naming it, on anything else.
+// unset or empty, every item. A loop seeded once draws other inputs in a part than in a whole run: a
+// failure in a part is reproduced with the same NORMTAPE_TEST_PART. in_part(i, {k, K}) is the rule;
+// test_part parses the value ({k, K}; null or empty: {1, 1}), two decimal numbers and a slash, and
+// throws std::invalid_argument, naming it, on anything else.
 inline std::pair<int64_t, int64_t> test_part(const char* value) {
     if (value == nullptr || *value == '\0') return {1, 1};
-    long long k = 0, K = 0;
-    char rest = 0;
-    if (std::sscanf(value, "%lld/%lld%c", &k, &K, &rest) != 2 || K < 1 || k < 1 || k > K)
-        throw std::invalid_argument("NORMTAPE_TEST_PART: expected k/K with 1 <= k <= K, got '" + std::string(value) +
-                                    "'");
+    const std::string v = value;
+    const size_t slash = v.find('/');
+    int64_t k = 0, K = 0;
+    auto number = [&](size_t begin, size_t end, int64_t& out) {
+        const auto [ptr, ec] = std::from_chars(v.data() + begin, v.data() + end, out);
+        return begin < end && ec == std::errc() && ptr == v.data() + end;
+    };
+    if (slash == std::string::npos || !number(0, slash, k) || !number(slash + 1, v.size(), K) || K < 1 || k < 1 ||
+        k > K)
+        throw std::invalid_argument("NORMTAPE_TEST_PART: expected k/K with 1 <= k <= K, got '" + v + "'");
     return {k, K};
 }
 inline bool in_part(int64_t i, std::pair<int64_t, int64_t> part) { return i % part.second == part.first - 1; }
