@@ -1,7 +1,8 @@
 // tests/test_fused_norm.cpp: layer_norm_fn and rms_norm_fn (Note [The fused norm],
 // ops/norm/fused_norm.h): the norm of s = dropout(x) + dropout(x1) + residual, and s itself with
-// prenorm, against the unfused dropout, add and norm, f64 finite differences under each policy,
-// what each policy saves, the gradient that reaches s alone, argument errors, and CUDA against the cpu.
+// prenorm, and a second affine output y1 with weight1, against the unfused dropout, add and norm,
+// f64 finite differences under each policy, what each policy saves, the gradient that reaches s
+// alone, argument errors, and CUDA against the cpu.
 #include "test_util.h"
 
 using namespace normtape;
@@ -32,6 +33,13 @@ FusedNormOptions options(const Tensor& residual, bool prenorm, SavePolicy policy
     o.dropout_p = dropout_p;
     o.prenorm = prenorm;
     o.policy = policy;
+    return o;
+}
+
+// FusedNormOptions with a second affine output.
+FusedNormOptions parallel(FusedNormOptions o, const Tensor& weight1, const Tensor& bias1) {
+    o.weight1 = weight1;
+    o.bias1 = bias1;
     return o;
 }
 
@@ -277,6 +285,132 @@ TEST_CASE("fused_norm: a residual or x1 unlike x, or dropout_p out of range, is 
                                    Error, n.op, "dropout_p in [0, 1)");
     }
     CHECK(cpu_allocated() == before);
+}
+
+TEST_CASE("fused_norm: weight1 and bias1 make y1 = norm(s) * weight1 + bias1 beside y, with f64 finite differences") {
+    manual_seed(6);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies)
+            for (bool with_residual : {false, true}) {
+                CAPTURE(n.op);
+                CAPTURE(policy_name(policy));
+                CAPTURE(with_residual);
+                TensorOptions o = opts(DType::F64);
+                Tensor x = leaf({3, 7}, 2.0), r = leaf({3, 7}), b = leaf({7}, 0.3), b1 = leaf({7}, 0.3);
+                Tensor w = weight_of(7, o).requires_grad_(true), w1 = weight_of(7, o).requires_grad_(true);
+                // The inputs that take part, in order: x, r (with a residual), w and b (with y in the
+                // loss), w1, b1 (b and b1 for LayerNorm); the others are constants.
+                auto inputs = [&](bool with_y) {
+                    std::vector<Tensor> in{x};
+                    if (with_residual) in.push_back(r);
+                    if (with_y) in.push_back(w);
+                    if (with_y && n.centered) in.push_back(b);
+                    in.push_back(w1);
+                    if (n.centered) in.push_back(b1);
+                    return in;
+                };
+                auto fused = [&](const std::vector<Tensor>& in, bool with_y) {
+                    size_t k = 1;
+                    auto next = [&](bool used, const Tensor& constant) { return used ? in[k++] : constant.detach(); };
+                    const Tensor rr = with_residual ? in[k++] : Tensor();
+                    const Tensor ww = next(with_y, w), bb = n.centered ? next(with_y, b) : Tensor();
+                    const Tensor ww1 = in[k++], bb1 = n.centered ? in[k++] : Tensor();
+                    return n.fused(in[0], ww, bb, parallel(options(rr, true, policy), ww1, bb1));
+                };
+                // The outputs: y and y1 are the norm of s with each affine.
+                FusedNormOutputs out = fused(inputs(true), true);
+                Tensor s = with_residual ? add(x, r) : x;
+                CHECK_CLOSE(out.y, n.unfused(s, w, b, SavePolicy::Input), tolerance(DType::F64));
+                CHECK_CLOSE(out.y1, n.unfused(s, w1, b1, SavePolicy::Input), tolerance(DType::F64));
+                CHECK_FALSE(n.fused(x, w, b, options(r, true, policy)).y1.defined());
+                // Every input through y, y1 and s; then y1 and s alone, y unused.
+                auto all = [&](const std::vector<Tensor>& in) {
+                    FusedNormOutputs f = fused(in, true);
+                    return add(add(f.y, scale(f.y1, 0.6)), scale(f.residual_out, 0.7));
+                };
+                CHECK_GRADCHECK(all, inputs(true));
+                auto without_y = [&](const std::vector<Tensor>& in) {
+                    FusedNormOutputs f = fused(in, false);
+                    return add(f.y1, scale(f.residual_out, 0.7));
+                };
+                CHECK_GRADCHECK(without_y, inputs(false));
+            }
+}
+
+TEST_CASE("fused_norm: with weight1, one saved row tensor and rstd under each policy (Output saves x_hat)") {
+    const int64_t M = 6, N = 16;
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            Tensor w = ones({N}).requires_grad_(true), w1 = ones({N}).requires_grad_(true);
+            Tensor b1 = n.centered ? zeros({N}).requires_grad_(true) : Tensor();
+            Tensor h = scale(randn({M, N}).requires_grad_(true), 1.0), r = scale(randn({M, N}).requires_grad_(true), 1.0);
+            int64_t saved_before = saved_bytes();
+            FusedNormOutputs out = n.fused(h, w, Tensor(), parallel(options(r, true, policy), w1, b1));
+            int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+            CHECK(saved_bytes() - saved_before == M * N * 4 + stats);
+            REQUIRE(out.y1.defined());
+            // What is saved under Output and Normalized is x_hat, not y: y is then made again from it.
+            if (policy != SavePolicy::Input) {
+                const Tensor x_hat = n.unfused(add(h, r).detach(), Tensor(), Tensor(), SavePolicy::Input);
+                std::vector<SavedSlot> slots = out.y.grad_fn()->saved_tensors();
+                REQUIRE(std::string(slots[0].name) == "x_hat");
+                CHECK_CLOSE(slots[0].tensor->unpack("test"), x_hat, (Tolerance{0, 0}));
+            }
+        }
+}
+
+TEST_CASE("fused_norm: a weight1 or bias1 unlike weight, bias1 alone or on RMSNorm, is refused, naming the op") {
+    int64_t before = cpu_allocated();
+    for (const FusedNormUnderTest& n : kNorms) {
+        Tensor x = randn({4, 8}), w = ones({8});
+        FusedNormOptions base = options(Tensor(), false, SavePolicy::Input);
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), parallel(base, ones({9}), Tensor())), ShapeError, n.op,
+                               "weight1 of shape [8]", "got [9]");
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), parallel(base, ones({8}, opts(DType::F64)), Tensor())),
+                               DTypeError, n.op, "weight1");
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), parallel(base, Tensor(), zeros({8}))), Error, n.op,
+                               n.centered ? "expected weight1 with bias1" : "expected no bias1");
+        if (n.centered)
+            CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), parallel(base, ones({8}), zeros({3}))), ShapeError, n.op,
+                                   "bias1 of shape [8]");
+        else
+            CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), parallel(base, ones({8}), zeros({8}))), Error, n.op,
+                                   "expected no bias1 (RMSNorm has no bias)");
+    }
+    CHECK(cpu_allocated() == before);
+}
+
+TEST_CASE("fused_norm: on CUDA with weight1, y1 and every gradient equal to the cpu in f32 and bf16") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(7);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (DType dtype : {DType::F32, DType::BF16})
+            for (SavePolicy policy : kPolicies) {
+                CAPTURE(n.op);
+                CAPTURE(dtype_name(dtype));
+                CAPTURE(policy_name(policy));
+                TensorOptions o = opts(dtype);
+                Tensor x0 = randn({33, 200}, o), r0 = randn({33, 200}, o), w0 = weight_of(200, o),
+                       w10 = weight_of(200, o), b10 = scale(randn({200}, o), 0.1), u = randn({33, 200}, o),
+                       u1 = randn({33, 200}, o);
+                auto run = [&](Device d) {
+                    Tensor x = x0.to(d).requires_grad_(true), r = r0.to(d).requires_grad_(true);
+                    Tensor w = w0.to(d).requires_grad_(true), w1 = w10.to(d).requires_grad_(true);
+                    Tensor b1 = b10.to(d).requires_grad_(true);
+                    FusedNormOutputs out =
+                        n.fused(x, w, Tensor(), parallel(options(r, false, policy), w1, n.centered ? b1 : Tensor()));
+                    add(sum(mul(out.y, u.to(d))), sum(mul(out.y1, u1.to(d)))).backward();
+                    return std::vector<Tensor>{out.y, out.y1, x.grad(), r.grad(), w.grad(), w1.grad(),
+                                               n.centered ? b1.grad() : w1.grad()};
+                };
+                std::vector<Tensor> cpu = run(Device::CPU), gpu = run(Device::CUDA);
+                for (size_t i = 0; i < cpu.size(); ++i) {
+                    CAPTURE(i);
+                    CHECK_NORMWISE(gpu[i], cpu[i], normwise_tolerance(dtype));
+                }
+            }
 }
 
 TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16, with and without dropout, outputs and gradients") {

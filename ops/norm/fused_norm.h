@@ -6,7 +6,7 @@
 // A pre-LN block does x = x + branch(norm(x)) and then norm(x) again: the residual add and the next
 // norm read and write the residual stream apart. layer_norm_fn and rms_norm_fn take the add in:
 //     s = dropout(x) + dropout(x1) + residual   (each term optional; residual undefined: no add)
-//     y = norm(s) * weight + bias
+//     y = norm(s) * weight + bias,  y1 = norm(s) * weight1 + bias1   (y1 with weight1 only)
 // in the order of FlashAttention's layer_norm_ref: x's mask is drawn first, then x1's, from the
 // dropout stream (ops/dropout.h). The dropouts and the add of x1 are the dropout and add ops,
 // recorded as they are (they save no tensor: a mask is drawn again in backward). With prenorm
@@ -19,6 +19,12 @@
 // adds into dresidual. What it saves is the norm's policy (ops/norm/norm_policy.h) with s in x's
 // place: under Input s (which with prenorm the next block keeps anyway), under Output y, under
 // Normalized x_hat; never x, x1 or residual themselves.
+// weight1 and bias1 (GPT-J's and GPT-NeoX's parallel block) make a second affine output of the same
+// normalized rows: y and y1 are both made from x_hat rounded to x's dtype, and the one node saves what
+// the policy saves once. Its backward is linear in (dy, dy1): ds is the sum of the norm's dx for each
+// output, computed with x_hat in hand (made again from s under Input, saved under Normalized). Under
+// Output a second output makes the policy Normalized (the same bytes, x_hat in y's place): y gives
+// x_hat back only through weight, and dweight1 needs x_hat itself.
 #pragma once
 
 #include "core/tensor.h"
@@ -32,6 +38,8 @@ struct FusedNormOptions {
     Tensor x1;               // a second input, dropped out and added to x: x's shape, dtype and device
     double dropout_p = 0.0;  // dropout on x and x1 before the adds, in [0, 1); 0: none (eval)
     bool prenorm = false;    // also return s (x.contiguous() when nothing is added or dropped)
+    Tensor weight1;          // a second affine output's weight: [N] of x's dtype and device; undefined: no y1
+    Tensor bias1;            // its bias (LayerNorm only, with weight1): [N]; undefined: none
     double eps = 1e-5;
     SavePolicy policy = SavePolicy::Input;
 };
@@ -40,6 +48,7 @@ struct FusedNormOptions {
 struct FusedNormOutputs {
     Tensor y;             // the norm's output: x's shape, dtype and device
     Tensor residual_out;  // with prenorm, s (x's shape and dtype); otherwise undefined
+    Tensor y1;            // with weight1, norm(s) * weight1 + bias1 (x's shape and dtype); otherwise undefined
 };
 
 }  // namespace normtape

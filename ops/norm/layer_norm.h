@@ -30,19 +30,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                   SavePolicy policy = SavePolicy::Input);
 
 // layer_norm_fn: layer_norm of s = dropout(x) + dropout(options.x1) + options.residual (each term
-// optional), returning s too with options.prenorm (FlashAttention's layer_norm_fn with residual,
-// prenorm, dropout_p and x1; Note [The fused norm], ops/norm/fused_norm.h). x, weight, bias, eps and
-// the policy as layer_norm's, the policy applying to s; residual and x1: x's shape, dtype and
-// device, or undefined; dropout_p in [0, 1), the same p for x and x1, their masks drawn in that
-// order from the dropout stream as dropout() draws them. Returns y (layer_norm(s)) and, with
-// prenorm, residual_out = s (x.contiguous() when nothing is added or dropped). Saves what
-// layer_norm(s) saves under options.policy, and nothing of x, x1 or residual (the dropouts save
-// their stream's seed and offset, no mask). Backward gives residual and dropout(x) + dropout(x1)
-// the same gradient, the norm's ds plus residual_out's gradient (=), which dropout's and add's
-// backward carry to x and x1; dweight, dbias as layer_norm's (+= into .grad). On CUDA the dropouts
-// and adds run as their own kernels before the norm's. Throws as layer_norm, naming
-// layer_norm_fn; ShapeError, DTypeError or DeviceError for a residual or x1 unlike x; Error for
-// dropout_p outside [0, 1).
+// optional), returning s too with options.prenorm, and a second affine output y1 with
+// options.weight1 (FlashAttention's layer_norm_fn with residual, prenorm, dropout_p, x1, weight1
+// and bias1; Note [The fused norm], ops/norm/fused_norm.h). x, weight, bias, eps and the policy as
+// layer_norm's, the policy applying to s; residual and x1: x's shape, dtype and device, or undefined;
+// dropout_p in [0, 1), the same p for x and x1, their masks drawn in that order from the dropout
+// stream as dropout() draws them; weight1, bias1 as weight and bias (bias1 only with weight1).
+// Returns y (layer_norm(s)), with prenorm residual_out = s (x.contiguous() when nothing is added or
+// dropped), with weight1 y1 = x_hat * weight1 + bias1 (y and y1 then both from x_hat rounded to x's
+// dtype). Saves what layer_norm(s) saves under options.policy (with weight1, Output saves as
+// Normalized: x_hat and rstd), and nothing of x, x1 or residual (the dropouts save their stream's
+// seed and offset, no mask). Backward gives residual and dropout(x) + dropout(x1) the same
+// gradient, the norm's ds (from dy and dy1) plus residual_out's gradient (=), which dropout's and
+// add's backward carry to x and x1; dweight, dbias, dweight1, dbias1 as layer_norm's (+= into
+// .grad). On CUDA the dropouts and adds run as their own kernels before the norm's, and with weight1
+// y1's affine as its own. Throws as layer_norm, naming layer_norm_fn; ShapeError, DTypeError or
+// DeviceError for a residual or x1 unlike x, or a weight1 or bias1 unlike weight; Error for
+// dropout_p outside [0, 1) or bias1 without weight1.
 FusedNormOutputs layer_norm_fn(const Tensor& x, const Tensor& weight, const Tensor& bias, const FusedNormOptions& options);
 
 }  // namespace normtape

@@ -121,66 +121,120 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
     for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(acc[nw + j]);
 }
 
-// Inputs: x, weight, bias, residual (the last two may be undefined). Outputs: y and, for
-// layer_norm_fn and rms_norm_fn with a residual and prenorm, s = x + residual (Note [The fused
-// norm], ops/norm/fused_norm.h). Saved: s, which is x without a residual (Input), y (Output) or
-// x_hat (Normalized) [M, N]; mean [M] (LayerNorm under Input), rstd [M]; weight, bias [N] when
-// present. Gradients: ds for x and for residual [.., N] (the norm's, plus s's own), dweight, dbias [N].
+// Inputs: x, weight, bias, residual, weight1, bias1 (all but x may be undefined). Outputs: y; for
+// layer_norm_fn and rms_norm_fn with a residual and prenorm, s = x + residual; with weight1, y1 (Note
+// [The fused norm], ops/norm/fused_norm.h). Saved: s, which is x without a residual (Input), y
+// (Output) or x_hat (Normalized) [M, N]; mean [M] (LayerNorm under Input), rstd [M]; weight, bias,
+// weight1, bias1 [N] when present. Gradients: ds for x and for residual [.., N] (the norm's, plus s's
+// own), dweight, dbias, dweight1, dbias1 [N].
 struct NormBackward : MultiOutputNode {
     const char* node_name;
     bool centered;
     bool has_residual;
     SavePolicy policy;
-    SavedTensor x_or_y, mean, rstd, weight, bias;
+    double eps;
+    SavedTensor x_or_y, mean, rstd, weight, bias, weight1, bias1;
 
-    NormBackward(const char* name_, bool centered_, bool has_residual_, SavePolicy policy_, const Tensor& x_or_y_,
-                 const Tensor& mean_, const Tensor& rstd_, const Tensor& weight_, const Tensor& bias_)
-        : node_name(name_), centered(centered_), has_residual(has_residual_), policy(policy_), x_or_y(x_or_y_),
-          mean(mean_), rstd(rstd_), weight(weight_), bias(bias_) {}
+    NormBackward(const char* name_, bool centered_, bool has_residual_, SavePolicy policy_, double eps_,
+                 const Tensor& x_or_y_, const Tensor& mean_, const Tensor& rstd_, const Tensor& weight_,
+                 const Tensor& bias_, const Tensor& weight1_, const Tensor& bias1_)
+        : node_name(name_), centered(centered_), has_residual(has_residual_), policy(policy_), eps(eps_),
+          x_or_y(x_or_y_), mean(mean_), rstd(rstd_), weight(weight_), bias(bias_), weight1(weight1_), bias1(bias1_) {}
 
     const char* name() const override { return node_name; }
     std::vector<SavedSlot> saved_tensors() override {
         const char* first = policy == SavePolicy::Input ? (has_residual ? "s" : "x")
                             : policy == SavePolicy::Output ? "y" : "x_hat";
-        return {{first, &x_or_y}, {"mean", &mean}, {"rstd", &rstd}, {"weight", &weight}, {"bias", &bias}};
+        return {{first, &x_or_y}, {"mean", &mean},   {"rstd", &rstd},  {"weight", &weight},
+                {"bias", &bias},  {"weight1", &weight1}, {"bias1", &bias1}};
     }
 
+    // grad_outputs: dy, the gradient that reached s itself (prenorm), dy1. Returns ds (x's), dweight,
+    // dbias, dresidual (= ds), dweight1, dbias1.
     std::vector<Tensor> apply_outputs(const std::vector<Tensor>& grad_outputs) override {
-        const Tensor& ds_out = grad_outputs[1];  // the gradient that reached s itself (prenorm)
-        if (!grad_outputs[0].defined()) return {ds_out, Tensor(), Tensor(), ds_out};  // y unused: s's own alone
-        std::vector<Tensor> grads = norm_backward(grad_outputs[0]);  // ds, dweight, dbias
-        if (grads[0].defined() && ds_out.defined()) grads[0].add_(ds_out);
-        grads.push_back(has_residual ? grads[0] : Tensor());  // dresidual = ds = dx
+        const Tensor& dy = grad_outputs[0];
+        const Tensor& ds_out = grad_outputs[1];
+        const Tensor dy1 = grad_outputs.size() > 2 ? grad_outputs[2] : Tensor();
+        Tensor s = x_or_y.unpack(node_name), r = rstd.unpack(node_name);
+        Tensor w = weight.unpack(node_name), b = bias.unpack(node_name);
+        const bool needs_ds = needs_input_grad(0) || needs_input_grad(3);
+        std::vector<Tensor> grads(6);
+        Tensor ds;
+        if (dy1.defined()) {
+            // y and y1 are both affine in x_hat: ds is the sum of each output's dx with x_hat in
+            // hand (the backward is linear in dy), each output's dweight and dbias its own.
+            Tensor x_hat = policy == SavePolicy::Input ? normalized_rows(s) : s;
+            if (dy.defined()) {
+                auto [dx, dw, db] = kernel(dy, x_hat, SavePolicy::Normalized, Tensor(), r, w, b, needs_ds,
+                                           needs_input_grad(1), needs_input_grad(2));
+                ds = dx, grads[1] = dw, grads[2] = db;
+            }
+            auto [dx, dw1, db1] = kernel(dy1, x_hat, SavePolicy::Normalized, Tensor(), r, weight1.unpack(node_name),
+                                         bias1.unpack(node_name), needs_ds, needs_input_grad(4), needs_input_grad(5));
+            ds = ds.defined() && dx.defined() ? ds.add_(dx) : dx;
+            grads[4] = dw1, grads[5] = db1;
+        } else if (dy.defined()) {
+            auto [dx, dw, db] = kernel(dy, s, policy, mean.unpack(node_name), r, w, b, needs_ds, needs_input_grad(1),
+                                       needs_input_grad(2));
+            ds = dx, grads[1] = dw, grads[2] = db;
+        }
+        if (ds_out.defined()) ds = ds.defined() ? ds.add_(ds_out) : ds_out;
+        grads[0] = ds;
+        grads[3] = has_residual ? ds : Tensor();  // dresidual = ds = dx
         return grads;
     }
 
 private:
-    // The norm's own backward: {ds (undefined when neither x nor residual needs it), dweight, dbias}.
-    std::vector<Tensor> norm_backward(const Tensor& grad_output) {
-        Tensor s = x_or_y.unpack(node_name), m = mean.unpack(node_name), r = rstd.unpack(node_name);
-        Tensor w = weight.unpack(node_name), b = bias.unpack(node_name);
+    // The norm's backward kernels on dy (shaped as the output) and `saved` under `saved_policy`:
+    // {dx (when need_dx), dweight (need_dw), dbias (need_db)}, each undefined when not needed.
+    std::tuple<Tensor, Tensor, Tensor> kernel(const Tensor& grad_output, const Tensor& saved, SavePolicy saved_policy,
+                                              const Tensor& m, const Tensor& r, const Tensor& w, const Tensor& b,
+                                              bool need_dx, bool need_dw, bool need_db) {
         Tensor dy = grad_output.contiguous();
-        TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
-        Tensor dx = needs_input_grad(0) || needs_input_grad(3) ? empty(s.shape(), opts) : Tensor();
-        Tensor dw = needs_input_grad(1) ? empty(w.shape(), opts) : Tensor();
-        Tensor db = needs_input_grad(2) ? empty(b.shape(), opts) : Tensor();
-        int64_t N = s.size(-1), M = s.numel() / N;
-        dispatch_floating(s.dtype(), node_name, [&](auto tag) {
+        TensorOptions opts = TensorOptions().dtype(saved.dtype()).device(saved.device());
+        Tensor dx = need_dx ? empty(saved.shape(), opts) : Tensor();
+        Tensor dw = need_dw ? empty(w.shape(), opts) : Tensor();
+        Tensor db = need_db ? empty(b.shape(), opts) : Tensor();
+        int64_t N = saved.size(-1), M = saved.numel() / N;
+        dispatch_floating(saved.dtype(), node_name, [&](auto tag) {
             using T = decltype(tag);
             using S = acc_t<T>;
-            if (s.device().is_cuda()) {
+            if (saved.device().is_cuda()) {
                 NT_CUDA(detail::norm_backward_cuda<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db),
-                                                      device_ptr<T>(dy), device_ptr<T>(s), device_ptr<S>(m),
+                                                      device_ptr<T>(dy), device_ptr<T>(saved), device_ptr<S>(m),
                                                       device_ptr<S>(r), device_ptr<T>(w), device_ptr<T>(b), centered,
-                                                      policy, M, N, s.device().index));
+                                                      saved_policy, M, N, saved.device().index));
             } else {
                 norm_backward_cpu<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db), device_ptr<T>(dy),
-                                     device_ptr<T>(s), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(w),
-                                     device_ptr<T>(b), centered, policy, M, N);
+                                     device_ptr<T>(saved), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(w),
+                                     device_ptr<T>(b), centered, saved_policy, M, N);
             }
         });
         if (dx.defined()) dx = dx.view(grad_output.shape());
         return {dx, dw, db};
+    }
+
+    // x_hat of the rows of s, by the forward's kernels without weight or bias (the statistics they
+    // compute again are the saved ones).
+    Tensor normalized_rows(const Tensor& s) {
+        TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
+        int64_t N = s.size(-1), M = s.numel() / N;
+        Tensor x_hat = empty(s.shape(), opts);
+        Tensor m = centered ? empty({M}, opts.dtype(stat_dtype(s.dtype()))) : Tensor();
+        Tensor r = empty({M}, opts.dtype(stat_dtype(s.dtype())));
+        dispatch_floating(s.dtype(), node_name, [&](auto tag) {
+            using T = decltype(tag);
+            using S = acc_t<T>;
+            if (s.device().is_cuda()) {
+                NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(x_hat), nullptr, device_ptr<S>(m),
+                                                     device_ptr<S>(r), device_ptr<T>(s), nullptr, nullptr, M, N, eps,
+                                                     s.device().index));
+            } else {
+                norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(s),
+                                    nullptr, nullptr, M, N, eps);
+            }
+        });
+        return x_hat;
     }
 };
 
@@ -244,6 +298,11 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     detail::check_fits_int32(op, x_in, "M (rows, numel / N)", M);
     check_param(op, "weight", weight_in, x_in, N);
     check_param(op, "bias", bias_in, x_in, N);
+    check_param(op, "weight1", options.weight1, x_in, N);
+    check_param(op, "bias1", options.bias1, x_in, N);
+    NT_CHECK(centered || !options.bias1.defined(), op, ": expected no bias1 (RMSNorm has no bias), got one");
+    NT_CHECK(options.weight1.defined() || !options.bias1.defined(), op,
+             ": expected weight1 with bias1 (the second affine output's weight), got bias1 alone");
     for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"residual", residual}, {"x1", options.x1}}) {
         if (!t.defined()) continue;
         detail::check_like(op, name, t, "x", x_in);
@@ -263,14 +322,20 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
         NoGradGuard no_grad;
         s = add(x, residual);
     }
-    Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
-    Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+    auto contiguous = [](const Tensor& t) { return t.defined() ? t.contiguous() : Tensor(); };
+    const Tensor weight = contiguous(weight_in), bias = contiguous(bias_in);
+    const Tensor weight1 = contiguous(options.weight1), bias1 = contiguous(options.bias1);
     TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
     TensorOptions stat_opts = opts.dtype(stat_dtype(s.dtype()));
-    const bool records = should_record(x, weight, bias, residual);
-    // Under Normalized with a weight or bias, when the call records (Note [SavePolicy::Normalized]),
-    // the forward writes x_hat too and makes y from the rounded x_hat; otherwise y alone.
-    const bool normalized = policy == SavePolicy::Normalized && (weight.defined() || bias.defined()) && records;
+    const bool records = should_record(x, weight, bias, residual, weight1, bias1);
+    // With a second affine output, Output is Normalized: y gives x_hat back only through weight,
+    // and y1's dweight1 needs x_hat itself (Note [The fused norm]).
+    if (weight1.defined() && policy == SavePolicy::Output) policy = SavePolicy::Normalized;
+    // With weight1, or under Normalized with a weight or bias when the call records (Note
+    // [SavePolicy::Normalized]), the forward writes x_hat too and makes y (and y1) from the rounded
+    // x_hat; otherwise y alone.
+    const bool normalized =
+        weight1.defined() || (policy == SavePolicy::Normalized && (weight.defined() || bias.defined()) && records);
     Tensor y = empty(s.shape(), opts);
     Tensor x_hat = normalized ? empty(s.shape(), opts) : Tensor();
     // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
@@ -292,6 +357,7 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
                                 device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
         }
     });
+    Tensor y1 = weight1.defined() ? norm_affine(x_hat, weight1, bias1) : Tensor();
     // s is the node's second output when it is returned and is not x itself.
     const bool prenorm_output = options.prenorm && residual.defined();
     if (records) {
@@ -299,18 +365,22 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
             policy = SavePolicy::Input;
             ++fallback_count;
         }
-        // Normalized: x_hat; Output, or Normalized without affine (y = x_hat): y; Input: s.
-        const Tensor& saved = normalized ? x_hat : policy == SavePolicy::Input ? s : y;
-        auto node = std::make_shared<NormBackward>(node_name, centered, residual.defined(), policy, saved,
-                                                   policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias);
-        record_outputs(node, {&y, prenorm_output ? &s : nullptr}, x, weight, bias, residual);
-        if (normalized)
-            set_recipe(y, "norm affine", {x_hat, weight, bias},
-                       [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); });
+        // Normalized: x_hat (y without affine and weight1); Output: y; Input: s.
+        const bool saves_x_hat = policy == SavePolicy::Normalized && normalized;
+        const Tensor& saved = saves_x_hat ? x_hat : policy == SavePolicy::Input ? s : y;
+        auto node = std::make_shared<NormBackward>(node_name, centered, residual.defined(), policy, eps, saved,
+                                                   policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias,
+                                                   weight1, bias1);
+        record_outputs(node, {&y, prenorm_output ? &s : nullptr, &y1}, x, weight, bias, residual, weight1, bias1);
+        auto affine = [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); };
+        if (saves_x_hat && (weight.defined() || bias.defined())) set_recipe(y, "norm affine", {x_hat, weight, bias}, affine);
+        if (saves_x_hat && y1.defined()) set_recipe(y1, "norm affine", {x_hat, weight1, bias1}, affine);
     }
     detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"residual", residual}, {"weight", weight}, {"bias", bias}});
+    if (y1.defined())
+        detail::check_forward_anomaly(op, "y1", y1, {{"x", x}, {"residual", residual}, {"weight1", weight1}, {"bias1", bias1}});
     // Without residual, dropout or x1, s is x.contiguous(): x itself when x is contiguous.
-    return {y, options.prenorm ? s : Tensor()};
+    return {y, options.prenorm ? s : Tensor(), y1};
 }
 
 Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias) {

@@ -26,10 +26,10 @@ namespace normtape {
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5, SavePolicy policy = SavePolicy::Input);
 
 // rms_norm_fn: rms_norm of s = dropout(x) + dropout(options.x1) + options.residual, returning s too
-// with options.prenorm (Liger's FusedAddRMSNorm; FlashAttention's rms_norm_fn with residual,
-// prenorm, dropout_p and x1; Note [The fused norm],
-// ops/norm/fused_norm.h). Contracts as layer_norm_fn's (ops/norm/layer_norm.h), with rms_norm's
-// in place of layer_norm's; throws naming rms_norm_fn.
+// with options.prenorm, and y1 = x_hat * weight1 with options.weight1 (Liger's FusedAddRMSNorm;
+// FlashAttention's rms_norm_fn with residual, prenorm, dropout_p, x1 and weight1; Note [The fused
+// norm], ops/norm/fused_norm.h). Contracts as layer_norm_fn's (ops/norm/layer_norm.h), with
+// rms_norm's in place of layer_norm's; throws naming rms_norm_fn, and Error for a bias1.
 FusedNormOutputs rms_norm_fn(const Tensor& x, const Tensor& weight, const FusedNormOptions& options);
 
 }  // namespace normtape
