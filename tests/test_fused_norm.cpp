@@ -1,8 +1,8 @@
 // tests/test_fused_norm.cpp: layer_norm_fn and rms_norm_fn (Note [The fused norm],
 // ops/norm/fused_norm.h): the norm of s = dropout(x) + dropout(x1) + residual, and s itself with
-// prenorm, and a second affine output y1 with weight1, against the unfused dropout, add and norm,
-// f64 finite differences under each policy, what each policy saves, the gradient that reaches s
-// alone, argument errors, and CUDA against the cpu.
+// prenorm, a second affine output y1 with weight1, and zero-centered weights, against the unfused
+// dropout, add and norm, f64 finite differences under each policy, what each policy saves, the
+// gradient that reaches s alone, argument errors, and CUDA against the cpu.
 #include "test_util.h"
 
 using namespace normtape;
@@ -334,6 +334,31 @@ TEST_CASE("fused_norm: weight1 and bias1 make y1 = norm(s) * weight1 + bias1 bes
                     return add(f.y1, scale(f.residual_out, 0.7));
                 };
                 CHECK_GRADCHECK(without_y, inputs(false));
+                // y alone, y1 unused (weight1 and bias1 constants).
+                auto y_only = [&](const std::vector<Tensor>& in) {
+                    const Tensor rr = with_residual ? in[1] : Tensor();
+                    const size_t k = with_residual ? 2 : 1;
+                    return n.fused(in[0], in[k], n.centered ? in[k + 1] : Tensor(),
+                                   parallel(options(rr, false, policy), w1.detach(), n.centered ? b1.detach() : Tensor()))
+                        .y;
+                };
+                std::vector<Tensor> y_inputs{x};
+                if (with_residual) y_inputs.push_back(r);
+                y_inputs.push_back(w);
+                if (n.centered) y_inputs.push_back(b);
+                CHECK_GRADCHECK(y_only, y_inputs);
+                // Only weight1 needing a gradient: the one it gets when everything needs one.
+                Tensor u1 = randn({3, 7}, o), w1_alone = w1.detach().requires_grad_(true);
+                Tensor w1_all = w1.detach().requires_grad_(true), x_all = x.detach().requires_grad_(true);
+                for (Tensor* w1_run : {&w1_alone, &w1_all}) {
+                    const Tensor xx = w1_run == &w1_all ? x_all : x.detach();
+                    FusedNormOutputs f = n.fused(xx, w.detach(), n.centered ? b.detach() : Tensor(),
+                                                 parallel(options(with_residual ? r.detach() : Tensor(), false, policy),
+                                                          *w1_run, Tensor()));
+                    add(sum(mul(f.y, u1)), sum(mul(f.y1, u1))).backward();
+                }
+                REQUIRE(w1_alone.grad().defined());
+                CHECK_CLOSE(w1_alone.grad(), w1_all.grad(), (Tolerance{0, 0}));
             }
 }
 
@@ -345,7 +370,8 @@ TEST_CASE("fused_norm: with weight1, one saved row tensor and rstd under each po
             CAPTURE(policy_name(policy));
             Tensor w = ones({N}).requires_grad_(true), w1 = ones({N}).requires_grad_(true);
             Tensor b1 = n.centered ? zeros({N}).requires_grad_(true) : Tensor();
-            Tensor h = scale(randn({M, N}).requires_grad_(true), 1.0), r = scale(randn({M, N}).requires_grad_(true), 1.0);
+            Tensor h = scale(randn({M, N}).requires_grad_(true), 1.0);
+            Tensor r = scale(randn({M, N}).requires_grad_(true), 1.0);
             int64_t saved_before = saved_bytes();
             FusedNormOutputs out = n.fused(h, w, Tensor(), parallel(options(r, true, policy), w1, b1));
             int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
@@ -361,7 +387,55 @@ TEST_CASE("fused_norm: with weight1, one saved row tensor and rstd under each po
         }
 }
 
-TEST_CASE("fused_norm: a weight1 or bias1 unlike weight, bias1 alone or on RMSNorm, is refused, naming the op") {
+TEST_CASE("fused_norm: zero_centered_weight is the norm with weight + 1 (and weight1 + 1), saving those N elements") {
+    manual_seed(8);
+    const int64_t M = 5, N = 9;
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            TensorOptions o = opts(DType::F64);
+            Tensor x0 = randn({M, N}, o), r0 = randn({M, N}, o), w0 = scale(randn({N}, o), 0.2),
+                   w10 = scale(randn({N}, o), 0.2), b0 = scale(randn({N}, o), 0.1), u = randn({M, N}, o),
+                   u1 = randn({M, N}, o);
+            // Ours with zero-centered weights against the norm given weight + 1 itself.
+            auto run = [&](bool zero_centered) {
+                Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+                Tensor b = b0.clone().requires_grad_(true);
+                Tensor w = (zero_centered ? w0 : add(w0, full({N}, 1.0, o))).clone().requires_grad_(true);
+                Tensor w1 = (zero_centered ? w10 : add(w10, full({N}, 1.0, o))).clone().requires_grad_(true);
+                FusedNormOptions fo = parallel(options(r, true, policy), w1, Tensor());
+                fo.zero_centered_weight = zero_centered;
+                FusedNormOutputs out = n.fused(x, w, b, fo);
+                add(sum(mul(out.y, u)), sum(mul(out.y1, u1))).backward();
+                return std::vector<Tensor>{out.y, out.y1, x.grad(), r.grad(), w.grad(), w1.grad(),
+                                           n.centered ? b.grad() : w.grad()};
+            };
+            std::vector<Tensor> zc = run(true), plus_one = run(false);
+            for (size_t i = 0; i < zc.size(); ++i) {
+                CAPTURE(i);
+                CHECK_CLOSE(zc[i], plus_one[i], (Tolerance{0, 0}));
+            }
+            // f64 finite differences through the weight itself, near zero.
+            auto y_of = [&](const std::vector<Tensor>& in) {
+                FusedNormOptions fo = options(in[1], false, policy);
+                fo.zero_centered_weight = true;
+                return n.fused(in[0], in[2], Tensor(), fo).y;
+            };
+            CHECK_GRADCHECK(y_of, (std::vector<Tensor>{leaf({M, N}), leaf({M, N}), leaf({N}, 0.2)}));
+            // What is saved: the norm's rows and statistics, and weight + 1.
+            Tensor w = scale(randn({N}), 0.2).requires_grad_(true);
+            Tensor h = scale(randn({M, N}).requires_grad_(true), 1.0);
+            int64_t saved_before = saved_bytes();
+            FusedNormOptions fo = options(Tensor(), false, policy);
+            fo.zero_centered_weight = true;
+            Tensor y = n.fused(h, w, Tensor(), fo).y;
+            int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+            CHECK(saved_bytes() - saved_before == M * N * 4 + stats + N * 4);
+        }
+}
+
+TEST_CASE("fused_norm: weight1 or bias1 unlike weight, bias1 alone or on RMSNorm, zero-centering no weight: refused") {
     int64_t before = cpu_allocated();
     for (const FusedNormUnderTest& n : kNorms) {
         Tensor x = randn({4, 8}), w = ones({8});
@@ -372,6 +446,10 @@ TEST_CASE("fused_norm: a weight1 or bias1 unlike weight, bias1 alone or on RMSNo
                                DTypeError, n.op, "weight1");
         CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), parallel(base, Tensor(), zeros({8}))), Error, n.op,
                                n.centered ? "expected weight1 with bias1" : "expected no bias1");
+        FusedNormOptions zero_centered = base;
+        zero_centered.zero_centered_weight = true;
+        CHECK_THROWS_KIND_WITH(n.fused(x, Tensor(), Tensor(), zero_centered), Error, n.op,
+                               "expected a weight with zero_centered_weight");
         if (n.centered)
             CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), parallel(base, ones({8}), zeros({3}))), ShapeError, n.op,
                                    "bias1 of shape [8]");

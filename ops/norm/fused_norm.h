@@ -24,7 +24,10 @@
 // the policy saves once. Its backward is linear in (dy, dy1): ds is the sum of the norm's dx for each
 // output, computed with x_hat in hand (made again from s under Input, saved under Normalized). Under
 // Output a second output makes the policy Normalized (the same bytes, x_hat in y's place): y gives
-// x_hat back only through weight, and dweight1 needs x_hat itself.
+// x_hat back only through weight, and dweight1 needs x_hat itself. With zero_centered_weight the norm
+// multiplies by weight + 1 (and weight1 + 1), made by the add op before the norm in x's dtype (in bf16
+// rounded to steps of 2^-8 near 1; FlashAttention adds the 1 in f32): the node saves those N
+// elements, and weight's gradient is theirs.
 #pragma once
 
 #include "core/tensor.h"
@@ -40,6 +43,7 @@ struct FusedNormOptions {
     bool prenorm = false;    // also return s (x.contiguous() when nothing is added or dropped)
     Tensor weight1;          // a second affine output's weight: [N] of x's dtype and device; undefined: no y1
     Tensor bias1;            // its bias (LayerNorm only, with weight1): [N]; undefined: none
+    bool zero_centered_weight = false;  // multiply by weight + 1 (and weight1 + 1), Gemma's form
     double eps = 1e-5;
     SavePolicy policy = SavePolicy::Input;
 };

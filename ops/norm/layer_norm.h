@@ -35,7 +35,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // and bias1; Note [The fused norm], ops/norm/fused_norm.h). x, weight, bias, eps and the policy as
 // layer_norm's, the policy applying to s; residual and x1: x's shape, dtype and device, or undefined;
 // dropout_p in [0, 1), the same p for x and x1, their masks drawn in that order from the dropout
-// stream as dropout() draws them; weight1, bias1 as weight and bias (bias1 only with weight1).
+// stream as dropout() draws them; weight1, bias1 as weight and bias (bias1 only with weight1);
+// zero_centered_weight: the norm multiplies by weight + 1 and weight1 + 1 (Gemma's), made by the add
+// op in x's dtype and saved (N elements each).
 // Returns y (layer_norm(s)), with prenorm residual_out = s (x.contiguous() when nothing is added or
 // dropped), with weight1 y1 = x_hat * weight1 + bias1 (y and y1 then both from x_hat rounded to x's
 // dtype). Saves what layer_norm(s) saves under options.policy (with weight1, Output saves as
@@ -45,8 +47,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // add's backward carry to x and x1; dweight, dbias, dweight1, dbias1 as layer_norm's (+= into
 // .grad). On CUDA the dropouts and adds run as their own kernels before the norm's, and with weight1
 // y1's affine as its own. Throws as layer_norm, naming layer_norm_fn; ShapeError, DTypeError or
-// DeviceError for a residual or x1 unlike x, or a weight1 or bias1 unlike weight; Error for
-// dropout_p outside [0, 1) or bias1 without weight1.
+// DeviceError for a residual or x1 unlike x, or a weight1 or bias1 not [N] of x's dtype and device;
+// Error for dropout_p outside [0, 1), bias1 without weight1, or zero_centered_weight without a weight.
 FusedNormOutputs layer_norm_fn(const Tensor& x, const Tensor& weight, const Tensor& bias, const FusedNormOptions& options);
 
 }  // namespace normtape

@@ -154,7 +154,9 @@ struct NormBackward : MultiOutputNode {
     std::vector<Tensor> apply_outputs(const std::vector<Tensor>& grad_outputs) override {
         const Tensor& dy = grad_outputs[0];
         const Tensor& ds_out = grad_outputs[1];
-        const Tensor dy1 = grad_outputs.size() > 2 ? grad_outputs[2] : Tensor();
+        const Tensor& dy1 = grad_outputs[2];
+        if (!dy.defined() && !dy1.defined())  // y and y1 unused: s's own gradient alone
+            return {ds_out, Tensor(), Tensor(), has_residual ? ds_out : Tensor(), Tensor(), Tensor()};
         Tensor s = x_or_y.unpack(node_name), r = rstd.unpack(node_name);
         Tensor w = weight.unpack(node_name), b = bias.unpack(node_name);
         const bool needs_ds = needs_input_grad(0) || needs_input_grad(3);
@@ -163,16 +165,20 @@ struct NormBackward : MultiOutputNode {
         if (dy1.defined()) {
             // y and y1 are both affine in x_hat: ds is the sum of each output's dx with x_hat in
             // hand (the backward is linear in dy), each output's dweight and dbias its own.
-            Tensor x_hat = policy == SavePolicy::Input ? normalized_rows(s) : s;
-            if (dy.defined()) {
+            const bool y_part = dy.defined() && (needs_ds || needs_input_grad(1) || needs_input_grad(2));
+            const bool y1_part = needs_ds || needs_input_grad(4) || needs_input_grad(5);
+            Tensor x_hat = policy == SavePolicy::Input && (y_part || y1_part) ? normalized_rows(s) : s;
+            if (y_part) {
                 auto [dx, dw, db] = kernel(dy, x_hat, SavePolicy::Normalized, Tensor(), r, w, b, needs_ds,
                                            needs_input_grad(1), needs_input_grad(2));
                 ds = dx, grads[1] = dw, grads[2] = db;
             }
-            auto [dx, dw1, db1] = kernel(dy1, x_hat, SavePolicy::Normalized, Tensor(), r, weight1.unpack(node_name),
-                                         bias1.unpack(node_name), needs_ds, needs_input_grad(4), needs_input_grad(5));
-            ds = ds.defined() && dx.defined() ? ds.add_(dx) : dx;
-            grads[4] = dw1, grads[5] = db1;
+            if (y1_part) {
+                auto [dx, dw1, db1] = kernel(dy1, x_hat, SavePolicy::Normalized, Tensor(), r, weight1.unpack(node_name),
+                                             bias1.unpack(node_name), needs_ds, needs_input_grad(4), needs_input_grad(5));
+                ds = ds.defined() && dx.defined() ? ds.add_(dx) : dx;
+                grads[4] = dw1, grads[5] = db1;
+            }
         } else if (dy.defined()) {
             auto [dx, dw, db] = kernel(dy, s, policy, mean.unpack(node_name), r, w, b, needs_ds, needs_input_grad(1),
                                        needs_input_grad(2));
@@ -214,8 +220,9 @@ private:
         return {dx, dw, db};
     }
 
-    // x_hat of the rows of s, by the forward's kernels without weight or bias (the statistics they
-    // compute again are the saved ones).
+    // x_hat of the rows of s, by the forward's kernels without weight or bias: the forward's x_hat
+    // and statistics (on CUDA to the last bits where both calls take the same kernel: a weight of
+    // misaligned storage sends the forward to the reference kernel, whose sums go in another order).
     Tensor normalized_rows(const Tensor& s) {
         TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
         int64_t N = s.size(-1), M = s.numel() / N;
@@ -303,6 +310,8 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     NT_CHECK(centered || !options.bias1.defined(), op, ": expected no bias1 (RMSNorm has no bias), got one");
     NT_CHECK(options.weight1.defined() || !options.bias1.defined(), op,
              ": expected weight1 with bias1 (the second affine output's weight), got bias1 alone");
+    NT_CHECK(weight_in.defined() || !options.zero_centered_weight, op,
+             ": expected a weight with zero_centered_weight (the norm multiplies by weight + 1), got none");
     for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"residual", residual}, {"x1", options.x1}}) {
         if (!t.defined()) continue;
         detail::check_like(op, name, t, "x", x_in);
@@ -322,9 +331,15 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
         NoGradGuard no_grad;
         s = add(x, residual);
     }
+    // Zero-centered weights (Gemma's): the norm multiplies by weight + 1, made here by the add op
+    // (recorded, so weight gets the gradient of weight + 1; N elements, which the node saves).
     auto contiguous = [](const Tensor& t) { return t.defined() ? t.contiguous() : Tensor(); };
-    const Tensor weight = contiguous(weight_in), bias = contiguous(bias_in);
-    const Tensor weight1 = contiguous(options.weight1), bias1 = contiguous(options.bias1);
+    auto multiplier = [&](const Tensor& w) {
+        const TensorOptions like = TensorOptions().dtype(x_in.dtype()).device(x_in.device());
+        return options.zero_centered_weight && w.defined() ? add(w, full({N}, 1.0, like)) : contiguous(w);
+    };
+    const Tensor weight = multiplier(weight_in), bias = contiguous(bias_in);
+    const Tensor weight1 = multiplier(options.weight1), bias1 = contiguous(options.bias1);
     TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
     TensorOptions stat_opts = opts.dtype(stat_dtype(s.dtype()));
     const bool records = should_record(x, weight, bias, residual, weight1, bias1);
@@ -373,12 +388,13 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
                                                    weight1, bias1);
         record_outputs(node, {&y, prenorm_output ? &s : nullptr, &y1}, x, weight, bias, residual, weight1, bias1);
         auto affine = [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); };
-        if (saves_x_hat && (weight.defined() || bias.defined())) set_recipe(y, "norm affine", {x_hat, weight, bias}, affine);
+        if (saves_x_hat) set_recipe(y, "norm affine", {x_hat, weight, bias}, affine);
         if (saves_x_hat && y1.defined()) set_recipe(y1, "norm affine", {x_hat, weight1, bias1}, affine);
     }
     detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"residual", residual}, {"weight", weight}, {"bias", bias}});
     if (y1.defined())
-        detail::check_forward_anomaly(op, "y1", y1, {{"x", x}, {"residual", residual}, {"weight1", weight1}, {"bias1", bias1}});
+        detail::check_forward_anomaly(op, "y1", y1,
+                                      {{"x", x}, {"residual", residual}, {"weight1", weight1}, {"bias1", bias1}});
     // Without residual, dropout or x1, s is x.contiguous(): x itself when x is contiguous.
     return {y, options.prenorm ? s : Tensor(), y1};
 }
