@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "core/autograd.h"
@@ -145,7 +146,7 @@ struct NormBackward : MultiOutputNode {
     std::vector<SavedSlot> saved_tensors() override {
         const char* first = policy == SavePolicy::Input ? (has_residual ? "s" : "x")
                             : policy == SavePolicy::Output ? "y" : "x_hat";
-        return {{first, &x_or_y}, {"mean", &mean},   {"rstd", &rstd},  {"weight", &weight},
+        return {{first, &x_or_y}, {"mean", &mean},       {"rstd", &rstd},  {"weight", &weight},
                 {"bias", &bias},  {"weight1", &weight1}, {"bias1", &bias1}};
     }
 
