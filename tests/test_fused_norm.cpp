@@ -460,38 +460,7 @@ TEST_CASE("fused_norm: weight1 or bias1 unlike weight, bias1 alone or on RMSNorm
     CHECK(cpu_allocated() == before);
 }
 
-TEST_CASE("fused_norm: on CUDA with weight1, y1 and every gradient equal to the cpu in f32 and bf16") {
-    REQUIRE_CUDA_OR_SKIP();
-    manual_seed(7);
-    for (const FusedNormUnderTest& n : kNorms)
-        for (DType dtype : {DType::F32, DType::BF16})
-            for (SavePolicy policy : kPolicies) {
-                CAPTURE(n.op);
-                CAPTURE(dtype_name(dtype));
-                CAPTURE(policy_name(policy));
-                TensorOptions o = opts(dtype);
-                Tensor x0 = randn({33, 200}, o), r0 = randn({33, 200}, o), w0 = weight_of(200, o),
-                       w10 = weight_of(200, o), b10 = scale(randn({200}, o), 0.1), u = randn({33, 200}, o),
-                       u1 = randn({33, 200}, o);
-                auto run = [&](Device d) {
-                    Tensor x = x0.to(d).requires_grad_(true), r = r0.to(d).requires_grad_(true);
-                    Tensor w = w0.to(d).requires_grad_(true), w1 = w10.to(d).requires_grad_(true);
-                    Tensor b1 = b10.to(d).requires_grad_(true);
-                    FusedNormOutputs out =
-                        n.fused(x, w, Tensor(), parallel(options(r, false, policy), w1, n.centered ? b1 : Tensor()));
-                    add(sum(mul(out.y, u.to(d))), sum(mul(out.y1, u1.to(d)))).backward();
-                    return std::vector<Tensor>{out.y, out.y1, x.grad(), r.grad(), w.grad(), w1.grad(),
-                                               n.centered ? b1.grad() : w1.grad()};
-                };
-                std::vector<Tensor> cpu = run(Device::CPU), gpu = run(Device::CUDA);
-                for (size_t i = 0; i < cpu.size(); ++i) {
-                    CAPTURE(i);
-                    CHECK_NORMWISE(gpu[i], cpu[i], normwise_tolerance(dtype));
-                }
-            }
-}
-
-TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16, with and without dropout, outputs and gradients") {
+TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16 with dropout and weight1, outputs and gradients") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(4);
     for (const FusedNormUnderTest& n : kNorms)
@@ -503,21 +472,31 @@ TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16, with and witho
                 TensorOptions o = opts(dtype);
                 Tensor x0 = randn({33, 200}, o), r0 = randn({33, 200}, o), w0 = weight_of(200, o),
                        b0 = scale(randn({200}, o), 0.1), u = randn({33, 200}, o), v = randn({33, 200}, o);
-                Tensor x10 = randn({33, 200}, o);
-                // With x1 and dropout the masks are the same: one stream, reseeded, on either device.
-                auto run = [&](Device d, double p) {
+                Tensor x10 = randn({33, 200}, o), w10 = weight_of(200, o), b10 = scale(randn({200}, o), 0.1),
+                       u1 = randn({33, 200}, o);
+                // With x1 and dropout the masks are the same: one stream, reseeded, on either device. With
+                // weight1, y1 and the gradients of weight1 and bias1 besides.
+                auto run = [&](Device d, double p, bool with_y1) {
                     Tensor x = x0.to(d).requires_grad_(true), r = r0.to(d).requires_grad_(true);
-                    Tensor x1 = x10.to(d).requires_grad_(true);
+                    Tensor x1 = x10.to(d).requires_grad_(true), w1 = w10.to(d).requires_grad_(true);
                     Tensor w = w0.to(d).requires_grad_(true), b = b0.to(d).requires_grad_(true);
+                    Tensor b1 = b10.to(d).requires_grad_(true);
                     manual_seed(14);
-                    FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy, p > 0 ? x1 : Tensor(), p));
-                    add(sum(mul(out.y, u.to(d))), sum(mul(out.residual_out, v.to(d)))).backward();
-                    return std::vector<Tensor>{out.y, out.residual_out, x.grad(), r.grad(), w.grad(),
-                                               n.centered ? b.grad() : w.grad(), p > 0 ? x1.grad() : x.grad()};
+                    FusedNormOptions fo = options(r, true, policy, p > 0 ? x1 : Tensor(), p);
+                    if (with_y1) fo = parallel(fo, w1, n.centered ? b1 : Tensor());
+                    FusedNormOutputs out = n.fused(x, w, b, fo);
+                    Tensor loss = add(sum(mul(out.y, u.to(d))), sum(mul(out.residual_out, v.to(d))));
+                    if (with_y1) loss = add(loss, sum(mul(out.y1, u1.to(d))));
+                    loss.backward();
+                    std::vector<Tensor> got{out.y, out.residual_out, x.grad(), r.grad(), w.grad(),
+                                            n.centered ? b.grad() : w.grad(), p > 0 ? x1.grad() : x.grad()};
+                    if (with_y1) got.insert(got.end(), {out.y1, w1.grad(), n.centered ? b1.grad() : w1.grad()});
+                    return got;
                 };
-                for (double p : {0.0, 0.2}) {
+                for (auto [p, with_y1] : {std::pair{0.0, false}, {0.2, false}, {0.0, true}}) {
                     CAPTURE(p);
-                    std::vector<Tensor> cpu = run(Device::CPU, p), gpu = run(Device::CUDA, p);
+                    CAPTURE(with_y1);
+                    std::vector<Tensor> cpu = run(Device::CPU, p, with_y1), gpu = run(Device::CUDA, p, with_y1);
                     for (size_t i = 0; i < cpu.size(); ++i) {
                         CAPTURE(i);
                         CHECK_NORMWISE(gpu[i], cpu[i], normwise_tolerance(dtype));

@@ -122,6 +122,30 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
     for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(acc[nw + j]);
 }
 
+// The forward's kernels on s's device: y = x_hat * weight + bias, mean (when defined) and rstd of the
+// rows of s; with x_hat defined, x_hat too, y then made from x_hat rounded to s's dtype.
+void run_norm_forward(const char* op, const Tensor& y, const Tensor& x_hat, const Tensor& mean, const Tensor& rstd,
+                      const Tensor& s, const Tensor& weight, const Tensor& bias, double eps) {
+    int64_t N = s.size(-1), M = s.numel() / N;
+    dispatch_floating(s.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        using S = acc_t<T>;
+        if (s.device().is_cuda()) {
+            NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<S>(mean),
+                                                 device_ptr<S>(rstd), device_ptr<T>(s), device_ptr<T>(weight),
+                                                 device_ptr<T>(bias), M, N, eps, s.device().index));
+        } else if (x_hat.defined()) {
+            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
+                                nullptr, nullptr, M, N, eps);
+            norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M,
+                               N);
+        } else {
+            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
+                                device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
+        }
+    });
+}
+
 // Inputs: x, weight, bias, residual, weight1, bias1 (all but x may be undefined). Outputs: y; for
 // layer_norm_fn and rms_norm_fn with a residual and prenorm, s = x + residual; with weight1, y1 (Note
 // [The fused norm], ops/norm/fused_norm.h). Saved: s, which is x without a residual (Input), y
@@ -175,8 +199,9 @@ struct NormBackward : MultiOutputNode {
                 ds = dx, grads[1] = dw, grads[2] = db;
             }
             if (y1_part) {
-                auto [dx, dw1, db1] = kernel(dy1, x_hat, SavePolicy::Normalized, Tensor(), r, weight1.unpack(node_name),
-                                             bias1.unpack(node_name), needs_ds, needs_input_grad(4), needs_input_grad(5));
+                auto [dx, dw1, db1] = kernel(dy1, x_hat, SavePolicy::Normalized, Tensor(), r,
+                                             weight1.unpack(node_name), bias1.unpack(node_name), needs_ds,
+                                             needs_input_grad(4), needs_input_grad(5));
                 ds = ds.defined() && dx.defined() ? ds.add_(dx) : dx;
                 grads[4] = dw1, grads[5] = db1;
             }
@@ -230,18 +255,7 @@ private:
         Tensor x_hat = empty(s.shape(), opts);
         Tensor m = centered ? empty({M}, opts.dtype(stat_dtype(s.dtype()))) : Tensor();
         Tensor r = empty({M}, opts.dtype(stat_dtype(s.dtype())));
-        dispatch_floating(s.dtype(), node_name, [&](auto tag) {
-            using T = decltype(tag);
-            using S = acc_t<T>;
-            if (s.device().is_cuda()) {
-                NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(x_hat), nullptr, device_ptr<S>(m),
-                                                     device_ptr<S>(r), device_ptr<T>(s), nullptr, nullptr, M, N, eps,
-                                                     s.device().index));
-            } else {
-                norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(s),
-                                    nullptr, nullptr, M, N, eps);
-            }
-        });
+        run_norm_forward(node_name, x_hat, Tensor(), m, r, s, Tensor(), Tensor(), eps);
         return x_hat;
     }
 };
@@ -357,22 +371,7 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
     Tensor mean = centered ? empty({M}, stat_opts) : Tensor();
     Tensor rstd = empty({M}, stat_opts);
-    dispatch_floating(s.dtype(), op, [&](auto tag) {
-        using T = decltype(tag);
-        using S = acc_t<T>;
-        if (s.device().is_cuda()) {
-            NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<S>(mean),
-                                                 device_ptr<S>(rstd), device_ptr<T>(s), device_ptr<T>(weight),
-                                                 device_ptr<T>(bias), M, N, eps, s.device().index));
-        } else if (normalized) {
-            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
-                                nullptr, nullptr, M, N, eps);
-            norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M, N);
-        } else {
-            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
-                                device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
-        }
-    });
+    run_norm_forward(op, y, x_hat, mean, rstd, s, weight, bias, eps);
     Tensor y1 = weight1.defined() ? norm_affine(x_hat, weight1, bias1) : Tensor();
     // s is the node's second output when it is returned and is not x itself.
     const bool prenorm_output = options.prenorm && residual.defined();
