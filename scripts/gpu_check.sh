@@ -112,13 +112,14 @@ sanitize() {
     [[ " ${SANITIZER_OPTIONS:-} " != *" --target-processes "* ]] || targets=()  # the caller's choice
     # shellcheck disable=SC2086  # SANITIZER_OPTIONS is a list of options
     NORMTAPE_NO_CUDA_MEMORY_CACHING=1 timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool "$tool" "${nvtx[@]}" \
-        --require-cuda-init no "${targets[@]}" ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests \
+        --require-cuda-init no --print-limit 0 "${targets[@]}" ${SANITIZER_OPTIONS:-} --error-exitcode 1 ./build-gpu/normtape_tests \
         --duration=true "$@" > "$log" 2>&1
     local rc=$? took=$((SECONDS - start))
     local ours total nccl torch errors cases verdict passed=0 first="${log%.log}.first"
     grep -q "Status: SUCCESS" "$log" && passed=1
-    # Each process tracked prints its own summary: the errors are their sum.
-    total=$(awk '/ERROR SUMMARY: [0-9]+ error/ { for (i = 1; i < NF; ++i) if ($i == "SUMMARY:") s += $(i + 1) }
+    # Each process tracked prints its own summary: the errors are their sum. Every error is printed
+    # (--print-limit 0), so that each is told apart below.
+    total=$(awk '/ERROR SUMMARY: [0-9]+ errors?[[:space:]]*$/ { for (i = 1; i < NF; ++i) if ($i == "SUMMARY:") s += $(i + 1) }
                  END { print s + 0 }' "$log")
     # A record is a "========= " line with a capital (not the banner, a summary or the notice of a
     # process's exit status) and the "=========" lines after it. NCCL's probe is one whose frames are
@@ -239,7 +240,8 @@ EOF
 # SANITIZE_RUNS picks some runs (default every one); RUN:K splits that run's test cases into K
 # consecutive ranges (doctest's --first/--last), or the long group's loops into K parts
 # (NORMTAPE_TEST_PART=k/K, tests/test_util.h), each its own process, labelled GROUP.k
-# (SANITIZE_SHARDS=K is the default K, 1 unless set). The processes go round the machine's GPUs
+# (SANITIZE_SHARDS=K is the default K, 1 unless set); RUN:K:k,... runs only those of them (a
+# failed range again, under the same label). The processes go round the machine's GPUs
 # (CUDA_VISIBLE_DEVICES; the programs group sees them all, for its data-parallel runs),
 # SANITIZE_JOBS at once (default 4 per GPU). docs/PERFORMANCE.md's "Tests on the GPU" gives the
 # splits that ran in 10-minute calls on four H200s:
@@ -280,8 +282,10 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
     for spec in $runs; do
         run=${spec%%:*}
         [[ $known == *" $run "* ]] || { echo "gpu_check.sh: no sanitizer run named $run (runs:$known)" >&2; exit 2; }
-        [[ $run = "$spec" || ( $run != overrun && ${spec#*:} =~ ^[1-9][0-9]*$ ) ]] ||
-            { echo "gpu_check.sh: $spec: expected RUN or RUN:K with K >= 1 (not for overrun)" >&2; exit 2; }
+        [ "$run" = "$spec" ] && continue
+        usage="gpu_check.sh: $spec: expected RUN, RUN:K or RUN:K:k,... with 1 <= k <= K (not for overrun)"
+        [[ $run != overrun && ${spec#*:} =~ ^([1-9][0-9]*)(:([1-9][0-9]*(,[1-9][0-9]*)*))?$ ]] || { echo "$usage" >&2; exit 2; }
+        for k in ${BASH_REMATCH[3]//,/ }; do [ "$k" -le "${BASH_REMATCH[1]}" ] || { echo "$usage" >&2; exit 2; }; done
     done
     rm -f "$GPU_OUT"/sanitizer-*.verdict  # none left from an earlier call
     for run in $runs; do [ "$run" != overrun ] || overrun_check; done
@@ -292,8 +296,9 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
     # The cpu kernels' OpenMP threads share the cores among the processes.
     omp=$(( $(nproc) / jobs_at_once )); omp=${OMP_NUM_THREADS:-$((omp > 0 ? omp : 1))}
     for spec in $runs; do
-        run=${spec%%:*} shards=${SANITIZE_SHARDS:-1}
-        [ "$run" = "$spec" ] || shards=${spec#*:}
+        run=${spec%%:*} shards=${SANITIZE_SHARDS:-1} only=
+        if [ "$run" != "$spec" ]; then shards=${spec#*:}; shards=${shards%%:*}; fi
+        [[ $spec != *:*:* ]] || only=",${spec##*:},"
         [ "$run" != overrun ] || continue
         tool=${run%%-*} group=${run#*-}
         group_filter "$group" "$tool"
@@ -301,6 +306,7 @@ if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
         if [ "${count:-0}" -eq 0 ]; then summary+=("compute-sanitizer $run: FAILED, no test case to run"); failed=1; continue; fi
         per=$(( (count + shards - 1) / shards ))
         for ((k = 1; k <= shards; k++)); do
+            [[ -z $only || $only == *",$k,"* ]] || continue
             label=$group range=() part=
             if [ "$shards" -gt 1 ]; then
                 label=$group.$k
