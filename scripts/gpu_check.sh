@@ -156,7 +156,7 @@ sanitize() {
     [ $rc -eq 1 ] && [ "$ours" -eq 0 ] && [ $passed = 1 ] && rc=0
     errors="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')"
     [ $tool = racecheck ] || errors="ERROR SUMMARY: $total errors in all processes"
-    [ $tool = racecheck ] && errors+="; outside cuDNN's own kernels: $ours"
+    [ $tool = racecheck ] && errors="${errors:-no summary line}; outside cuDNN's own kernels: $ours"
     [ "$nccl" -gt 0 ] && errors+="; NCCL's own probe: $nccl"
     [ "$torch" -gt 0 ] && errors+="; in PyTorch's kernels: $torch"
     cases="$(grep -E '^\[doctest\] test cases' "$log" | tail -1 | sed 's/^\[doctest\] //')"
