@@ -89,18 +89,23 @@ __device__ inline void load_pack(const float* p, float (&v)[4]) {
     v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
 }
 __device__ inline void load_pack(const bf16* p, float (&v)[8]) { unpack(*reinterpret_cast<const uint4*>(p), v); }
+// E floats rounded to T and packed into a 16-byte vector in registers (bf16: to nearest even).
+__device__ inline uint4 pack(const float (&v)[4]) {
+    return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+}
+__device__ inline uint4 pack(const float (&v)[8]) {
+    uint32_t w[4];
+    for (int k = 0; k < 4; ++k) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        w[k] = *reinterpret_cast<uint32_t*>(&h);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
 // One 16-byte store at p (16-byte aligned); bf16 rounds to nearest even.
 __device__ inline void store_pack(float* p, const float (&v)[4]) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
-__device__ inline void store_pack(bf16* p, const float (&v)[8]) {
-    uint32_t w[4];
-    for (int k = 0; k < 4; ++k) {  // round to nearest even, two at a time (same rounding as bf16's)
-        __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-        w[k] = *reinterpret_cast<uint32_t*>(&h);
-    }
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
+__device__ inline void store_pack(bf16* p, const float (&v)[8]) { *reinterpret_cast<uint4*>(p) = pack(v); }
 
 // The inputs of a map: N pointers to n elements each (index_mod[k] > 0: input k is read at
 // i % index_mod[k], a row broadcast over the leading dimensions).

@@ -145,15 +145,18 @@ void gemm_strided_batched_cuda(bool trans_a, bool trans_b, int64_t m, int64_t n,
 // norm_*_reference_cuda always run the plain ones (tests compare).
 // x_hat (SavePolicy::Normalized; nullptr otherwise): the forward writes x_hat too and computes y
 // from the rounded x_hat as norm_affine_cuda does, so that the two agree bit for bit.
+// residual (the fused norm; nullptr otherwise): the forward normalizes sum = x + residual, which it
+// writes to `sum` ([M, N]) as add_forward_cuda would; dresidual (nullptr otherwise): the backward's
+// dx is the norm's dx plus dresidual, as add_forward_cuda would add them.
 template <class T>
-void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias,
-                       int64_t M, int64_t N, double eps, int device);
+void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* residual, T* sum,
+                       const T* weight, const T* bias, int64_t M, int64_t N, double eps, int device);
 template <class T>  // y[i, j] = fma(x_hat[i, j], weight[j], bias[j]) (either may be nullptr), rows of N
 void norm_affine_cuda(T* y, const T* x_hat, const T* weight, const T* bias, int64_t M, int64_t N, int device);
 template <class T>
-void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
-                        const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
-                        int64_t M, int64_t N, int device);
+void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* dresidual, const T* saved,
+                        const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, const T* bias, bool centered,
+                        SavePolicy policy, int64_t M, int64_t N, int device);
 template <class T>
 void norm_forward_reference_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias,
                                  int64_t M, int64_t N, double eps, int device);

@@ -12,7 +12,7 @@
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|
-#                         muon|muon-shakespeare|distributed|dryrun]
+#                         muon|muon-shakespeare|distributed|dryrun|fused-norm]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs, SANITIZE_SHARDS=K splits each;
@@ -40,14 +40,17 @@
 #     models of the tests' own and a grid of small GPTs, predicted = measured to the byte), the
 #     preset's step under seven settings (train_gpt's measured peak against predict_peak, which
 #     dry-runs the same step), with ZeRO-1 on 2 GPUs where the machine has them, and bench_dry_run.
+#     fused-norm: the norms' tests on the GPU (fused_norm, layer_norm, rms_norm, cuda's norm cases), and the fused
+#     add + norm at M = 16384 rows in bf16 (bench_norms --rows) beside PyTorch eager's and
+#     torch.compile's (scripts/bench_torch_fused_norm.py); part of bench too.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -68,6 +71,7 @@ build() {
 }
 # The sanitizers need only the library and the tests (which bring train_gpt and generate).
 [ "$MODE" = sanitize ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests}"
+[ "$MODE" = fused-norm ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests bench_norms}"
 [ "$MODE" = ptx80 ] || build build-gpu gpu ${CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH"}
 
 export NORMTAPE_PYTHON=python3
@@ -360,6 +364,22 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     step bench_torch_norms env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_norms.py --ours "$GPU_OUT/bench.json" \
         --out "$GPU_OUT/compare.json" --markdown "$GPU_OUT/table.md" > "$GPU_OUT/compare.log" 2>&1
     step bench_ops ./build-gpu/bench_ops --json "$GPU_OUT/ops.json" > "$GPU_OUT/ops.log" 2>&1
+fi
+if [ "$MODE" = fused-norm ]; then
+    { ./build-gpu/normtape_tests -ts=fused_norm,layer_norm,rms_norm && ./build-gpu/normtape_tests -ts=cuda -tc='*norm*'; } \
+        > "$GPU_OUT/fused_norm_tests.log" 2>&1
+    rc=$?
+    summary+=("fused norm tests: exit $rc, $(grep -E '^\[doctest\] test cases' "$GPU_OUT/fused_norm_tests.log" | paste -sd ';')")
+    [ $rc -eq 0 ] || { failed=1; grep -E "ERROR|CHECK|CAPTURE|with " "$GPU_OUT/fused_norm_tests.log" | head -30; }
+fi
+if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = fused-norm ]; then
+    step bench_norms_fused ./build-gpu/bench_norms --rows 16384 --n 768 1024 4096 8192 --dtype bf16 \
+        --json "$GPU_OUT/fused_norm.json" > "$GPU_OUT/fused_norm.log" 2>&1
+    step bench_torch_fused_norm env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_fused_norm.py \
+        --ours "$GPU_OUT/fused_norm.json" --out "$GPU_OUT/fused_norm_compare.json" \
+        --markdown "$GPU_OUT/fused_norm.md" > "$GPU_OUT/fused_norm_compare.log" 2>&1
+fi
+if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     # 12 steps: the phase medians (forward, backward, optimizer) leave out the first two.
     # The three policies with GELU recompute (the default), then without it.
     step "medium preset" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy all --steps 12 --log-every 1 \

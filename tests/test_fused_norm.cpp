@@ -2,7 +2,8 @@
 // ops/norm/fused_norm.h): the norm of s = dropout(x) + dropout(x1) + residual, and s itself with
 // prenorm, a second affine output y1 with weight1, and zero-centered weights, against the unfused
 // dropout, add and norm, f64 finite differences under each policy, what each policy saves, the
-// gradient that reaches s alone, argument errors, and CUDA against the cpu.
+// gradient that reaches s alone, argument errors, CUDA against the cpu, and the fused CUDA kernels
+// against the unfused add and norm, bit for bit.
 #include "test_util.h"
 
 using namespace normtape;
@@ -503,6 +504,45 @@ TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16 with dropout an
                     }
                 }
             }
+}
+
+TEST_CASE("fused_norm: on CUDA, the fused kernels give the unfused add and norm bit for bit, outputs and gradients") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(5);
+    // Widths of each kernel: 200 (the fast kernels of one warp), 12288 (bf16's forward with the next
+    // row in registers; f32's backward over a cluster of two blocks where the GPU has them) and 1002
+    // (no 16-byte vectors: add_forward_cuda, then the reference kernels); f64 takes the reference.
+    for (const FusedNormUnderTest& n : kNorms)
+        for (DType dtype : {DType::F32, DType::BF16, DType::F64})
+            for (int64_t N : {200, 12288, 1002})
+                for (SavePolicy policy : kPolicies) {
+                    CAPTURE(n.op);
+                    CAPTURE(dtype_name(dtype));
+                    CAPTURE(N);
+                    CAPTURE(policy_name(policy));
+                    TensorOptions o = opts(dtype).device(Device::CUDA);
+                    Tensor x0 = randn({37, N}, o), r0 = randn({37, N}, o), w0 = weight_of(N, o),
+                           b0 = scale(randn({N}, o), 0.1), u = randn({37, N}, o), v = randn({37, N}, o);
+                    auto run = [&](bool fused) {
+                        Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+                        Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+                        Tensor y, s;
+                        if (fused) {
+                            FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy));
+                            y = out.y, s = out.residual_out;
+                        } else {
+                            s = add(x, r);
+                            y = n.unfused(s, w, b, policy);
+                        }
+                        add(sum(mul(y, u)), sum(mul(s, v))).backward();
+                        return std::vector<Tensor>{y, s, x.grad(), r.grad(), w.grad(), n.centered ? b.grad() : w.grad()};
+                    };
+                    std::vector<Tensor> fused = run(true), unfused = run(false);
+                    for (size_t i = 0; i < fused.size(); ++i) {
+                        CAPTURE(i);
+                        CHECK_CLOSE(fused[i], unfused[i], (Tolerance{0, 0}));
+                    }
+                }
 }
 
 }  // TEST_SUITE

@@ -4,16 +4,19 @@
 // For N in {768, 1024, 2048, 3000, 4096, 8192, 16384} and M = 2^28 / N rows, dtypes bf16 and f32,
 // LayerNorm and RMSNorm: the forward, and the backward (dx, dweight and dbias, complete) under
 // SavePolicy::Input and SavePolicy::Output; under SavePolicy::Normalized, the forward (x_hat and y
-// by one kernel) and the backward. Each
+// by one kernel) and the backward; the fused norm with a residual ("+residual": s = x + residual
+// and y in one forward; the backward under Input with the gradient that reached s added to dx). Each
 // case is timed with CUDA events: 3 warm-up runs, then 20 runs queued back to back, each between
 // its own pair of events, and their median (the host queues ahead of the GPU, so its launch
 // overhead is not counted). The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
 // so nothing is served from it between runs. Effective bandwidth = bytes that must move / time:
 // forward x in and y out (Normalized: x_hat out too); backward x (or y, or x_hat) and dy in, dx
-// out (weights and statistics, M*8 bytes at most, are not counted); copy = bytes read + written.
+// out (weights and statistics, M*8 bytes at most, are not counted); +residual: forward x and the
+// residual in, s and y out; backward dy, s and s's gradient in, dx out; copy = bytes read + written.
 //
-//   bench_norms [--quick] [--reference] [--n N...] [--dtype bf16|f32...] [--csv FILE] [--json FILE]
+//   bench_norms [--quick] [--reference] [--rows M] [--n N...] [--dtype bf16|f32...] [--csv FILE] [--json FILE]
 //   --quick: M = 2^20 / N (a smoke test; CI compiles this program, it has no GPU to run it)
+//   --rows: M rows at every N instead (e.g. 16384, the fused norm's comparison with torch.compile)
 //   --reference: also time the plain reference kernels
 //   --n, --dtype: only these hidden sizes or dtypes (e.g. to profile one case)
 #include <cuda_runtime.h>
@@ -49,16 +52,17 @@ struct Row {
 using detail::device_ptr;
 
 template <class T>
-void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64_t>& sizes, bool reference,
-                 std::vector<Row>& rows) {
+void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, const std::vector<int64_t>& sizes,
+                 bool reference, std::vector<Row>& rows) {
     const DType dt = dtype_of<T>();
     for (int64_t N : sizes) {
-        const int64_t M = total / N;
+        const int64_t M = fixed_rows > 0 ? fixed_rows : total / N;
         TensorOptions o = TensorOptions().dtype(dt).device(Device::CUDA);
         TensorOptions so = TensorOptions().dtype(DType::F32).device(Device::CUDA);
         Tensor x = randn({M, N}, o), dy = randn({M, N}, o), y = empty({M, N}, o), dx = empty({M, N}, o);
         Tensor w = add(ones({N}, o), scale(randn({N}, o), 0.1)), b = scale(randn({N}, o), 0.1);
         Tensor dw = empty({N}, o), db = empty({N}, o), mean = empty({M}, so), rstd = empty({M}, so);
+        Tensor residual = randn({M, N}, o), sum = empty({M, N}, o);  // the fused norm's rows
         const double bytes = static_cast<double>(M * N) * sizeof(T);
         double copy_ms = time_ms([&] {
             CUDA_CHECK(cudaMemcpyAsync(device_ptr<T>(y), device_ptr<T>(x), static_cast<size_t>(bytes),
@@ -72,7 +76,15 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
             rows.push_back({dtype_name_, norm, pass, policy, N, M, ms, gbps, 100.0 * gbps / copy_gbps});
         };
         for (int kernels = 0; kernels < (reference ? 2 : 1); ++kernels) {
-            auto backward = kernels == 0 ? detail::norm_backward_cuda<T> : detail::norm_backward_reference_cuda<T>;
+            auto backward = [&](T* dx_, T* dw_, T* db_, const T* dy_, const T* dres, const T* saved, const float* m,
+                                const float* r, const T* w_, const T* b_, bool centered, SavePolicy policy) {
+                // the reference kernels take no dresidual: they are timed without one
+                if (kernels == 0)
+                    detail::norm_backward_cuda<T>(dx_, dw_, db_, dy_, dres, saved, m, r, w_, b_, centered, policy, M, N, 0);
+                else
+                    detail::norm_backward_reference_cuda<T>(dx_, dw_, db_, dy_, saved, m, r, w_, b_, centered, policy,
+                                                            M, N, 0);
+            };
             std::string suffix = kernels == 0 ? "" : " (reference)";
             for (bool centered : {true, false}) {
                 std::string norm = std::string(centered ? "layer" : "rms") + suffix;
@@ -81,7 +93,8 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
                 add_row(norm, "forward", "-", time_ms([&] {
                             if (kernels == 0)
                                 detail::norm_forward_cuda<T>(device_ptr<T>(y), nullptr, m, device_ptr<float>(rstd),
-                                                             device_ptr<T>(x), device_ptr<T>(w), bias, M, N, 1e-5, 0);
+                                                             device_ptr<T>(x), nullptr, nullptr, device_ptr<T>(w), bias,
+                                                             M, N, 1e-5, 0);
                             else
                                 detail::norm_forward_reference_cuda<T>(device_ptr<T>(y), m, device_ptr<float>(rstd),
                                                                        device_ptr<T>(x), device_ptr<T>(w), bias, M, N,
@@ -91,19 +104,35 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
                 if (kernels == 0)  // x_hat into dx's array (free until the backward) beside y: 3 passes
                     add_row(norm, "forward", "normalized", time_ms([&] {
                                 detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(dx), m,
-                                                             device_ptr<float>(rstd), device_ptr<T>(x),
-                                                             device_ptr<T>(w), bias, M, N, 1e-5, 0);
+                                                             device_ptr<float>(rstd), device_ptr<T>(x), nullptr,
+                                                             nullptr, device_ptr<T>(w), bias, M, N, 1e-5, 0);
                             }, 3, 20, /*hold=*/false),
                             3 * bytes);
                 for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
                     const T* saved = policy == SavePolicy::Input ? device_ptr<T>(x) : device_ptr<T>(y);
                     add_row(norm, "backward", policy_name(policy), time_ms([&] {
                                 backward(device_ptr<T>(dx), device_ptr<T>(dw), centered ? device_ptr<T>(db) : nullptr,
-                                         device_ptr<T>(dy), saved, policy == SavePolicy::Input ? m : nullptr,
-                                         device_ptr<float>(rstd), device_ptr<T>(w), bias, centered, policy, M, N, 0);
+                                         device_ptr<T>(dy), nullptr, saved, policy == SavePolicy::Input ? m : nullptr,
+                                         device_ptr<float>(rstd), device_ptr<T>(w), bias, centered, policy);
                             }, 3, 20, /*hold=*/false),
                             3 * bytes);
                 }
+                if (kernels != 0) continue;
+                // The fused norm with a residual (layer_norm_fn): s = x + residual and y in one kernel (x
+                // and the residual in, s and y out), and under Input the backward's dx plus the gradient
+                // that reached s (dy, s and that gradient in, dx out), which is also the residual's.
+                add_row(norm + " +residual", "forward", "-", time_ms([&] {
+                            detail::norm_forward_cuda<T>(device_ptr<T>(y), nullptr, m, device_ptr<float>(rstd),
+                                                         device_ptr<T>(x), device_ptr<T>(residual), device_ptr<T>(sum),
+                                                         device_ptr<T>(w), bias, M, N, 1e-5, 0);
+                        }, 3, 20, /*hold=*/false),
+                        4 * bytes);
+                add_row(norm + " +residual", "backward", "input", time_ms([&] {
+                            backward(device_ptr<T>(dx), device_ptr<T>(dw), centered ? device_ptr<T>(db) : nullptr,
+                                     device_ptr<T>(dy), device_ptr<T>(residual), device_ptr<T>(sum), m,
+                                     device_ptr<float>(rstd), device_ptr<T>(w), bias, centered, SavePolicy::Input);
+                        }, 3, 20, /*hold=*/false),
+                        4 * bytes);
             }
         }
     }
@@ -114,11 +143,13 @@ void bench_dtype(const char* dtype_name_, int64_t total, const std::vector<int64
 int main(int argc, char** argv) {
     CLI::App app{"bench_norms: the norm kernels' effective bandwidth against a device-to-device copy"};
     bool quick = false, reference = false;
+    int64_t fixed_rows = 0;
     std::vector<int64_t> sizes = {768, 1024, 2048, 3000, 4096, 8192, 16384};
     std::vector<std::string> dtypes = {"bf16", "f32"};
     std::string csv, json;
     app.add_flag("--quick", quick, "M = 2^20 / N: a smoke test");
     app.add_flag("--reference", reference, "also time the plain reference kernels");
+    app.add_option("--rows", fixed_rows, "M rows at every N (default: 2^28 / N)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
     app.add_option("--n", sizes, "hidden sizes N")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
     app.add_option("--dtype", dtypes, "dtypes")->check(CLI::IsMember({"bf16", "f32"}));
     app.add_option("--csv", csv, "write the rows as CSV here");
@@ -136,13 +167,17 @@ int main(int argc, char** argv) {
         const int64_t total = int64_t(1) << (quick ? 20 : 28);
         std::vector<Row> rows;
         for (const std::string& d : dtypes) {
-            if (d == "bf16") bench_dtype<bf16>("bf16", total, sizes, reference, rows);
-            else bench_dtype<float>("f32", total, sizes, reference, rows);
+            if (d == "bf16") bench_dtype<bf16>("bf16", total, fixed_rows, sizes, reference, rows);
+            else bench_dtype<float>("f32", total, fixed_rows, sizes, reference, rows);
         }
         cudaDeviceProp prop{};
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        std::printf("%s, M*N = 2^%d elements, median of 20 CUDA-event timings after 3 warm-ups\n", prop.name,
-                    quick ? 20 : 28);
+        if (fixed_rows > 0)
+            std::printf("%s, M = %lld rows, median of 20 CUDA-event timings after 3 warm-ups\n", prop.name,
+                        static_cast<long long>(fixed_rows));
+        else
+            std::printf("%s, M*N = 2^%d elements, median of 20 CUDA-event timings after 3 warm-ups\n", prop.name,
+                        quick ? 20 : 28);
         std::printf("%-5s %-18s %-8s %-7s %6s %8s %9s %8s %7s\n", "dtype", "norm", "pass", "policy", "N", "M", "ms",
                     "GB/s", "% copy");
         for (const Row& r : rows)

@@ -37,13 +37,18 @@ int64_t rows_grain(int64_t N) { return std::max<int64_t>(1, detail::kGrain / 4 /
 // y = x_hat * weight + bias over rows of length N, x_hat = (x - mean) * rstd (mean = 0 when not
 // centered), rstd = 1 / sqrt(var + eps), var biased (divided by N). Sums in double.
 // x, y: [M, N] of T; weight, bias: [N] or nullptr; mean (nullptr when not centered), rstd: [M] of
-// S = acc_t<T> (f32 for f32 and bf16, f64 for f64).
+// S = acc_t<T> (f32 for f32 and bf16, f64 for f64). With a residual ([M, N], or nullptr), the rows
+// are sum = x + residual, written to `sum` in the add op's arithmetic (acc_t<T>, rounded to T).
 template <class T, class S = acc_t<T>>
-void norm_forward_cpu(T* y, S* mean, S* rstd, const T* x, const T* weight, const T* bias, int64_t M, int64_t N,
-                      double eps) {
+void norm_forward_cpu(T* y, S* mean, S* rstd, const T* x, const T* residual, T* sum, const T* weight, const T* bias,
+                      int64_t M, int64_t N, double eps) {
     detail::parallel_for(0, M, rows_grain(N), [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
             const T* xi = x + i * N;
+            if (residual) {
+                for (int64_t j = 0; j < N; ++j) sum[i * N + j] = static_cast<T>(S(xi[j]) + S(residual[i * N + j]));
+                xi = sum + i * N;
+            }
             double m = 0.0;
             if (mean) {
                 for (int64_t j = 0; j < N; ++j) m += xi[j];
@@ -84,12 +89,14 @@ void norm_affine_cpu(T* y, const T* x_hat, const T* weight, const T* bias, int64
 // With g = dy * weight and means over the row (Ba et al. 2016; PyTorch's layer_norm_backward):
 //   dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))     (RMSNorm: no mean(g) term)
 //   dweight = sum over rows of dy * x_hat,  dbias = sum over rows of dy.
-// dx, dweight, dbias are overwritten (=); nullptr skips one. `saved` is x or y by `policy`;
+// dx, dweight, dbias are overwritten (=); nullptr skips one. With dresidual ([M, N], or nullptr), dx
+// is the norm's dx rounded to T plus dresidual, in the add op's arithmetic. `saved` is x or y by `policy`;
 // x_hat comes from x_hat_from_saved(), the one place the policy matters. dweight and dbias are
 // summed in double by chunks of rows, the chunks' sums added in chunk order (parallel_reduce).
 template <class T, class S = acc_t<T>>
-void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const S* mean, const S* rstd,
-                       const T* weight, const T* bias, bool centered, SavePolicy policy, int64_t M, int64_t N) {
+void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* dresidual, const T* saved, const S* mean,
+                       const S* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy, int64_t M,
+                       int64_t N) {
     const int64_t nw = dweight ? N : 0;  // acc: dweight's N sums (if any), then dbias's
     std::vector<double> acc(nw + (dbias ? N : 0));
     detail::parallel_reduce(0, M, rows_grain(N), static_cast<int64_t>(acc.size()), acc.data(),
@@ -113,8 +120,10 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
             mean_g_xhat /= N;
             if (dx) {
                 T* dxi = dx + i * N;
-                for (int64_t j = 0; j < N; ++j)
+                for (int64_t j = 0; j < N; ++j) {
                     dxi[j] = static_cast<T>(double(rstd[i]) * (g[j] - mean_g - x_hat[j] * mean_g_xhat));
+                    if (dresidual) dxi[j] = static_cast<T>(S(dxi[j]) + S(dresidual[i * N + j]));
+                }
             }
         }
     });
@@ -122,25 +131,29 @@ void norm_backward_cpu(T* dx, T* dweight, T* dbias, const T* dy, const T* saved,
     for (int64_t j = 0; dbias && j < N; ++j) dbias[j] = static_cast<T>(acc[nw + j]);
 }
 
-// The forward's kernels on s's device: y = x_hat * weight + bias, mean (when defined) and rstd of the
-// rows of s; with x_hat defined, x_hat too, y then made from x_hat rounded to s's dtype.
+// The forward's kernels on x's device: y = x_hat * weight + bias, mean (when defined) and rstd of the
+// rows of s, which is x, or x + residual written to `s` where residual is defined (contiguous,
+// x's shape); with x_hat defined, x_hat too, y then made from x_hat rounded to x's dtype.
 void run_norm_forward(const char* op, const Tensor& y, const Tensor& x_hat, const Tensor& mean, const Tensor& rstd,
-                      const Tensor& s, const Tensor& weight, const Tensor& bias, double eps) {
-    int64_t N = s.size(-1), M = s.numel() / N;
-    dispatch_floating(s.dtype(), op, [&](auto tag) {
+                      const Tensor& x, const Tensor& residual, const Tensor& s, const Tensor& weight,
+                      const Tensor& bias, double eps) {
+    int64_t N = x.size(-1), M = x.numel() / N;
+    dispatch_floating(x.dtype(), op, [&](auto tag) {
         using T = decltype(tag);
         using S = acc_t<T>;
-        if (s.device().is_cuda()) {
+        const T* r = device_ptr<T>(residual);
+        T* sum = r ? device_ptr<T>(s) : nullptr;
+        if (x.device().is_cuda()) {
             NT_CUDA(detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<S>(mean),
-                                                 device_ptr<S>(rstd), device_ptr<T>(s), device_ptr<T>(weight),
-                                                 device_ptr<T>(bias), M, N, eps, s.device().index));
+                                                 device_ptr<S>(rstd), device_ptr<T>(x), r, sum, device_ptr<T>(weight),
+                                                 device_ptr<T>(bias), M, N, eps, x.device().index));
         } else if (x_hat.defined()) {
-            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
+            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x), r, sum,
                                 nullptr, nullptr, M, N, eps);
             norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M,
                                N);
         } else {
-            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(s),
+            norm_forward_cpu<T>(device_ptr<T>(y), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x), r, sum,
                                 device_ptr<T>(weight), device_ptr<T>(bias), M, N, eps);
         }
     });
@@ -205,12 +218,13 @@ struct NormBackward : MultiOutputNode {
                 ds = ds.defined() && dx.defined() ? ds.add_(dx) : dx;
                 grads[4] = dw1, grads[5] = db1;
             }
-        } else if (dy.defined()) {
+            if (ds_out.defined()) ds = ds.defined() ? ds.add_(ds_out) : ds_out;
+        } else {
+            // The kernel adds s's own gradient into ds, as the add op would (dresidual).
             auto [dx, dw, db] = kernel(dy, s, policy, mean.unpack(node_name), r, w, b, needs_ds, needs_input_grad(1),
-                                       needs_input_grad(2));
+                                       needs_input_grad(2), ds_out);
             ds = dx, grads[1] = dw, grads[2] = db;
         }
-        if (ds_out.defined()) ds = ds.defined() ? ds.add_(ds_out) : ds_out;
         grads[0] = ds;
         grads[3] = has_residual ? ds : Tensor();  // dresidual = ds = dx
         return grads;
@@ -218,11 +232,14 @@ struct NormBackward : MultiOutputNode {
 
 private:
     // The norm's backward kernels on dy (shaped as the output) and `saved` under `saved_policy`:
-    // {dx (when need_dx), dweight (need_dw), dbias (need_db)}, each undefined when not needed.
+    // {dx (when need_dx), dweight (need_dw), dbias (need_db)}, each undefined when not needed; dx
+    // plus dresidual where that is defined.
     std::tuple<Tensor, Tensor, Tensor> kernel(const Tensor& grad_output, const Tensor& saved, SavePolicy saved_policy,
                                               const Tensor& m, const Tensor& r, const Tensor& w, const Tensor& b,
-                                              bool need_dx, bool need_dw, bool need_db) {
+                                              bool need_dx, bool need_dw, bool need_db,
+                                              const Tensor& dresidual_any = Tensor()) {
         Tensor dy = grad_output.contiguous();
+        Tensor dresidual = need_dx && dresidual_any.defined() ? dresidual_any.contiguous() : Tensor();
         TensorOptions opts = TensorOptions().dtype(saved.dtype()).device(saved.device());
         Tensor dx = need_dx ? empty(saved.shape(), opts) : Tensor();
         Tensor dw = need_dw ? empty(w.shape(), opts) : Tensor();
@@ -233,12 +250,13 @@ private:
             using S = acc_t<T>;
             if (saved.device().is_cuda()) {
                 NT_CUDA(detail::norm_backward_cuda<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db),
-                                                      device_ptr<T>(dy), device_ptr<T>(saved), device_ptr<S>(m),
+                                                      device_ptr<T>(dy), device_ptr<T>(dresidual),
+                                                      device_ptr<T>(saved), device_ptr<S>(m),
                                                       device_ptr<S>(r), device_ptr<T>(w), device_ptr<T>(b), centered,
                                                       saved_policy, M, N, saved.device().index));
             } else {
                 norm_backward_cpu<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db), device_ptr<T>(dy),
-                                     device_ptr<T>(saved), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(w),
+                                     device_ptr<T>(dresidual), device_ptr<T>(saved), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(w),
                                      device_ptr<T>(b), centered, saved_policy, M, N);
             }
         });
@@ -255,7 +273,7 @@ private:
         Tensor x_hat = empty(s.shape(), opts);
         Tensor m = centered ? empty({M}, opts.dtype(stat_dtype(s.dtype()))) : Tensor();
         Tensor r = empty({M}, opts.dtype(stat_dtype(s.dtype())));
-        run_norm_forward(node_name, x_hat, Tensor(), m, r, s, Tensor(), Tensor(), eps);
+        run_norm_forward(node_name, x_hat, Tensor(), m, r, s, Tensor(), Tensor(), Tensor(), Tensor(), eps);
         return x_hat;
     }
 };
@@ -339,13 +357,12 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     // dropout(x) + dropout(x1), recorded as those ops, x's mask first (Note [The fused norm]).
     Tensor x = p > 0.0 ? dropout(x_in, p) : x_in.contiguous();
     if (options.x1.defined()) x = add(x, p > 0.0 ? dropout(options.x1, p) : options.x1);
-    // The norm's input: s = x + residual by the add op's own kernels, so that s is add(x, residual)
-    // bit for bit (Note [The fused norm]); x itself without a residual.
-    Tensor s = x;
-    if (residual.defined()) {
-        NoGradGuard no_grad;
-        s = add(x, residual);
-    }
+    // The norm's input: s = x + residual, written by the norm's forward kernel in the add op's
+    // arithmetic, so that s is add(x, residual) bit for bit (Note [The fused norm]); x itself
+    // without a residual.
+    TensorOptions opts = TensorOptions().dtype(x.dtype()).device(x.device());
+    const Tensor residual_c = residual.defined() ? residual.contiguous() : Tensor();
+    Tensor s = residual.defined() ? empty(x.shape(), opts) : x;
     // Zero-centered weights (Gemma's): the norm multiplies by weight + 1, made here by the add op
     // (recorded, so weight gets the gradient of weight + 1; N elements, which the node saves).
     auto contiguous = [](const Tensor& t) { return t.defined() ? t.contiguous() : Tensor(); };
@@ -355,7 +372,6 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     };
     const Tensor weight = multiplier(weight_in), bias = contiguous(bias_in);
     const Tensor weight1 = multiplier(options.weight1), bias1 = contiguous(options.bias1);
-    TensorOptions opts = TensorOptions().dtype(s.dtype()).device(s.device());
     TensorOptions stat_opts = opts.dtype(stat_dtype(s.dtype()));
     const bool records = should_record(x, weight, bias, residual, weight1, bias1);
     // With a second affine output, Output is Normalized: y gives x_hat back only through weight,
@@ -371,7 +387,7 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     // mean and rstd are separate storages so that Output can save rstd without keeping mean alive.
     Tensor mean = centered ? empty({M}, stat_opts) : Tensor();
     Tensor rstd = empty({M}, stat_opts);
-    run_norm_forward(op, y, x_hat, mean, rstd, s, weight, bias, eps);
+    run_norm_forward(op, y, x_hat, mean, rstd, x, residual_c, s, weight, bias, eps);
     Tensor y1 = weight1.defined() ? norm_affine(x_hat, weight1, bias1) : Tensor();
     // s is the node's second output when it is returned and is not x itself.
     const bool prenorm_output = options.prenorm && residual.defined();

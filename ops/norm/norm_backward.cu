@@ -14,6 +14,8 @@
 //   matters, as on the cpu; under SavePolicy::Output the backward works with y - bias where it can
 //   and divides by the weight once per column, and per element with an approximate division
 //   (2 ulp) where 1 / weight does not fit in registers (divide_approx).
+// - With dresidual (the fused norm's gradient of its sum, ops/norm/fused_norm.h), dx is the norm's
+//   dx rounded to T plus dresidual, rounded again: the add op's arithmetic on the norm's dx.
 // Determinism: dweight and dbias are summed per persistent block (or cluster), and the number of
 // blocks depends on the GPU (SM count, occupancy): the same bits run to run on one GPU model, not
 // across models.
@@ -176,10 +178,10 @@ __device__ inline void cluster_sum2(float& a, float& b, float2* exchange, int pa
 #endif
 }
 
-template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER, bool OUTPUT, bool FLUSH>
+template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER, bool OUTPUT, bool FLUSH, bool DRESIDUAL>
 __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
-    const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const T* __restrict__ dresidual, const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
     const T* __restrict__ weight, const T* __restrict__ bias, bool centered, bool normalized, int64_t M, int N,
     int threads_per_row, int stages) {
     static_assert(CLUSTER == 1 || CLUSTER == 2);
@@ -191,6 +193,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     const int64_t cluster = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
     dy += rank * cols, saved += rank * cols;
     if (dx) dx += rank * cols;
+    if (DRESIDUAL) dresidual += rank * cols;
     if (weight) weight += rank * cols;
     if (bias) bias += rank * cols;
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
@@ -293,6 +296,11 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
                     xh[e] = kInRegisters ? xh[e] * inv_w[k][e] : divide_approx<FLUSH>(xh[e], w[e]);
             }
             for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
+            if constexpr (DRESIDUAL) {
+                float dr[E];
+                load_pack(dresidual + row * N + c * E, dr);
+                for (int e = 0; e < E; ++e) out[e] = rounded<T>(out[e]) + dr[e];
+            }
             store_pack(dx + row * N + c * E, out);
         }
     }
@@ -339,17 +347,21 @@ size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int sta
 // 2 x 64 KiB a slot).
 template <class T, bool OUTPUT, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
 bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, T* dweight, T* dbias, const T* dy,
-                        const T* saved, const float* mean, const float* rstd, const T* weight, const T* bias,
+                        const T* dresidual, const T* saved, const float* mean, const float* rstd, const T* weight, const T* bias,
                         bool centered, bool normalized, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     // Under SavePolicy::Output, where 1 / weight is not in registers, the second pass divides by
     // the weight with subnormals flushed (divide_approx<true>: fewer instructions an element), except
     // in bf16 rows of up to two warps (1024 < N <= 2048 here), which keep __fdividef
     // (divide_approx<false>); which division suits which row width is in docs/PERFORMANCE.md.
-    auto kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, OUTPUT, OUTPUT>;
-    if constexpr (OUTPUT && std::is_same_v<T, bf16> && !affine_in_registers<T, VECS, MAX_BLOCK>())
-        if (l.threads_per_row <= 64)
-            kernel = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false>;
+    auto pick = [&](auto dresidual_tag) {
+        constexpr bool R = decltype(dresidual_tag)::value;
+        auto k = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, OUTPUT, OUTPUT, R>;
+        if constexpr (OUTPUT && std::is_same_v<T, bf16> && !affine_in_registers<T, VECS, MAX_BLOCK>())
+            if (l.threads_per_row <= 64) k = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false, R>;
+        return k;
+    };
+    auto kernel = dresidual && dx ? pick(std::true_type()) : pick(std::false_type());
     const int affine = affine_arrays<T, VECS, MAX_BLOCK, SHARED_AFFINE, OUTPUT>();
     int stages = kMaxStages;
     while (stages > 0 && backward_shared_bytes<T>(l, N, affine, stages) > size_t(limits.shared_optin)) --stages;
@@ -366,7 +378,7 @@ bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, 
     cudaLaunchAttribute attribute;
     cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(partial_rows * CLUSTER)), l.block, shared,
                                               CLUSTER, stream, attribute);
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, dx, device_ptr<float>(pw), device_ptr<float>(pb), dy, saved, mean,
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, dx, device_ptr<float>(pw), device_ptr<float>(pb), dy, dresidual, saved, mean,
                                   rstd, weight, bias, centered, normalized, M, static_cast<int>(N), l.threads_per_row,
                                   stages));
     CUDA_LAUNCH_CHECK();
@@ -378,21 +390,21 @@ bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, 
 }  // namespace
 
 template <class T>
-void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved, const acc_t<T>* mean,
-                        const acc_t<T>* rstd, const T* weight, const T* bias, bool centered, SavePolicy policy,
-                        int64_t M, int64_t N, int device) {
+void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* dresidual, const T* saved,
+                        const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, const T* bias, bool centered,
+                        SavePolicy policy, int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
         const DeviceLimits limits = device_limits(
-            device, reinterpret_cast<const void*>(norm_backward_fast_kernel<float, 4, 512, true, 1, false, false>));
+            device, reinterpret_cast<const void*>(norm_backward_fast_kernel<float, 4, 512, true, 1, false, false, false>));
         auto run_policy = [&](auto output) {
             constexpr bool OUTPUT = decltype(output)::value;
             FastLayout l = fast_layout<T>(backward_budget<T, OUTPUT>(), N,
-                                          {dx, dweight, dbias, dy, saved, weight, bias}, limits.clusters);
+                                          {dx, dweight, dbias, dy, dresidual, saved, weight, bias}, limits.clusters);
             auto run = [&](auto shape) {
                 if constexpr (shape() < backward_budget<T, OUTPUT>().count) {
                     constexpr Shape s = backward_budget<T, OUTPUT>().shapes[shape()];
                     return norm_backward_fast<T, OUTPUT, s.vecs, s.max_block, s.shared_affine, s.cluster>(
-                        l, limits, dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered,
+                        l, limits, dx, dweight, dbias, dy, dresidual, saved, mean, rstd, weight, bias, centered,
                         policy == SavePolicy::Normalized, M, N, device);
                 }
                 return false;
@@ -403,14 +415,16 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* saved
     }
     norm_backward_reference_cuda<T>(dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N,
                                     device);
+    if (dx && dresidual) add_forward_cuda<T>(dx, dx, dresidual, M * N, M * N, device);
 }
 
-template void norm_backward_cuda<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
-                                        const float*, const float*, bool, SavePolicy, int64_t, int64_t, int);
+template void norm_backward_cuda<float>(float*, float*, float*, const float*, const float*, const float*,
+                                        const float*, const float*, const float*, const float*, bool, SavePolicy,
+                                        int64_t, int64_t, int);
 template void norm_backward_cuda<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, const double*, bool, SavePolicy, int64_t,
-                                         int64_t, int);
-template void norm_backward_cuda<bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*, const float*, const float*,
-                                       const bf16*, const bf16*, bool, SavePolicy, int64_t, int64_t, int);
+                                         const double*, const double*, const double*, const double*, bool, SavePolicy,
+                                         int64_t, int64_t, int);
+template void norm_backward_cuda<bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const float*,
+                                       const float*, const bf16*, const bf16*, bool, SavePolicy, int64_t, int64_t, int);
 
 }  // namespace normtape::detail

@@ -10,6 +10,9 @@
 //   shifted-data variance; see the kernel); a row of several warps synchronizes only its own warps
 //   (named barriers, ops/norm/norm_rows.cuh).
 // - Blocks take a few rows a group (f32 one, bf16 four) and retire, new blocks taking their place.
+// - With a residual (the fused norm, ops/norm/fused_norm.h), a row is x + residual, rounded to T and
+//   stored as the sum as it is loaded: the add op's arithmetic, so that the sum and y are add's and
+//   the norm's bit for bit.
 // Not here: the backward (ops/norm/norm_backward.cu), launch planning (ops/norm/norm_launch.cuh), the device
 // helpers (ops/norm/norm_rows.cuh, ops/cuda_common.cuh).
 #include <algorithm>
@@ -48,21 +51,16 @@ constexpr Budget forward_budget() {
     else return {{{4, 1024, 256, false, true, 4, 1}, {4, 1024, 1024, true, false, 4, 1}}, 2};
 }
 
-// v rounded to T and back: what a stored and reloaded element holds.
-template <class T>
-__device__ inline float rounded(float v) {
-    if constexpr (std::is_same_v<T, float>) return v;
-    else return __bfloat162float(__float2bfloat16_rn(v));
-}
-
 // y, mean and rstd per row, each row's group of threads walking the rows gridDim.x * groups apart.
 // X_HAT (SavePolicy::Normalized): it writes x_hat too, and y = fma(rounded x_hat, weight, bias), as
-// norm_affine_cuda makes y again from the stored x_hat, bit for bit. A template argument, not a
-// branch: the branch's registers cost the plain bf16 forward at N = 16384 a fifth of its speed.
-template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE, bool X_HAT>
+// norm_affine_cuda makes y again from the stored x_hat, bit for bit. RESIDUAL: the row is
+// sum = x + residual (rounded to T), written to `sum`. Template arguments, not branches: the
+// X_HAT branch's registers cost the plain bf16 forward at N = 16384 a fifth of its speed.
+template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE, bool X_HAT, bool RESIDUAL>
 __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     T* __restrict__ y, T* __restrict__ x_hat, float* __restrict__ mean, float* __restrict__ rstd, const T* __restrict__ x,
-    const T* __restrict__ weight, const T* __restrict__ bias, int64_t M, int N, float eps, int threads_per_row) {
+    const T* __restrict__ residual, T* __restrict__ sum, const T* __restrict__ weight, const T* __restrict__ bias,
+    int64_t M, int N, float eps, int threads_per_row) {
     constexpr int E = Pack<T>::E;
     extern __shared__ float4 shared4[];
     float* shared = reinterpret_cast<float*>(shared4);
@@ -73,15 +71,26 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     uint4 raw[VECS];  // the row's vectors of this thread, as loaded
     uint4 next[NEXT_ROW ? VECS : 1];  // those of the group's next row
     float K_next = 0;
-    // Loads row `row` (zeros past M) into `to`, and K = x[row, 0] (LayerNorm) into K.
+    // Loads row `row` (zeros past M) into `to`, and K = x[row, 0] (LayerNorm) into K; with RESIDUAL,
+    // the row of x + residual, which it stores to `sum`.
     auto load_row = [&](int64_t row, uint4 (&to)[VECS], float& K) {
         const bool active = row < M;
         const T* xr = x + row * N;
-        K = mean && active ? float(xr[0]) : 0.0f;
+        K = mean && active ? (RESIDUAL ? rounded<T>(float(xr[0]) + float(residual[row * N])) : float(xr[0])) : 0.0f;
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
-            to[k] = active && c < vecs_per_row ? *reinterpret_cast<const uint4*>(xr + c * E) : make_uint4(0, 0, 0, 0);
+            const bool in_row = active && c < vecs_per_row;
+            to[k] = in_row ? *reinterpret_cast<const uint4*>(xr + c * E) : make_uint4(0, 0, 0, 0);
+            if constexpr (RESIDUAL) {
+                if (!in_row) continue;
+                float a[E], b[E];
+                unpack(to[k], a);
+                unpack(*reinterpret_cast<const uint4*>(residual + row * N + c * E), b);
+                for (int e = 0; e < E; ++e) a[e] += b[e];
+                to[k] = pack(a);
+                *reinterpret_cast<uint4*>(sum + row * N + c * E) = to[k];
+            }
         }
     };
     const int64_t stride = int64_t(gridDim.x) * groups;
@@ -155,41 +164,49 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
 // blocks taking their place (see forward_budget), except where that would leave the GPU emptier
 // than one row a group in as many blocks as fit at once (small M).
 template <class T, int VECS, int MAX_BLOCK, bool NEXT_ROW, bool SHARED_AFFINE, int ROWS_PER_GROUP>
-void norm_forward_fast(const FastLayout& l, T* y, T* x_hat, float* mean, float* rstd, const T* x, const T* weight, const T* bias,
-                       int64_t M, int64_t N, double eps, int device) {
+void norm_forward_fast(const FastLayout& l, T* y, T* x_hat, float* mean, float* rstd, const T* x, const T* residual,
+                       T* sum, const T* weight, const T* bias, int64_t M, int64_t N, double eps, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
-    auto kernel = x_hat ? norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE, true>
-                        : norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE, false>;
+    auto pick = [&](auto residual_tag) {
+        constexpr bool R = decltype(residual_tag)::value;
+        return x_hat ? norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE, true, R>
+                     : norm_forward_fast_kernel<T, VECS, MAX_BLOCK, NEXT_ROW, SHARED_AFFINE, false, R>;
+    };
+    auto kernel = residual ? pick(std::true_type()) : pick(std::false_type());
     size_t shared = sizeof(float4) * kReduceFloat4s + (SHARED_AFFINE ? 2 * N * sizeof(T) : 0);
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     const int64_t groups = l.block / l.threads_per_row, rows_per_block = groups * ROWS_PER_GROUP;
     const int64_t resident = resident_blocks(kernel, l.block, shared, device);
     unsigned grid = grid_size(M, groups, std::max(resident, (M + rows_per_block - 1) / rows_per_block));
-    kernel<<<grid, l.block, shared, stream>>>(y, x_hat, mean, rstd, x, weight, bias, M, static_cast<int>(N),
-                                              static_cast<float>(eps), l.threads_per_row);
+    kernel<<<grid, l.block, shared, stream>>>(y, x_hat, mean, rstd, x, residual, sum, weight, bias, M,
+                                              static_cast<int>(N), static_cast<float>(eps), l.threads_per_row);
     CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-// The fast kernels where they apply (f32 and bf16, see the file comment), else the reference, which
-// with x_hat writes x_hat and then y by norm_affine_cuda.
+// The fast kernels where they apply (f32 and bf16, see the file comment), else add_forward_cuda for
+// the sum and the reference, which with x_hat writes x_hat and then y by norm_affine_cuda.
 template <class T>
-void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias, int64_t M,
-                       int64_t N, double eps, int device) {
+void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* residual, T* sum,
+                       const T* weight, const T* bias, int64_t M, int64_t N, double eps, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x_hat, x, weight, bias});
+        FastLayout l = fast_layout<T>(forward_budget<T>(), N, {y, x_hat, x, residual, sum, weight, bias});
         auto run = [&](auto shape) {
             if constexpr (shape() < forward_budget<T>().count) {
                 constexpr Shape s = forward_budget<T>().shapes[shape()];
                 norm_forward_fast<T, s.vecs, s.max_block, s.next_row, s.shared_affine, s.rows_per_group>(
-                    l, y, x_hat, mean, rstd, x, weight, bias, M, N, eps, device);
+                    l, y, x_hat, mean, rstd, x, residual, sum, weight, bias, M, N, eps, device);
                 return true;
             }
             return false;
         };
         if (with_shape(l.shape, run)) return;
+    }
+    if (residual) {
+        add_forward_cuda<T>(sum, x, residual, M * N, M * N, device);
+        x = sum;
     }
     if (x_hat) {
         norm_forward_reference_cuda<T>(x_hat, mean, rstd, x, nullptr, nullptr, M, N, eps, device);
@@ -230,11 +247,11 @@ template void norm_affine_cuda<float>(float*, const float*, const float*, const 
 template void norm_affine_cuda<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int);
 template void norm_affine_cuda<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int64_t, int64_t, int);
 
-template void norm_forward_cuda<float>(float*, float*, float*, float*, const float*, const float*, const float*,
-                                       int64_t, int64_t, double, int);
-template void norm_forward_cuda<double>(double*, double*, double*, double*, const double*, const double*,
-                                        const double*, int64_t, int64_t, double, int);
-template void norm_forward_cuda<bf16>(bf16*, bf16*, float*, float*, const bf16*, const bf16*, const bf16*, int64_t,
-                                      int64_t, double, int);
+template void norm_forward_cuda<float>(float*, float*, float*, float*, const float*, const float*, float*,
+                                       const float*, const float*, int64_t, int64_t, double, int);
+template void norm_forward_cuda<double>(double*, double*, double*, double*, const double*, const double*, double*,
+                                        const double*, const double*, int64_t, int64_t, double, int);
+template void norm_forward_cuda<bf16>(bf16*, bf16*, float*, float*, const bf16*, const bf16*, bf16*, const bf16*,
+                                      const bf16*, int64_t, int64_t, double, int);
 
 }  // namespace normtape::detail

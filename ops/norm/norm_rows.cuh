@@ -1,10 +1,12 @@
 // ops/norm/norm_rows.cuh: device helpers of the fast norm kernels (ops/norm/norm_forward.cu,
-// ops/norm/norm_backward.cu): loading the weight and bias a vector at a time, copying them to shared
+// ops/norm/norm_backward.cu): rounding to a dtype, loading the weight and bias a vector at a time, copying them to shared
 // memory, and the sums over the group of threads that owns a row, behind a barrier of that group's
 // warps only. Internal, CUDA code only. Not here: generic vector and cp.async helpers
 // (ops/cuda_common.cuh), how rows are spread over threads and blocks (ops/norm/norm_launch.cuh), the
 // kernels themselves.
 #pragma once
+
+#include <type_traits>
 
 #include "ops/cuda_common.cuh"
 
@@ -13,6 +15,13 @@ namespace normtape::detail::norm {
 // The row reduction's floats (2 per warp of a row) at the start of the fast kernels' dynamic
 // shared memory, in float4s.
 constexpr int kReduceFloat4s = 16;
+
+// v rounded to T and back: what a stored and reloaded element holds.
+template <class T>
+__device__ inline float rounded(float v) {
+    if constexpr (std::is_same_v<T, float>) return v;
+    else return __bfloat162float(__float2bfloat16_rn(v));
+}
 
 // weight or bias of one vector of columns; 1 or 0 where absent.
 template <class T>
