@@ -2,7 +2,8 @@
 """The fused add + norm (layer_norm_fn, rms_norm_fn with a residual) beside PyTorch eager's and
 torch.compile's s = x + residual; y = F.layer_norm(s) (or F.rms_norm), forward and backward, timed as
 examples/bench/bench_norms.cpp times ours (CUDA events, 3 warm-ups, then the median of 20 runs queued
-back to back, each between its own pair of events).
+back to back, each between its own pair of events; PyTorch's behind a wait on the GPU: GPU time, not
+the host's).
 
   python3 scripts/bench_torch_fused_norm.py --ours bench.json [--out compare.json] [--markdown table.md]
 
@@ -25,10 +26,14 @@ DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
 
 def time_ms(fn, warmup=3, repeats=20):
+    """The median GPU time of fn's runs. They are queued behind a wait on the GPU (torch.cuda._sleep),
+    so that the host's time to launch them (Python's, torch.compile's guards) is not counted, as
+    bench_norms's C++ launches run ahead of its GPU."""
     for _ in range(warmup):
         fn()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # about 0.1 s at 2 GHz: longer than queuing the runs takes
     for start, stop in events:
         start.record()
         fn()

@@ -370,7 +370,7 @@ if [ "$MODE" = fused-norm ]; then
         > "$GPU_OUT/fused_norm_tests.log" 2>&1
     rc=$?
     summary+=("fused norm tests: exit $rc, $(grep -E '^\[doctest\] test cases' "$GPU_OUT/fused_norm_tests.log" | paste -sd ';')")
-    [ $rc -eq 0 ] || { failed=1; grep -E "ERROR|CHECK|CAPTURE|with " "$GPU_OUT/fused_norm_tests.log" | head -30; }
+    [ $rc -eq 0 ] || { failed=1; grep -E -A12 "ERROR" "$GPU_OUT/fused_norm_tests.log" | head -40; }
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = fused-norm ]; then
     step bench_norms_fused ./build-gpu/bench_norms --rows 16384 --n 768 1024 4096 8192 --dtype bf16 \

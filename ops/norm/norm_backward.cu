@@ -370,9 +370,11 @@ bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, 
     if (shared > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     // A block per group of rows, or a cluster of CLUSTER blocks sharing them; each writes its
-    // columns of one partial row of dweight and dbias.
-    const int64_t partial_rows =
-        grid_size(M, l.block / l.threads_per_row, resident_blocks(kernel, l.block, shared, device, CLUSTER) / CLUSTER);
+    // columns of one partial row of dweight and dbias. As many as the kernel without dresidual
+    // keeps resident, with dresidual too, so that both sum dweight and dbias in the same order.
+    const int64_t partial_rows = grid_size(
+        M, l.block / l.threads_per_row,
+        resident_blocks(pick(std::false_type()), l.block, shared, device, CLUSTER) / CLUSTER);
     TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
     cudaLaunchAttribute attribute;
