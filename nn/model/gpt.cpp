@@ -128,10 +128,12 @@ Block::Block(const GPTConfig& c) {
 
 Tensor Block::forward(Tensor x, int64_t position, KVLayer* cache) const {
     ModuleScope scope(*this);
-    // Reassigning x drops the handle to the old residual: Note [Why saving y saves memory].
-    x = add(x, attn->forward(ln_1->forward(x), position, cache));
-    x = add(x, mlp->forward(ln_2->forward(x)));
-    return x;
+    // The attention branch's residual add is ln_2's (Note [The fused norm]): one kernel makes
+    // s = x + attn(ln_1(x)) and ln_2(s). Reassigning x drops the handle to the old residual: Note
+    // [Why saving y saves memory].
+    FusedNormOutputs n2 = ln_2->forward(attn->forward(ln_1->forward(x), position, cache), x);
+    x = std::move(n2.residual_out);
+    return add(x, mlp->forward(n2.y));
 }
 
 GPT::GPT(const GPTConfig& c) : config_(c) {

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "nn/model/module.h"
+#include "ops/norm/fused_norm.h"
 #include "ops/norm/norm_policy.h"
 
 namespace normtape {
@@ -28,6 +29,10 @@ public:
     // What is saved, how gradients are written and what is thrown: ops/norm/layer_norm.h,
     // ops/norm/rms_norm.h (eps is checked there, at the first forward).
     virtual Tensor forward(const Tensor& x) const = 0;
+    // The norm of s = x + residual, returning y and s (residual_out), as layer_norm_fn and
+    // rms_norm_fn with prenorm (Note [The fused norm], ops/norm/fused_norm.h): x and residual of one
+    // shape, dtype and device; the policy saves s under Input, never x or residual. Throws as they do.
+    virtual FusedNormOutputs forward(const Tensor& x, const Tensor& residual) const = 0;
 
     NormOptions options;  // policy may be changed between forwards
 };
@@ -37,6 +42,7 @@ class LayerNorm : public NormModule {
 public:
     explicit LayerNorm(int64_t normalized_shape, NormOptions options = {});
     Tensor forward(const Tensor& x) const override;
+    FusedNormOutputs forward(const Tensor& x, const Tensor& residual) const override;
 
     Tensor weight, bias;  // [normalized_shape] or undefined
 };
@@ -46,6 +52,7 @@ class RMSNorm : public NormModule {
 public:
     explicit RMSNorm(int64_t normalized_shape, NormOptions options = {});
     Tensor forward(const Tensor& x) const override;
+    FusedNormOutputs forward(const Tensor& x, const Tensor& residual) const override;
 
     Tensor weight;  // [normalized_shape] or undefined
 };

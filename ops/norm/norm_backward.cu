@@ -299,7 +299,9 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
             if constexpr (DRESIDUAL) {
                 float dr[E];
                 load_pack(dresidual + row * N + c * E, dr);
-                for (int e = 0; e < E; ++e) out[e] = rounded<T>(out[e]) + dr[e];
+                // __fadd_rn: an add that is never contracted with the product above into an fma,
+                // which in f32 (where rounded<T> is no rounding) would round once, not twice.
+                for (int e = 0; e < E; ++e) out[e] = __fadd_rn(rounded<T>(out[e]), dr[e]);
             }
             store_pack(dx + row * N + c * E, out);
         }
