@@ -8,7 +8,8 @@
 //   x = drop(wte(idx) [+ wpe(0..T-1)])               [B, T, C]; wpe with learned positions only
 //   [x = emb_norm(x)]                                 embedding_norm (nanochat)
 //   for each block: x = x + attn(ln_1(x))            pre-norm; the residual variable is reassigned
-//                   x = x + mlp(ln_2(x))             so nothing but the norms can keep x alive
+//                   x = x + mlp(ln_2(x))             so nothing but the norms can keep x alive; the
+//                                                    first add is ln_2's (the fused norm)
 //   logits = lm_head(ln_f(x))                        [B, T, V]; lm_head's weight is wte's when tied
 // The attention: GPT-2's packed c_attn (Linear(C, 3C)) when positions are learned, there is no
 // QK-norm and NKV == NH; otherwise c_q, c_k, c_v (Linear(C, NH hs), Linear(C, NKV hs) twice), the
@@ -156,7 +157,8 @@ public:
     bool recompute_activation;
 };
 
-// Pre-norm block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
+// Pre-norm block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), the first add made by ln_2's kernel
+// (NormModule::forward(x, residual), Note [The fused norm]).
 class Block : public Module {
 public:
     explicit Block(const GPTConfig& config);
