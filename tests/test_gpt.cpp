@@ -1,8 +1,9 @@
 // tests/test_gpt.cpp: the model end to end: it learns real text, it can overfit one batch, the
 // two policies train identically, and bad input to the model is rejected clearly; the presets
 // (gpt2, nanochat, llama): their parameters, their gradients against f64 finite differences, tied
-// embeddings, weightless norms under Output and Normalized, and the fused head loss; a batch's
-// gradient as the sum of its micro-batches' (gradient accumulation).
+// embeddings, weightless norms under Output and Normalized, and the fused head loss; the blocks'
+// residual adds inside the norms against the add op; a batch's gradient as the sum of its
+// micro-batches' (gradient accumulation).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -209,6 +210,49 @@ TEST_CASE("gpt: fused_head_loss gives the unfused loss and gradients for every p
                     for (size_t i = 0; i < grads[0][k].size(); ++i)
                         CHECK(grads[1][k][i] == doctest::Approx(grads[0][k][i]).epsilon(1e-11).scale(1e-9));
             }
+}
+
+TEST_CASE("gpt: the blocks' residual adds inside the norms give the unfused adds' loss and gradients bit for bit") {
+    // The unfused model, from the same modules: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), each
+    // add the add op; logits = lm_head(ln_f(x)). GPT::loss makes each add in the next norm's kernel
+    // (ResidualStream); with checkpoint_blocks, a checkpointed block takes the sum.
+    auto unfused_loss = [](const GPT& m, const Tensor& idx, const Tensor& targets) {
+        Tensor x = m.embed(idx);
+        for (const auto& b : m.h) {
+            x = add(x, b->attn->forward(b->ln_1->forward(x)));
+            x = add(x, b->mlp->forward(b->ln_2->forward(x)));
+        }
+        return cross_entropy(m.head(x), targets, m.config().logit_softcap);
+    };
+    for (const char* arch : {"gpt2", "nanochat", "llama"})
+        for (DType dtype : {DType::F32, DType::BF16})
+            for (SavePolicy policy : kSavePolicies)
+                for (bool checkpointed : {false, true}) {
+                    CAPTURE(arch);
+                    CAPTURE(dtype_name(dtype));
+                    CAPTURE(policy_name(policy));
+                    CAPTURE(checkpointed);
+                    GPTConfig c = preset(arch, dtype, policy);
+                    c.n_layer = 3;
+                    c.checkpoint_blocks = checkpointed;
+                    c.checkpoint_every = 2;  // blocks 0 and 2: a checkpointed block after a fused one
+                    manual_seed(17);
+                    GPT model(c);
+                    const Tensor idx = tokens(2, 8, c.vocab_size, 1), targets = tokens(2, 8, c.vocab_size, 3);
+                    std::vector<Tensor> grads[2];
+                    Tensor losses[2];
+                    for (int fused = 0; fused < 2; ++fused) {
+                        model.zero_grad();
+                        losses[fused] = fused ? model.loss(idx, targets) : unfused_loss(model, idx, targets);
+                        losses[fused].backward();
+                        for (const Tensor& p : model.parameters()) grads[fused].push_back(p.grad().clone());
+                    }
+                    CHECK_CLOSE(losses[1], losses[0], (Tolerance{0, 0}));
+                    for (size_t k = 0; k < grads[0].size(); ++k) {
+                        CAPTURE(k);
+                        CHECK_CLOSE(grads[1][k], grads[0][k], (Tolerance{0, 0}));
+                    }
+                }
 }
 
 TEST_CASE("gpt: a batch's gradient is the sum of its micro-batches' gradients, each loss scaled by its share") {

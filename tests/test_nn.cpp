@@ -76,6 +76,31 @@ TEST_CASE("nn: norm module options") {
     CHECK_CLOSE(ln.forward(x), layer_norm(x, ones({8}), zeros({8})), tolerance(DType::F32));
 }
 
+TEST_CASE("nn: a norm module's forward(x, residual) is the norm of x + residual, with it, bit for bit") {
+    for (NormKind kind : {NormKind::Layer, NormKind::RMS})
+        for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
+            CAPTURE(norm_kind_name(kind));
+            CAPTURE(policy_name(policy));
+            NormOptions o;
+            o.policy = policy;
+            auto norm = make_norm(kind, 8, o);
+            manual_seed(3);
+            for (Tensor& p : norm->parameters()) {
+                NoGradGuard no_grad;
+                p.copy_(add(p, scale(randn(p.shape()), 0.2)));
+            }
+            Tensor x = randn({3, 8}), r = randn({3, 8});
+            FusedNormOutputs out = norm->forward(x, r);
+            Tensor s = add(x, r);
+            CHECK_CLOSE(out.residual_out, s, (Tolerance{0, 0}));
+            CHECK_CLOSE(out.y, norm->forward(s), (Tolerance{0, 0}));
+            CHECK_FALSE(out.y1.defined());
+            CHECK_THROWS_KIND_WITH(norm->forward(x, randn({3, 4})), ShapeError,
+                                   kind == NormKind::Layer ? "layer_norm_fn" : "rms_norm_fn",
+                                   "expected residual of x's shape [3, 8], got [3, 4]");
+        }
+}
+
 TEST_CASE("nn: zero_grad drops every gradient") {
     GPT model(small_config());
     Tensor idx = from_vector(std::vector<int64_t>(8, 3), {1, 8});

@@ -127,13 +127,26 @@ Block::Block(const GPTConfig& c) {
 }
 
 Tensor Block::forward(Tensor x, int64_t position, KVLayer* cache) const {
+    ResidualStream out = forward(ResidualStream{std::move(x), Tensor()}, position, cache);
+    return add(out.stream, out.branch);
+}
+
+ResidualStream Block::forward(ResidualStream x, int64_t position, KVLayer* cache) const {
     ModuleScope scope(*this);
-    // The attention branch's residual add is ln_2's (Note [The fused norm]): one kernel makes
-    // s = x + attn(ln_1(x)) and ln_2(s). Reassigning x drops the handle to the old residual: Note
-    // [Why saving y saves memory].
-    FusedNormOutputs n2 = ln_2->forward(attn->forward(ln_1->forward(x), position, cache), x);
-    x = std::move(n2.residual_out);
-    return add(x, mlp->forward(n2.y));
+    // Each residual add is the kernel of the norm after it (Note [The fused norm]): ln_1 makes
+    // s = stream + branch and ln_1(s), ln_2 s + attn(...) and ln_2 of it. A handle is dropped as soon
+    // as it is used, so that nothing but the nodes keeps the residual alive (Note [Why saving y
+    // saves memory]).
+    FusedNormOutputs n1 = x.branch.defined() ? ln_1->forward(x.branch, x.stream)
+                                             : FusedNormOutputs{ln_1->forward(x.stream), x.stream, Tensor()};
+    x = ResidualStream{};
+    Tensor a = attn->forward(n1.y, position, cache);
+    n1.y = Tensor();
+    FusedNormOutputs n2 = ln_2->forward(a, n1.residual_out);
+    a = Tensor();
+    n1.residual_out = Tensor();
+    Tensor m = mlp->forward(n2.y);
+    return {std::move(n2.residual_out), std::move(m)};
 }
 
 GPT::GPT(const GPTConfig& c) : config_(c) {
@@ -162,7 +175,12 @@ Tensor GPT::embed(const Tensor& idx, int64_t position) const {
 
 Tensor GPT::head(const Tensor& x) const { return lm_head->forward(ln_f->forward(x)); }
 
-Tensor GPT::blocks(const Tensor& idx) const {
+Tensor GPT::final_norm(ResidualStream x) const {
+    if (!x.branch.defined()) return ln_f->forward(x.stream);
+    return ln_f->forward(std::move(x.branch), std::move(x.stream)).y;
+}
+
+ResidualStream GPT::blocks(const Tensor& idx) const {
     NT_CHECK(idx.defined(), "GPT: expected idx of shape [B, T] i64, got an undefined tensor");
     NT_CHECK_AS(DTypeError, idx.dtype() == DType::I64, "GPT: expected idx of shape [B, T] i64, got ",
                 shape_str(idx.shape()), " ", dtype_name(idx.dtype()));
@@ -172,16 +190,20 @@ Tensor GPT::blocks(const Tensor& idx) const {
     NT_CHECK_AS(ShapeError, T >= 1 && T <= config_.block_size, "GPT: expected a sequence length in [1, block_size = ",
                 config_.block_size, "], got ", T);
     ModuleScope scope(*this);
-    Tensor x = embed(idx);
+    ResidualStream x{embed(idx), Tensor()};
     // Moving the residual into each block leaves the block the only handle, so the block's input
-    // is freed as soon as the block's first add has consumed it (Note [Why saving y saves memory]).
+    // is freed as soon as the block's first norm has consumed it (Note [Why saving y saves memory]).
     for (size_t i = 0; i < h.size(); ++i) {
         const Block* b = h[i].get();
-        // Note [Activation checkpointing]: a checkpointed block saves x only; every checkpoint_every-th is.
-        if (config_.checkpoint_blocks && static_cast<int64_t>(i) % config_.checkpoint_every == 0)
-            x = checkpoint([b](const Tensor& in) { return b->forward(in); }, x);
-        else
+        // Note [Activation checkpointing]: a checkpointed block saves x only (the stream and branch
+        // added first); every checkpoint_every-th is.
+        if (config_.checkpoint_blocks && static_cast<int64_t>(i) % config_.checkpoint_every == 0) {
+            Tensor in = x.branch.defined() ? add(x.stream, x.branch) : x.stream;
+            x = ResidualStream{};
+            x.stream = checkpoint([b](const Tensor& t) { return b->forward(t); }, in);
+        } else {
             x = b->forward(std::move(x));
+        }
     }
     return x;
 }
@@ -189,7 +211,7 @@ Tensor GPT::blocks(const Tensor& idx) const {
 Tensor GPT::forward(const Tensor& idx) const {
     std::optional<SaveOnCpu> offload;  // Note [SaveOnCpu]: over the whole forward, so prefetching crosses layers
     if (config_.offload) offload.emplace();
-    return head(blocks(idx));
+    return lm_head->forward(final_norm(blocks(idx)));
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
@@ -198,10 +220,10 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
     // The last block's output is a temporary of the first statement below: it is freed before the
     // loss runs (under Output and Normalized nothing saves it).
     if (!config_.fused_head_loss) {
-        Tensor logits = head(blocks(idx));
+        Tensor logits = lm_head->forward(final_norm(blocks(idx)));
         return cross_entropy(logits, targets, config_.logit_softcap);
     }
-    Tensor x = ln_f->forward(blocks(idx));  // lm_head's input, which the loss saves
+    Tensor x = final_norm(blocks(idx));  // lm_head's input, which the loss saves
     ModuleScope scope(*lm_head);  // lm_head's product runs inside the loss, chunk by chunk
     LinearCrossEntropyOptions options;
     options.softcap = config_.logit_softcap;

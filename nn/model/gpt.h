@@ -8,8 +8,8 @@
 //   x = drop(wte(idx) [+ wpe(0..T-1)])               [B, T, C]; wpe with learned positions only
 //   [x = emb_norm(x)]                                 embedding_norm (nanochat)
 //   for each block: x = x + attn(ln_1(x))            pre-norm; the residual variable is reassigned
-//                   x = x + mlp(ln_2(x))             so nothing but the norms can keep x alive; the
-//                                                    first add is ln_2's (the fused norm)
+//                   x = x + mlp(ln_2(x))             so nothing but the norms can keep x alive; each
+//                                                    add is the next norm's (the fused norm)
 //   logits = lm_head(ln_f(x))                        [B, T, V]; lm_head's weight is wte's when tied
 // The attention: GPT-2's packed c_attn (Linear(C, 3C)) when positions are learned, there is no
 // QK-norm and NKV == NH; otherwise c_q, c_k, c_v (Linear(C, NH hs), Linear(C, NKV hs) twice), the
@@ -157,13 +157,22 @@ public:
     bool recompute_activation;
 };
 
-// Pre-norm block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), the first add made by ln_2's kernel
+// The residual stream between blocks, x = stream + branch: branch is the last block's MLP output,
+// left for the next norm to add in its own kernel (undefined: x is stream itself).
+struct ResidualStream {
+    Tensor stream, branch;  // [B, n, C] each
+};
+
+// Pre-norm block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), each add made by the norm after it
 // (NormModule::forward(x, residual), Note [The fused norm]).
 class Block : public Module {
 public:
     explicit Block(const GPTConfig& config);
     // [B, n, C] -> [B, n, C]; position and cache as CausalSelfAttention::forward.
     Tensor forward(Tensor x, int64_t position = 0, KVLayer* cache = nullptr) const;
+    // The same on the stream between blocks: ln_1 adds x.branch to x.stream, ln_2 the attention's
+    // output; returns the sum after the attention as stream and the MLP's output as branch.
+    ResidualStream forward(ResidualStream x, int64_t position = 0, KVLayer* cache = nullptr) const;
 
     std::shared_ptr<NormModule> ln_1, ln_2;
     std::shared_ptr<CausalSelfAttention> attn;
@@ -216,8 +225,10 @@ public:
     std::shared_ptr<Linear> lm_head;
 
 private:
-    // The checks of idx, embed and the blocks: [B, T] -> [B, T, C], before ln_f.
-    Tensor blocks(const Tensor& idx) const;
+    // The checks of idx, embed and the blocks: [B, T] -> the stream before ln_f.
+    ResidualStream blocks(const Tensor& idx) const;
+    // ln_f of the stream, adding its branch in ln_f's kernel.
+    Tensor final_norm(ResidualStream x) const;
 
     GPTConfig config_;
 };
