@@ -12,7 +12,7 @@ the residual in, s and y out; backward under Input: dy, s and s's gradient in, d
 and dbias) and copy rows are read. PyTorch's forward returns y and s with autograd recording (its
 forward saves what its backward needs); its backward is torch.autograd.grad of (y, s) with the
 gradients (dy, ds) for x, the residual, the weight and the bias. torch.compile compiles the function
-once per shape (dynamic=False) before the warm-ups. forward + backward is the sum of the two medians
+for each case afresh (dynamic=False, dynamo reset first) in the first warm-up. forward + backward is the sum of the two medians
 for each; % copy counts the bytes ours must move (4 M N elements a pass) against the copy's bandwidth.
 """
 import argparse
@@ -67,6 +67,7 @@ def torch_times(dtype, norm, M, N, compiled):
     inputs = (x, r, w, b) if norm == "layer" else (x, r, w)
     f = add_norm(norm, N)
     if compiled:
+        torch._dynamo.reset()  # one code object for every case: dynamo's recompile limit would fall back to eager
         f = torch.compile(f, dynamic=False)
     forward_ms = time_ms(lambda: f(x, r, w, b))
     y, s = f(x, r, w, b)

@@ -2,11 +2,11 @@
 # scripts/gpu_profile.sh: Nsight Compute's hardware counters for chosen launches of the fast norm
 # kernels in bench_norms; needs an NVIDIA GPU and Nsight Compute's ncu (see docs/PERFORMANCE.md).
 #   scripts/gpu_profile.sh BENCH LABEL:DTYPE:N:SKIP...
-#   e.g. scripts/gpu_profile.sh build-gpu/bench_norms fwd3000:bf16:3000:3 bin1024:bf16:1024:26
+#   e.g. scripts/gpu_profile.sh build-gpu/bench_norms fwd3000:bf16:3000:3 bin1024:bf16:1024:49
 # SKIP counts the launches of *fast_kernel in `bench_norms --n N --dtype DTYPE` before the one
-# profiled: 3 warm-ups and 20 runs per case, in this order: layer forward 0-22, layer backward
-# input 23-45, layer backward output 46-68, rms forward 69-91, rms backward input 92-114, rms
-# backward output 115-137. For each launch it prints time, DRAM throughput and bytes, achieved
+# profiled: 3 warm-ups and 20 runs per case (23 launches), in this order for layer, then for rms
+# from 161 on: forward 0-22, forward normalized 23-45, backward input 46-68, output 69-91,
+# normalized 92-114, +residual forward 115-137, +residual backward 138-160. For each launch it prints time, DRAM throughput and bytes, achieved
 # occupancy, issue-slot use, instructions, registers, hit rates, shared-memory loads, wavefronts
 # and bank conflicts, the L1's and the LSU and XU pipes' use, the largest warp stall reasons
 # (cycles per issued instruction), and ncu's occupancy limits. Raw CSV goes to $GPU_OUT/ncu

@@ -215,7 +215,8 @@ TEST_CASE("gpt: fused_head_loss gives the unfused loss and gradients for every p
 TEST_CASE("gpt: the blocks' residual adds inside the norms give the unfused adds' loss and gradients bit for bit") {
     // The unfused model, from the same modules: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), each
     // add the add op; logits = lm_head(ln_f(x)). GPT::loss makes each add in the next norm's kernel
-    // (ResidualStream); with checkpoint_blocks, a checkpointed block takes the sum.
+    // (ResidualStream); with checkpoint_blocks, a checkpointed block takes the sum. In f64 too, where
+// only an add kept apart from the product before it gives the same bits.
     auto unfused_loss = [](const GPT& m, const Tensor& idx, const Tensor& targets) {
         Tensor x = m.embed(idx);
         for (const auto& b : m.h) {
@@ -225,7 +226,7 @@ TEST_CASE("gpt: the blocks' residual adds inside the norms give the unfused adds
         return cross_entropy(m.head(x), targets, m.config().logit_softcap);
     };
     for (const char* arch : {"gpt2", "nanochat", "llama"})
-        for (DType dtype : {DType::F32, DType::BF16})
+        for (DType dtype : {DType::F64, DType::F32, DType::BF16})
             for (SavePolicy policy : kSavePolicies)
                 for (bool checkpointed : {false, true}) {
                     CAPTURE(arch);

@@ -128,6 +128,7 @@ Block::Block(const GPTConfig& c) {
 
 Tensor Block::forward(Tensor x, int64_t position, KVLayer* cache) const {
     ResidualStream out = forward(ResidualStream{std::move(x), Tensor()}, position, cache);
+    ModuleScope scope(*this);
     return add(out.stream, out.branch);
 }
 
@@ -176,8 +177,9 @@ Tensor GPT::embed(const Tensor& idx, int64_t position) const {
 Tensor GPT::head(const Tensor& x) const { return lm_head->forward(ln_f->forward(x)); }
 
 Tensor GPT::final_norm(ResidualStream x) const {
-    if (!x.branch.defined()) return ln_f->forward(x.stream);
-    return ln_f->forward(std::move(x.branch), std::move(x.stream)).y;
+    Tensor y = x.branch.defined() ? ln_f->forward(x.branch, x.stream).y : ln_f->forward(x.stream);
+    x = ResidualStream{};  // a parameter lives to the end of the caller's expression: drop its handles now
+    return y;
 }
 
 ResidualStream GPT::blocks(const Tensor& idx) const {
@@ -198,6 +200,7 @@ ResidualStream GPT::blocks(const Tensor& idx) const {
         // Note [Activation checkpointing]: a checkpointed block saves x only (the stream and branch
         // added first); every checkpoint_every-th is.
         if (config_.checkpoint_blocks && static_cast<int64_t>(i) % config_.checkpoint_every == 0) {
+            ModuleScope block_scope(*b);
             Tensor in = x.branch.defined() ? add(x.stream, x.branch) : x.stream;
             x = ResidualStream{};
             x.stream = checkpoint([b](const Tensor& t) { return b->forward(t); }, in);

@@ -11,15 +11,16 @@
 // dropout stream (ops/dropout.h). The dropouts and the add of x1 are the dropout and add ops,
 // recorded as they are (they save no tensor: a mask is drawn again in backward). The residual add
 // is the norm's: its forward kernel reads x and residual and writes s and y in one pass over the
-// rows. With prenorm s comes back too, the new residual stream, as layer_norm_fn(prenorm=True)
+// rows (on CUDA where the fast kernels apply: f32 and bf16, 16-byte aligned rows; elsewhere the add
+// op's kernel runs first). With prenorm s comes back too, the new residual stream, as layer_norm_fn(prenorm=True)
 // does. s is rounded to x's dtype before the norm reads it, so that s and y are the unfused
 // composition (dropout, add, norm, after the same manual_seed) bit for bit (FlashAttention's kernel
 // normalizes the unrounded sum instead). With a residual, one node with y and s as its two outputs
 // (Note [Nodes of several outputs], core/autograd.h) takes both gradients at once: ds = the norm's
-// dx + the gradient that reached s, added in the norm's backward kernel (in the add op's
-// arithmetic: the same bits again) and given to residual and to dropout(x) + dropout(x1) alike, as
-// llm.c's layernorm_backward adds into dresidual. What it saves is the norm's policy (ops/norm/norm_policy.h) with s in x's
-// place: under Input s (which with prenorm the next block keeps anyway), under Output y, under
+// dx + the gradient that reached s, added in the norm's backward kernel (with weight1 by the add
+// op after the kernels; in the add op's arithmetic: the same bits again) and given to residual and
+// to dropout(x) + dropout(x1) alike, as llm.c's layernorm_backward adds into dresidual. What it
+// saves is the norm's policy (ops/norm/norm_policy.h) with s in x's place: under Input s (which with prenorm the next block keeps anyway), under Output y, under
 // Normalized x_hat; never x, x1 or residual themselves.
 // weight1 and bias1 (GPT-J's and GPT-NeoX's parallel block) make a second affine output of the same
 // normalized rows: y and y1 are both made from x_hat rounded to x's dtype, and the one node saves what

@@ -369,14 +369,16 @@ bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, 
     while (stages > 0 && backward_shared_bytes<T>(l, N, affine, stages) > size_t(limits.shared_optin)) --stages;
     if (stages == 0) return false;
     size_t shared = backward_shared_bytes<T>(l, N, affine, stages);
-    if (shared > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
     // A block per group of rows, or a cluster of CLUSTER blocks sharing them; each writes its
     // columns of one partial row of dweight and dbias. As many as the kernel without dresidual
-    // keeps resident, with dresidual too, so that both sum dweight and dbias in the same order.
-    const int64_t partial_rows = grid_size(
-        M, l.block / l.threads_per_row,
-        resident_blocks(pick(std::false_type()), l.block, shared, device, CLUSTER) / CLUSTER);
+    // keeps resident, with dresidual too, so that both sum dweight and dbias in the same order (so
+    // both kernels are let have their shared memory before the occupancy query).
+    const auto plain = pick(std::false_type());
+    if (shared > 48 * 1024)
+        for (auto k : {kernel, plain})
+            CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    const int64_t partial_rows =
+        grid_size(M, l.block / l.threads_per_row, resident_blocks(plain, l.block, shared, device, CLUSTER) / CLUSTER);
     TensorOptions opts = TensorOptions().dtype(DType::F32).device(Device::cuda(device));
     Tensor pw = dweight ? empty({partial_rows, N}, opts) : Tensor(), pb = dbias ? empty({partial_rows, N}, opts) : Tensor();
     cudaLaunchAttribute attribute;
@@ -417,9 +419,14 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* dresi
         };
         if (policy == SavePolicy::Output ? run_policy(std::true_type()) : run_policy(std::false_type())) return;
     }
+    if (dx && dresidual) {  // the plain backward (fast where only dresidual's alignment kept it out), then the add
+        norm_backward_cuda<T>(dx, dweight, dbias, dy, nullptr, saved, mean, rstd, weight, bias, centered, policy, M,
+                              N, device);
+        add_forward_cuda<T>(dx, dx, dresidual, M * N, M * N, device);
+        return;
+    }
     norm_backward_reference_cuda<T>(dx, dweight, dbias, dy, saved, mean, rstd, weight, bias, centered, policy, M, N,
                                     device);
-    if (dx && dresidual) add_forward_cuda<T>(dx, dx, dresidual, M * N, M * N, device);
 }
 
 template void norm_backward_cuda<float>(float*, float*, float*, const float*, const float*, const float*,

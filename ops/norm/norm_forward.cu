@@ -187,7 +187,8 @@ void norm_forward_fast(const FastLayout& l, T* y, T* x_hat, float* mean, float* 
 }  // namespace
 
 // The fast kernels where they apply (f32 and bf16, see the file comment), else add_forward_cuda for
-// the sum and the reference, which with x_hat writes x_hat and then y by norm_affine_cuda.
+// the sum and the norm of it (fast where only x's or the residual's alignment kept it out), or the
+// reference, which with x_hat writes x_hat and then y by norm_affine_cuda.
 template <class T>
 void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* residual, T* sum,
                        const T* weight, const T* bias, int64_t M, int64_t N, double eps, int device) {
@@ -206,7 +207,8 @@ void norm_forward_cuda(T* y, T* x_hat, acc_t<T>* mean, acc_t<T>* rstd, const T* 
     }
     if (residual) {
         add_forward_cuda<T>(sum, x, residual, M * N, M * N, device);
-        x = sum;
+        norm_forward_cuda<T>(y, x_hat, mean, rstd, sum, nullptr, nullptr, weight, bias, M, N, eps, device);
+        return;
     }
     if (x_hat) {
         norm_forward_reference_cuda<T>(x_hat, mean, rstd, x, nullptr, nullptr, M, N, eps, device);
