@@ -20,8 +20,9 @@
 // dx + the gradient that reached s, added in the norm's backward kernel (with weight1 by the add
 // op after the kernels; in the add op's arithmetic: the same bits again) and given to residual and
 // to dropout(x) + dropout(x1) alike, as llm.c's layernorm_backward adds into dresidual. What it
-// saves is the norm's policy (ops/norm/norm_policy.h) with s in x's place: under Input s (which with prenorm the next block keeps anyway), under Output y, under
-// Normalized x_hat; never x, x1 or residual themselves.
+// saves is the norm's policy (ops/norm/norm_policy.h) with s in x's place: under Input s (which
+// with prenorm the next block keeps anyway), under Output y, under Normalized x_hat; never x, x1 or
+// residual themselves.
 // weight1 and bias1 (GPT-J's and GPT-NeoX's parallel block) make a second affine output of the same
 // normalized rows: y and y1 are both made from x_hat rounded to x's dtype, and the one node saves what
 // the policy saves once. Its backward is linear in (dy, dy1): ds is the sum of the norm's dx for each

@@ -148,8 +148,8 @@ void run_norm_forward(const char* op, const Tensor& y, const Tensor& x_hat, cons
                                                  device_ptr<S>(rstd), device_ptr<T>(x), r, sum, device_ptr<T>(weight),
                                                  device_ptr<T>(bias), M, N, eps, x.device().index));
         } else if (x_hat.defined()) {
-            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x), r, sum,
-                                nullptr, nullptr, M, N, eps);
+            norm_forward_cpu<T>(device_ptr<T>(x_hat), device_ptr<S>(mean), device_ptr<S>(rstd), device_ptr<T>(x), r,
+                                sum, nullptr, nullptr, M, N, eps);
             norm_affine_cpu<T>(device_ptr<T>(y), device_ptr<T>(x_hat), device_ptr<T>(weight), device_ptr<T>(bias), M,
                                N);
         } else {
@@ -256,8 +256,8 @@ private:
                                                       saved_policy, M, N, saved.device().index));
             } else {
                 norm_backward_cpu<T>(device_ptr<T>(dx), device_ptr<T>(dw), device_ptr<T>(db), device_ptr<T>(dy),
-                                     device_ptr<T>(dresidual), device_ptr<T>(saved), device_ptr<S>(m), device_ptr<S>(r), device_ptr<T>(w),
-                                     device_ptr<T>(b), centered, saved_policy, M, N);
+                                     device_ptr<T>(dresidual), device_ptr<T>(saved), device_ptr<S>(m), device_ptr<S>(r),
+                                     device_ptr<T>(w), device_ptr<T>(b), centered, saved_policy, M, N);
             }
         });
         if (dx.defined()) dx = dx.view(grad_output.shape());

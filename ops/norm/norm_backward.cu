@@ -181,9 +181,9 @@ __device__ inline void cluster_sum2(float& a, float& b, float2* exchange, int pa
 template <class T, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER, bool OUTPUT, bool FLUSH, bool DRESIDUAL>
 __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b, const T* __restrict__ dy,
-    const T* __restrict__ dresidual, const T* __restrict__ saved, const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ weight, const T* __restrict__ bias, bool centered, bool normalized, int64_t M, int N,
-    int threads_per_row, int stages) {
+    const T* __restrict__ dresidual, const T* __restrict__ saved, const float* __restrict__ mean,
+    const float* __restrict__ rstd, const T* __restrict__ weight, const T* __restrict__ bias, bool centered,
+    bool normalized, int64_t M, int N, int threads_per_row, int stages) {
     static_assert(CLUSTER == 1 || CLUSTER == 2);
     constexpr int E = Pack<T>::E, Q = E / 4;
     constexpr bool kInRegisters = OUTPUT && affine_in_registers<T, VECS, MAX_BLOCK>();
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     const int64_t cluster = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
     dy += rank * cols, saved += rank * cols;
     if (dx) dx += rank * cols;
-    if (DRESIDUAL) dresidual += rank * cols;
+    if constexpr (DRESIDUAL) dresidual += rank * cols;
     if (weight) weight += rank * cols;
     if (bias) bias += rank * cols;
     const int lane = threadIdx.x % threads_per_row, groups = blockDim.x / threads_per_row;
@@ -349,8 +349,8 @@ size_t backward_shared_bytes(const FastLayout& l, int64_t N, int affine, int sta
 // 2 x 64 KiB a slot).
 template <class T, bool OUTPUT, int VECS, int MAX_BLOCK, bool SHARED_AFFINE, int CLUSTER>
 bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, T* dweight, T* dbias, const T* dy,
-                        const T* dresidual, const T* saved, const float* mean, const float* rstd, const T* weight, const T* bias,
-                        bool centered, bool normalized, int64_t M, int64_t N, int device) {
+                        const T* dresidual, const T* saved, const float* mean, const float* rstd, const T* weight,
+                        const T* bias, bool centered, bool normalized, int64_t M, int64_t N, int device) {
     cudaStream_t stream = cuda::stream(device);  // makes `device` current for the queries below
     // Under SavePolicy::Output, where 1 / weight is not in registers, the second pass divides by
     // the weight with subnormals flushed (divide_approx<true>: fewer instructions an element), except
@@ -360,7 +360,8 @@ bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, 
         constexpr bool R = decltype(dresidual_tag)::value;
         auto k = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, OUTPUT, OUTPUT, R>;
         if constexpr (OUTPUT && std::is_same_v<T, bf16> && !affine_in_registers<T, VECS, MAX_BLOCK>())
-            if (l.threads_per_row <= 64) k = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false, R>;
+            if (l.threads_per_row <= 64)
+                k = norm_backward_fast_kernel<T, VECS, MAX_BLOCK, SHARED_AFFINE, CLUSTER, true, false, R>;
         return k;
     };
     auto kernel = dresidual && dx ? pick(std::true_type()) : pick(std::false_type());
@@ -384,9 +385,9 @@ bool norm_backward_fast(const FastLayout& l, const DeviceLimits& limits, T* dx, 
     cudaLaunchAttribute attribute;
     cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(partial_rows * CLUSTER)), l.block, shared,
                                               CLUSTER, stream, attribute);
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, dx, device_ptr<float>(pw), device_ptr<float>(pb), dy, dresidual, saved, mean,
-                                  rstd, weight, bias, centered, normalized, M, static_cast<int>(N), l.threads_per_row,
-                                  stages));
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, dx, device_ptr<float>(pw), device_ptr<float>(pb), dy, dresidual,
+                                  saved, mean, rstd, weight, bias, centered, normalized, M, static_cast<int>(N),
+                                  l.threads_per_row, stages));
     CUDA_LAUNCH_CHECK();
     if (dweight) column_sum_cuda<float, T>(dweight, device_ptr<float>(pw), partial_rows, N, device);
     if (dbias) column_sum_cuda<float, T>(dbias, device_ptr<float>(pb), partial_rows, N, device);
@@ -400,8 +401,8 @@ void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* dresi
                         const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, const T* bias, bool centered,
                         SavePolicy policy, int64_t M, int64_t N, int device) {
     if constexpr (!std::is_same_v<T, double>) {
-        const DeviceLimits limits = device_limits(
-            device, reinterpret_cast<const void*>(norm_backward_fast_kernel<float, 4, 512, true, 1, false, false, false>));
+        const auto probe = norm_backward_fast_kernel<float, 4, 512, true, 1, false, false, false>;
+        const DeviceLimits limits = device_limits(device, reinterpret_cast<const void*>(probe));
         auto run_policy = [&](auto output) {
             constexpr bool OUTPUT = decltype(output)::value;
             FastLayout l = fast_layout<T>(backward_budget<T, OUTPUT>(), N,
