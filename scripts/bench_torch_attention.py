@@ -36,26 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from torch_timing import time_ms
+
 DEFAULT_SHAPES = [(16, 16, 1024, 64), (8, 16, 2048, 64), (4, 16, 4096, 64), (16, 8, 1024, 128)]
 BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-def time_ms(fn, warmup, repeats):
-    """Median ms of fn() on the current stream. The stream is held by torch.cuda._sleep (about 2 ms
-    per run) while the runs are queued, so that each run starts when the one before ends: the times
-    are the GPU's even where Python takes longer to queue a run than the GPU to run it."""
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    torch.cuda.synchronize()
-    torch.cuda._sleep(4_000_000 * repeats)
-    for start, stop in events:
-        start.record()
-        fn()
-        stop.record()
-    torch.cuda.synchronize()
-    times = sorted(start.elapsed_time(stop) for start, stop in events)
-    return times[len(times) // 2]
 
 
 def parse_shape(text):

@@ -22,25 +22,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from torch_timing import time_ms
+
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
-
-
-def time_ms(fn, warmup=3, repeats=20):
-    """The median GPU time of fn's runs. They are queued behind a wait on the GPU (torch.cuda._sleep),
-    so that the host's time to launch them (Python's, torch.compile's guards) is not counted, as
-    bench_norms's C++ launches run ahead of its GPU."""
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)  # about 0.1 s at 2 GHz: longer than queuing the runs takes
-    for start, stop in events:
-        start.record()
-        fn()
-        stop.record()
-    torch.cuda.synchronize()
-    times = sorted(start.elapsed_time(stop) for start, stop in events)
-    return times[len(times) // 2]
 
 
 def add_norm(norm, N):

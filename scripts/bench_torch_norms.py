@@ -19,21 +19,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from torch_timing import time_ms
+
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
-
-
-def time_ms(fn, warmup=3, repeats=20):
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    torch.cuda.synchronize()
-    for start, stop in events:
-        start.record()
-        fn()
-        stop.record()
-    torch.cuda.synchronize()
-    times = sorted(start.elapsed_time(stop) for start, stop in events)
-    return times[len(times) // 2]
 
 
 def torch_rows(total, cases):
@@ -54,11 +42,11 @@ def torch_rows(total, cases):
                     fwd = lambda: F.rms_norm(x, (N,), w, 1e-5)
                     inputs = (x, w)
                 with torch.no_grad():
-                    ms = time_ms(fwd)
+                    ms = time_ms(fwd, hold=False)
                 rows.append({"dtype": dname, "norm": norm, "pass": "forward", "N": N, "M": M, "ms": ms,
                              "gbps": 2 * size / ms / 1e6})
                 y = fwd()
-                ms = time_ms(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True))
+                ms = time_ms(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True), hold=False)
                 rows.append({"dtype": dname, "norm": norm, "pass": "backward", "N": N, "M": M, "ms": ms,
                              "gbps": 3 * size / ms / 1e6})
                 del y
