@@ -68,6 +68,14 @@ constexpr Budget backward_budget() {
     else if constexpr (OUTPUT) return {{{2, 512, 64, false, true, 0, 1}, {4, 512, 512, false, true, 0, 1}}, 2};
     else return {{{4, 512, 512, false, true, 0, 1}}, 1};
 }
+// Whether the backward with dresidual loads a row's dresidual vectors into registers ahead of the
+// row's first pass (4 registers a vector), or in its second pass: ahead where a thread keeps at
+// least 64 registers beyond its dweight and dbias sums (2 * VECS * E floats) and, under
+// SavePolicy::Output, 32 more for the affine terms. With fewer, ptxas (nvcc 13, sm_90) spilled.
+template <class T, int VECS, int MAX_BLOCK, bool OUTPUT>
+constexpr bool dresidual_ahead() {
+    return 65536 / MAX_BLOCK - 2 * VECS * Pack<T>::E - (OUTPUT ? 32 : 0) >= 64;
+}
 // The backward's head: the reduction's floats, then cluster_sum2's two slots, padded to 128 bytes
 // so that the rows behind it stay 128-byte aligned.
 constexpr int kBackwardHeadFloat4s = kReduceFloat4s + 8;
@@ -187,6 +195,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
     static_assert(CLUSTER == 1 || CLUSTER == 2);
     constexpr int E = Pack<T>::E, Q = E / 4;
     constexpr bool kInRegisters = OUTPUT && affine_in_registers<T, VECS, MAX_BLOCK>();
+    constexpr bool kAhead = DRESIDUAL && dresidual_ahead<T, VECS, MAX_BLOCK, OUTPUT>();
     extern __shared__ float4 shared4[];
     // Block `rank` of a cluster takes columns [rank * cols, (rank + 1) * cols) of the cluster's rows.
     const int cols = N / CLUSTER, rank = cluster_rank<CLUSTER>();
@@ -242,6 +251,17 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
         const float x_scale = normalized ? 1.0f : r;  // Normalized saved x_hat itself (and no mean: m = 0)
         fetch(row + (stages - 1) * stride, (slot + stages - 1) % stages);
         copy_async_wait(stages - 1);
+        // dresidual's vectors of the row, loaded now where registers allow (dresidual_ahead), so that
+        // their latency overlaps the first pass and the reduction; raw, 4 registers a vector.
+        uint4 dr_raw[kAhead ? VECS : 1];
+        if constexpr (kAhead) {
+#pragma unroll
+            for (int k = 0; k < VECS; ++k) {
+                int c = k * threads_per_row + lane;
+                if (active && dx && c < vecs_per_row)
+                    dr_raw[k] = *reinterpret_cast<const uint4*>(dresidual + row * N + c * E);
+            }
+        }
         const T* row_dy = ring + size_t(slot) * 2 * cols;
         const T* row_saved = row_dy + cols;
         slot = slot + 1 == stages ? 0 : slot + 1;
@@ -298,7 +318,8 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) norm_backward_fast_kernel(
             for (int e = 0; e < E; ++e) out[e] = r * (g[e] - mean_g - xh[e] * mean_gx);
             if constexpr (DRESIDUAL) {
                 float dr[E];
-                load_pack(dresidual + row * N + c * E, dr);
+                if constexpr (kAhead) unpack(dr_raw[k], dr);
+                else load_pack(dresidual + row * N + c * E, dr);
                 // __fadd_rn: an add that is never contracted with the product above into an fma,
                 // which in f32 (where rounded<T> is no rounding) would round once, not twice.
                 for (int e = 0; e < E; ++e) out[e] = __fadd_rn(rounded<T>(out[e]), dr[e]);
