@@ -12,7 +12,7 @@
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|
-#                         muon|muon-shakespeare|distributed|dryrun|fused-norm]
+#                         muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs, SANITIZE_SHARDS=K splits each;
@@ -41,16 +41,20 @@
 #     preset's step under seven settings (train_gpt's measured peak against predict_peak, which
 #     dry-runs the same step), with ZeRO-1 on 2 GPUs where the machine has them, and bench_dry_run.
 #     fused-norm: the norms' tests on the GPU (fused_norm, layer_norm, rms_norm, cuda's norm cases), and the fused
-#     add + norm at M = 16384 rows in bf16 (bench_norms --rows) beside PyTorch eager's and
-#     torch.compile's (scripts/bench_torch_fused_norm.py); part of bench too.
+#     add + norm at M = 16384 rows in bf16 (bench_norms --hold --rows) beside PyTorch eager's and
+#     torch.compile's (scripts/bench_torch_fused_norm.py); part of bench too. baseline: this tree's
+#     train_gpt beside the one built from BASELINE_SRC (another checkout's source, e.g. from
+#     `git archive`), each run alternated three times in one call: the preset's step under each
+#     policy, and 200 bf16 steps on data/tinyshakespeare.txt with --dropout 0.1 (the
+#     loss curves, saved bytes and peaks side by side, scripts/compare_runs.py).
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -58,11 +62,11 @@ summary=()
 failed=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$GPU_OUT/gpu.txt"
 
-# build DIR LABEL [CMAKE ARGS...]: configures and builds DIR with -Werror (only $BUILD_TARGETS where
-# it is set), logs under $GPU_OUT.
+# build DIR LABEL [CMAKE ARGS...]: configures and builds DIR from $SRC (default: this tree) with -Werror
+# (only $BUILD_TARGETS where it is set), logs under $GPU_OUT.
 build() {
     local dir=$1 label=$2; shift 2
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DNORMTAPE_WERROR=ON "$@" > "$GPU_OUT/configure-$label.log" 2>&1 ||
+    cmake -S "${SRC:-.}" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DNORMTAPE_WERROR=ON "$@" > "$GPU_OUT/configure-$label.log" 2>&1 ||
         { tail -20 "$GPU_OUT/configure-$label.log"; exit 1; }
     # shellcheck disable=SC2086  # a list of targets
     if cmake --build "$dir" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$GPU_OUT/build-$label.log" 2>&1; then
@@ -72,6 +76,11 @@ build() {
 # The sanitizers need only the library and the tests (which bring train_gpt and generate).
 [ "$MODE" = sanitize ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests}"
 [ "$MODE" = fused-norm ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests bench_norms}"
+if [ "$MODE" = baseline ]; then
+    [ -f "${BASELINE_SRC:-}/CMakeLists.txt" ] || { echo "baseline: BASELINE_SRC must name a source tree" >&2; exit 2; }
+    BUILD_TARGETS="${BUILD_TARGETS:-train_gpt}"
+    SRC="$BASELINE_SRC" build build-baseline baseline
+fi
 [ "$MODE" = ptx80 ] || build build-gpu gpu ${CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH"}
 
 export NORMTAPE_PYTHON=python3
@@ -373,7 +382,7 @@ if [ "$MODE" = fused-norm ]; then
     [ $rc -eq 0 ] || { failed=1; grep -E -A12 "ERROR" "$GPU_OUT/fused_norm_tests.log" | head -40; }
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = fused-norm ]; then
-    step bench_norms_fused ./build-gpu/bench_norms --rows 16384 --n 768 1024 4096 8192 --dtype bf16 \
+    step bench_norms_fused ./build-gpu/bench_norms --hold --rows 16384 --n 768 1024 4096 8192 --dtype bf16 \
         --json "$GPU_OUT/fused_norm.json" > "$GPU_OUT/fused_norm.log" 2>&1
     step bench_torch_fused_norm env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_fused_norm.py \
         --ours "$GPU_OUT/fused_norm.json" --out "$GPU_OUT/fused_norm_compare.json" \
@@ -452,6 +461,21 @@ if [ "$MODE" = step ]; then
             --ours "$GPU_OUT/step_normalized.json" $([ $mode = compile ] && echo --compile) \
             --json "$GPU_OUT/torch_gpt_$mode.json" > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
     done
+fi
+
+# This tree's train_gpt beside BASELINE_SRC's, alternated so that both see the GPU in the same state.
+if [ "$MODE" = baseline ]; then
+    for k in 1 2 3; do
+        for tree in baseline gpu; do
+            step "preset $tree $k" ./build-$tree/train_gpt --preset gpt2-medium-ish --policy all --steps 30 --log-every 10 \
+                --json "$GPU_OUT/preset_${tree}_$k.json" > "$GPU_OUT/preset_${tree}_$k.log" 2>&1
+            step "dropout $tree $k" ./build-$tree/train_gpt --data data/tinyshakespeare.txt --device cuda \
+                --dtype bf16 --dropout 0.1 --policy all --steps 200 --log-every 50 --json "$GPU_OUT/dropout_${tree}_$k.json" \
+                > "$GPU_OUT/dropout_${tree}_$k.log" 2>&1
+        done
+    done
+    step compare_runs python3 scripts/compare_runs.py "$GPU_OUT" > "$GPU_OUT/baseline.md" 2>&1
+    cat "$GPU_OUT/baseline.md"
 fi
 
 # Muon on the GPU: its tests (newton_schulz and the step against the cpu and f64, the PyTorch
