@@ -8,13 +8,15 @@
 // and y in one forward; the backward under Input with the gradient that reached s added to dx). Each
 // case is timed with CUDA events: 3 warm-up runs, then 20 runs queued back to back, each between
 // its own pair of events, and their median (the host queues ahead of the GPU, so its launch
-// overhead is not counted). The data (2^28 elements, 512 MiB in bf16) is ten times the L2 cache,
-// so nothing is served from it between runs. Effective bandwidth = bytes that must move / time:
+// overhead is not counted; --hold queues the runs behind a host wait first, as the PyTorch
+// scripts' time_ms does, so that this holds for the shortest runs too). The data (2^28 elements,
+// 512 MiB in bf16) is ten times the L2 cache, so nothing is served from it between runs. Effective
+// bandwidth = bytes that must move / time:
 // forward x in and y out (Normalized: x_hat out too); backward x (or y, or x_hat) and dy in, dx
 // out (weights and statistics, M*8 bytes at most, are not counted); +residual: forward x and the
 // residual in, s and y out; backward dy, s and s's gradient in, dx out; copy = bytes read + written.
 //
-//   bench_norms [--quick] [--reference] [--rows M] [--n N...] [--dtype bf16|f32...] [--csv FILE] [--json FILE]
+//   bench_norms [--quick] [--reference] [--hold] [--rows M] [--n N...] [--dtype bf16|f32...] [--csv FILE] [--json FILE]
 //   --quick: M = 2^20 / N (a smoke test; CI compiles this program, it has no GPU to run it)
 //   --rows: M rows at every N instead (e.g. 16384, the fused norm's comparison with torch.compile)
 //   --reference: also time the plain reference kernels
@@ -52,8 +54,8 @@ struct Row {
 using detail::device_ptr;
 
 template <class T>
-void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, const std::vector<int64_t>& sizes,
-                 bool reference, std::vector<Row>& rows) {
+void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, bool hold,
+                 const std::vector<int64_t>& sizes, bool reference, std::vector<Row>& rows) {
     const DType dt = dtype_of<T>();
     for (int64_t N : sizes) {
         const int64_t M = fixed_rows > 0 ? fixed_rows : total / N;
@@ -67,7 +69,7 @@ void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, con
         double copy_ms = time_ms([&] {
             CUDA_CHECK(cudaMemcpyAsync(device_ptr<T>(y), device_ptr<T>(x), static_cast<size_t>(bytes),
                                        cudaMemcpyDeviceToDevice, cuda::stream(0)));
-        }, 3, 20, /*hold=*/false);
+        }, 3, 20, hold);
         double copy_gbps = 2 * bytes / copy_ms / 1e6;
         rows.push_back({dtype_name_, "-", "copy", "-", N, M, copy_ms, copy_gbps, 100.0});
         auto add_row = [&](const std::string& norm, const std::string& pass, const std::string& policy, double ms,
@@ -99,14 +101,14 @@ void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, con
                                 detail::norm_forward_reference_cuda<T>(device_ptr<T>(y), m, device_ptr<float>(rstd),
                                                                        device_ptr<T>(x), device_ptr<T>(w), bias, M, N,
                                                                        1e-5, 0);
-                        }, 3, 20, /*hold=*/false),
+                        }, 3, 20, hold),
                         2 * bytes);
                 if (kernels == 0)  // x_hat into dx's array (free until the backward) beside y: 3 passes
                     add_row(norm, "forward", "normalized", time_ms([&] {
                                 detail::norm_forward_cuda<T>(device_ptr<T>(y), device_ptr<T>(dx), m,
                                                              device_ptr<float>(rstd), device_ptr<T>(x), nullptr,
                                                              nullptr, device_ptr<T>(w), bias, M, N, 1e-5, 0);
-                            }, 3, 20, /*hold=*/false),
+                            }, 3, 20, hold),
                             3 * bytes);
                 for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Output, SavePolicy::Normalized}) {
                     const T* saved = policy == SavePolicy::Input ? device_ptr<T>(x) : device_ptr<T>(y);
@@ -114,7 +116,7 @@ void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, con
                                 backward(device_ptr<T>(dx), device_ptr<T>(dw), centered ? device_ptr<T>(db) : nullptr,
                                          device_ptr<T>(dy), nullptr, saved, policy == SavePolicy::Input ? m : nullptr,
                                          device_ptr<float>(rstd), device_ptr<T>(w), bias, centered, policy);
-                            }, 3, 20, /*hold=*/false),
+                            }, 3, 20, hold),
                             3 * bytes);
                 }
                 if (kernels != 0) continue;
@@ -125,13 +127,13 @@ void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, con
                             detail::norm_forward_cuda<T>(device_ptr<T>(y), nullptr, m, device_ptr<float>(rstd),
                                                          device_ptr<T>(x), device_ptr<T>(residual), device_ptr<T>(sum),
                                                          device_ptr<T>(w), bias, M, N, 1e-5, 0);
-                        }, 3, 20, /*hold=*/false),
+                        }, 3, 20, hold),
                         4 * bytes);
                 add_row(norm + " +residual", "backward", "input", time_ms([&] {
                             backward(device_ptr<T>(dx), device_ptr<T>(dw), centered ? device_ptr<T>(db) : nullptr,
                                      device_ptr<T>(dy), device_ptr<T>(residual), device_ptr<T>(sum), m,
                                      device_ptr<float>(rstd), device_ptr<T>(w), bias, centered, SavePolicy::Input);
-                        }, 3, 20, /*hold=*/false),
+                        }, 3, 20, hold),
                         4 * bytes);
             }
         }
@@ -142,13 +144,14 @@ void bench_dtype(const char* dtype_name_, int64_t total, int64_t fixed_rows, con
 
 int main(int argc, char** argv) {
     CLI::App app{"bench_norms: the norm kernels' effective bandwidth against a device-to-device copy"};
-    bool quick = false, reference = false;
+    bool quick = false, reference = false, hold = false;
     int64_t fixed_rows = 0;
     std::vector<int64_t> sizes = {768, 1024, 2048, 3000, 4096, 8192, 16384};
     std::vector<std::string> dtypes = {"bf16", "f32"};
     std::string csv, json;
     app.add_flag("--quick", quick, "M = 2^20 / N: a smoke test");
     app.add_flag("--reference", reference, "also time the plain reference kernels");
+    app.add_flag("--hold", hold, "queue each case's runs behind a host wait, as the PyTorch scripts do");
     app.add_option("--rows", fixed_rows, "M rows at every N (default: 2^28 / N)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
     app.add_option("--n", sizes, "hidden sizes N")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
     app.add_option("--dtype", dtypes, "dtypes")->check(CLI::IsMember({"bf16", "f32"}));
@@ -167,8 +170,8 @@ int main(int argc, char** argv) {
         const int64_t total = int64_t(1) << (quick ? 20 : 28);
         std::vector<Row> rows;
         for (const std::string& d : dtypes) {
-            if (d == "bf16") bench_dtype<bf16>("bf16", total, fixed_rows, sizes, reference, rows);
-            else bench_dtype<float>("f32", total, fixed_rows, sizes, reference, rows);
+            if (d == "bf16") bench_dtype<bf16>("bf16", total, fixed_rows, hold, sizes, reference, rows);
+            else bench_dtype<float>("f32", total, fixed_rows, hold, sizes, reference, rows);
         }
         cudaDeviceProp prop{};
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
