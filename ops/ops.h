@@ -5,6 +5,7 @@
 
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/cast.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
