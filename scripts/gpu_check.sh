@@ -40,7 +40,7 @@
 #     models of the tests' own and a grid of small GPTs, predicted = measured to the byte), the
 #     preset's step under seven settings (train_gpt's measured peak against predict_peak, which
 #     dry-runs the same step), with ZeRO-1 on 2 GPUs where the machine has them, and bench_dry_run.
-#     fused-norm: the norms' tests on the GPU (fused_norm, layer_norm, rms_norm, cuda's norm cases), and the fused
+#     fused-norm: the norms' tests on the GPU (fused_norm, layer_norm, rms_norm, cast, cuda's norm cases), and the fused
 #     add + norm at M = 16384 rows in bf16 (bench_norms --hold --rows) beside PyTorch eager's and
 #     torch.compile's (scripts/bench_torch_fused_norm.py); part of bench too. baseline: this tree's
 #     train_gpt beside the one built from BASELINE_SRC (another checkout's source, e.g. from
@@ -375,7 +375,7 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     step bench_ops ./build-gpu/bench_ops --json "$GPU_OUT/ops.json" > "$GPU_OUT/ops.log" 2>&1
 fi
 if [ "$MODE" = fused-norm ]; then
-    { ./build-gpu/normtape_tests -ts=fused_norm,layer_norm,rms_norm && ./build-gpu/normtape_tests -ts=cuda -tc='*norm*'; } \
+    { ./build-gpu/normtape_tests -ts=fused_norm,layer_norm,rms_norm,cast && ./build-gpu/normtape_tests -ts=cuda -tc='*norm*'; } \
         > "$GPU_OUT/fused_norm_tests.log" 2>&1
     rc=$?
     summary+=("fused norm tests: exit $rc, $(grep -E '^\[doctest\] test cases' "$GPU_OUT/fused_norm_tests.log" | paste -sd ';')")

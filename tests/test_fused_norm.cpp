@@ -2,8 +2,9 @@
 // ops/norm/fused_norm.h): the norm of s = dropout(x) + dropout(x1) + residual, and s itself with
 // prenorm, a second affine output y1 with weight1, and zero-centered weights, against the unfused
 // dropout, add and norm, f64 finite differences under each policy, what each policy saves, the
-// gradient that reaches s alone, argument errors, CUDA against the cpu, and the fused CUDA kernels
-// against the unfused add and norm, bit for bit.
+// gradient that reaches s alone, argument errors, an f32 stream for a bf16 x (an f32 residual,
+// residual_in_fp32) and out_dtype against their composition with the cast op, CUDA against the cpu,
+// and the fused CUDA kernels against the unfused add and norm, bit for bit.
 #include "test_util.h"
 
 using namespace normtape;
@@ -459,6 +460,185 @@ TEST_CASE("fused_norm: weight1 or bias1 unlike weight, bias1 alone or on RMSNorm
                                    "expected no bias1 (RMSNorm has no bias)");
     }
     CHECK(cpu_allocated() == before);
+}
+
+// The fused norm of a bf16 x over an f32 stream against its composition: cast x and the weights to
+// f32, add, norm in f32, cast y back. Returns y, s and every gradient of loss = y . u + s . v.
+std::vector<Tensor> widened_outputs(const FusedNormUnderTest& n, SavePolicy policy, bool fused, const Tensor& x0,
+                                    const Tensor& r0, const Tensor& w0, const Tensor& b0, const Tensor& u,
+                                    const Tensor& v) {
+    Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+    Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    Tensor y, s;
+    if (fused) {
+        FusedNormOutputs out = n.fused(x, w, b, options(r, true, policy));
+        y = out.y, s = out.residual_out;
+    } else {
+        s = add(cast(x, DType::F32), r);
+        y = cast(n.unfused(s, cast(w, DType::F32), cast(b, DType::F32), policy), DType::BF16);
+    }
+    add(cast(sum(mul(y, u)), DType::F32), sum(mul(s, v))).backward();
+    return {y, s, x.grad(), r.grad(), w.grad(), n.centered ? b.grad() : w.grad()};
+}
+
+TEST_CASE("fused_norm: an f32 residual beside a bf16 x is cast, add and norm in f32, y cast back, bit for bit") {
+    manual_seed(6);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            TensorOptions o = opts(DType::BF16);
+            Tensor x = randn({2, 3, 40}, o), r = randn({2, 3, 40});
+            Tensor w = weight_of(40, o), b = scale(randn({40}, o), 0.1);
+            Tensor u = randn({2, 3, 40}, o), v = randn({2, 3, 40});
+            std::vector<Tensor> fused = widened_outputs(n, policy, true, x, r, w, b, u, v);
+            std::vector<Tensor> composed = widened_outputs(n, policy, false, x, r, w, b, u, v);
+            CHECK(fused[0].dtype() == DType::BF16);
+            CHECK(fused[1].dtype() == DType::F32);
+            CHECK(fused[2].dtype() == DType::BF16);
+            CHECK(fused[3].dtype() == DType::F32);
+            for (size_t i = 0; i < fused.size(); ++i) {
+                CAPTURE(i);
+                CHECK_CLOSE(fused[i], composed[i], (Tolerance{0, 0}));
+            }
+        }
+}
+
+TEST_CASE("fused_norm: residual_in_fp32 keeps s in f32 for a bf16 x unless the residual is bf16, and f32 or f64 x as they are") {
+    manual_seed(7);
+    for (const FusedNormUnderTest& n : kNorms) {
+        CAPTURE(n.op);
+        TensorOptions o = opts(DType::BF16);
+        Tensor x = randn({4, 24}, o), w = weight_of(24, o), b = scale(randn({24}, o), 0.1);
+        FusedNormOptions fp32 = options(Tensor(), true, SavePolicy::Input);
+        fp32.residual_in_fp32 = true;
+        FusedNormOutputs out = n.fused(x, w, b, fp32);
+        CHECK(out.residual_out.dtype() == DType::F32);
+        CHECK(as_f64(out.residual_out) == as_f64(x));
+        Tensor composed = cast(n.unfused(cast(x, DType::F32), cast(w, DType::F32), cast(b, DType::F32),
+                                         SavePolicy::Input), DType::BF16);
+        CHECK_CLOSE(out.y, composed, (Tolerance{0, 0}));
+        // A bf16 residual: s in bf16, as without the flag.
+        Tensor r = randn({4, 24}, o);
+        fp32.residual = r;
+        FusedNormOutputs bf = n.fused(x, w, b, fp32), plain = n.fused(x, w, b, options(r, true, SavePolicy::Input));
+        CHECK(bf.residual_out.dtype() == DType::BF16);
+        CHECK_CLOSE(bf.y, plain.y, (Tolerance{0, 0}));
+        CHECK_CLOSE(bf.residual_out, plain.residual_out, (Tolerance{0, 0}));
+        for (DType wide : {DType::F32, DType::F64}) {
+            CAPTURE(dtype_name(wide));
+            Tensor xw = x.to(wide), ww = w.to(wide), bw = b.to(wide), rw = r.to(wide);
+            FusedNormOptions flagged = options(rw, true, SavePolicy::Input);
+            flagged.residual_in_fp32 = true;
+            FusedNormOutputs a = n.fused(xw, ww, bw, flagged);
+            FusedNormOutputs c = n.fused(xw, ww, bw, options(rw, true, SavePolicy::Input));
+            CHECK(a.residual_out.dtype() == wide);
+            CHECK_CLOSE(a.y, c.y, (Tolerance{0, 0}));
+        }
+    }
+}
+
+TEST_CASE("fused_norm: out_dtype casts y and y1, gradients through the cast, and Normalized's recipe makes y in it") {
+    manual_seed(8);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies)
+            for (DType out_dtype : {DType::BF16, DType::F64}) {
+                CAPTURE(n.op);
+                CAPTURE(policy_name(policy));
+                CAPTURE(dtype_name(out_dtype));
+                Tensor x0 = randn({5, 16}), r0 = randn({5, 16}), w0 = weight_of(16, opts(DType::F32));
+                Tensor w10 = weight_of(16, opts(DType::F32)), u = randn({5, 16}, opts(out_dtype));
+                auto run = [&](bool fused) {
+                    Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+                    Tensor w = w0.clone().requires_grad_(true), w1 = w10.clone().requires_grad_(true);
+                    FusedNormOptions fo = parallel(options(r, false, policy), w1, Tensor());
+                    if (fused) fo.out_dtype = out_dtype;
+                    FusedNormOutputs out = n.fused(x, w, Tensor(), fo);
+                    Tensor y = fused ? out.y : cast(out.y, out_dtype), y1 = fused ? out.y1 : cast(out.y1, out_dtype);
+                    add(sum(mul(y, u)), sum(mul(y1, u))).backward();
+                    return std::vector<Tensor>{y, y1, x.grad(), r.grad(), w.grad(), w1.grad()};
+                };
+                std::vector<Tensor> fused = run(true), composed = run(false);
+                CHECK(fused[0].dtype() == out_dtype);
+                CHECK(fused[1].dtype() == out_dtype);
+                for (size_t i = 0; i < fused.size(); ++i) {
+                    CAPTURE(i);
+                    CHECK_CLOSE(fused[i], composed[i], (Tolerance{0, 0}));
+                }
+            }
+    // Under Normalized, a Linear after the norm saves y as a recipe (x_hat, then the cast): no bytes of y.
+    Tensor x = randn({6, 32}).requires_grad_(true), w = weight_of(32, opts(DType::F32)).requires_grad_(true);
+    Tensor lw = randn({8, 32}, opts(DType::BF16)).requires_grad_(true);
+    FusedNormOptions fo = options(Tensor(), false, SavePolicy::Normalized);
+    fo.out_dtype = DType::BF16;
+    Tensor y = layer_norm_fn(x, w, Tensor(), fo).y;
+    Tensor z = linear(y, lw);
+    SavedTensor* held = nullptr;
+    for (SavedSlot slot : z.grad_fn()->saved_tensors())
+        if (slot.tensor->recipe()) held = slot.tensor;
+    REQUIRE(held != nullptr);
+    CHECK(std::string(held->recipe()->name) == "norm affine");
+    CHECK_FALSE(held->holds_data());
+    CHECK_CLOSE(held->unpack("test"), y, (Tolerance{0, 0}));
+}
+
+TEST_CASE("fused_norm: over an f32 stream, saves s, y or x_hat in f32 with the weight cast to f32 (N x 4 bytes)") {
+    const int64_t M = 6, N = 16;
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            Tensor w = ones({N}, opts(DType::BF16)).requires_grad_(true);
+            Tensor h = scale(randn({M, N}, opts(DType::BF16)).requires_grad_(true), 1.0);
+            Tensor r = scale(randn({M, N}).requires_grad_(true), 1.0);
+            int64_t before = saved_bytes();
+            FusedNormOutputs out = n.fused(h, w, Tensor(), options(r, true, policy));
+            int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+            CHECK(saved_bytes() - before == M * N * 4 + stats + N * 4);
+        }
+}
+
+TEST_CASE("fused_norm: a residual of another dtype than x or f32 beside bf16, or an i64 out_dtype, is refused") {
+    int64_t before = cpu_allocated();
+    for (const FusedNormUnderTest& n : kNorms) {
+        Tensor x = randn({4, 8}), w = ones({8});
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), options(randn({4, 8}, opts(DType::BF16)), true,
+                                                               SavePolicy::Input)),
+                               DTypeError, n.op, "residual of dtype f32 (as x)", "got bf16");
+        Tensor x16 = randn({4, 8}, opts(DType::BF16)), w16 = ones({8}, opts(DType::BF16));
+        CHECK_THROWS_KIND_WITH(n.fused(x16, w16, Tensor(), options(randn({4, 8}, opts(DType::F64)), true,
+                                                                   SavePolicy::Input)),
+                               DTypeError, n.op, "residual of dtype bf16 (as x)", "got f64");
+        FusedNormOptions bad = options(Tensor(), false, SavePolicy::Input);
+        bad.out_dtype = DType::I64;
+        CHECK_THROWS_KIND_WITH(n.fused(x, w, Tensor(), bad), DTypeError, n.op, "out_dtype f32, f64 or bf16", "i64");
+    }
+    CHECK(cpu_allocated() == before);
+}
+
+TEST_CASE("fused_norm: on CUDA, an f32 stream for a bf16 x is its composition bit for bit and the cpu's") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(9);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (int64_t N : {200, 1002})
+            for (SavePolicy policy : kPolicies) {
+                CAPTURE(n.op);
+                CAPTURE(N);
+                CAPTURE(policy_name(policy));
+                TensorOptions o = opts(DType::BF16);
+                Tensor x = randn({37, N}, o), r = randn({37, N}), w = weight_of(N, o), b = scale(randn({N}, o), 0.1);
+                Tensor u = randn({37, N}, o), v = randn({37, N});
+                auto on = [](const Tensor& t) { return t.to(Device::CUDA); };
+                std::vector<Tensor> fused = widened_outputs(n, policy, true, on(x), on(r), on(w), on(b), on(u), on(v));
+                std::vector<Tensor> composed =
+                    widened_outputs(n, policy, false, on(x), on(r), on(w), on(b), on(u), on(v));
+                std::vector<Tensor> cpu = widened_outputs(n, policy, true, x, r, w, b, u, v);
+                for (size_t i = 0; i < fused.size(); ++i) {
+                    CAPTURE(i);
+                    CHECK_CLOSE(fused[i], composed[i], (Tolerance{0, 0}));
+                    CHECK_NORMWISE(fused[i].to(Device::CPU), cpu[i], normwise_tolerance(DType::BF16));
+                }
+            }
 }
 
 TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16 with dropout and weight1, outputs and gradients") {

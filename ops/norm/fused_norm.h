@@ -32,7 +32,18 @@
 // multiplies by weight + 1 (and weight1 + 1), made by the add op before the norm in x's dtype (in bf16
 // rounded to steps of 2^-8 near 1; FlashAttention adds the 1 in f32): the node saves those N
 // elements, and weight's gradient is theirs.
+// The residual stream's dtype, s's, is the residual's, or f32 for a bf16 x with residual_in_fp32
+// (FlashAttention's residual_dtype), else x's. Where it is wider than x (f32 for bf16), x (after
+// its dropout and the add of x1) and the weights are cast to it (the cast op, ops/cast.h), and the
+// norm runs in f32: s = x + residual is not rounded to bf16, as layer_norm_ref(upcast=False) with
+// an f32 residual computes it. y and y1 are cast to out_dtype (x's dtype when unset) where that
+// differs from the stream's; a saved y is then the norm's own, in the stream's dtype (Output saves
+// M x N x 4 bytes of it, held by no one else), and under Normalized the cast y's recipe casts too,
+// so that a Linear after the norm still saves nothing of y. The casts are their own kernels beside
+// the norm's: no kernel mixes dtypes.
 #pragma once
+
+#include <optional>
 
 #include "core/tensor.h"
 #include "ops/norm/norm_policy.h"
@@ -41,22 +52,25 @@ namespace normtape {
 
 // What layer_norm_fn and rms_norm_fn fuse into the norm, beside x.
 struct FusedNormOptions {
-    Tensor residual;         // added to x before the norm: x's shape, dtype and device; undefined: none
+    Tensor residual;         // added to x before the norm: x's shape and device, x's dtype or f32 (bf16 x);
+                             // undefined: none
     Tensor x1;               // a second input, dropped out and added to x: x's shape, dtype and device
     double dropout_p = 0.0;  // dropout on x and x1 before the adds, in [0, 1); 0: none (eval)
     bool prenorm = false;    // also return s (x.contiguous() when nothing is added or dropped)
     Tensor weight1;          // a second affine output's weight: [N] of x's dtype and device; undefined: no y1
     Tensor bias1;            // its bias (LayerNorm only, with weight1): [N]; undefined: none
     bool zero_centered_weight = false;  // multiply by weight + 1 (and weight1 + 1), Gemma's form
+    bool residual_in_fp32 = false;      // s (and the norm) in f32 for a bf16 x; a residual's own dtype wins
+    std::optional<DType> out_dtype;     // y's and y1's dtype (f32, f64 or bf16); unset: x's
     double eps = 1e-5;
     SavePolicy policy = SavePolicy::Input;
 };
 
 // What they return.
 struct FusedNormOutputs {
-    Tensor y;             // the norm's output: x's shape, dtype and device
-    Tensor residual_out;  // with prenorm, s (x's shape and dtype); otherwise undefined
-    Tensor y1;            // with weight1, norm(s) * weight1 + bias1 (x's shape and dtype); otherwise undefined
+    Tensor y;             // the norm's output: x's shape and device, out_dtype (x's dtype when unset)
+    Tensor residual_out;  // with prenorm, s (x's shape, the stream's dtype: see above); otherwise undefined
+    Tensor y1;            // with weight1, norm(s) * weight1 + bias1 (x's shape, y's dtype); otherwise undefined
 };
 
 }  // namespace normtape

@@ -17,6 +17,7 @@
 #include "core/dispatch.h"
 #include "core/dry_run.h"
 #include "core/parallel.h"
+#include "ops/cast.h"
 #include "ops/checks.h"
 #include "ops/cuda_launchers.h"
 #include "ops/dropout.h"
@@ -345,18 +346,29 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
              ": expected weight1 with bias1 (the second affine output's weight), got bias1 alone");
     NT_CHECK(weight_in.defined() || !options.zero_centered_weight, op,
              ": expected a weight with zero_centered_weight (the norm multiplies by weight + 1), got none");
+    // The residual stream's dtype (Note [The fused norm]): an f32 residual beside a bf16 x is f32's.
+    const bool widens = x_in.dtype() == DType::BF16 &&
+                        (residual.defined() ? residual.dtype() == DType::F32 : options.residual_in_fp32);
+    const DType stream_dtype = widens ? DType::F32 : x_in.dtype();
     for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"residual", residual}, {"x1", options.x1}}) {
         if (!t.defined()) continue;
-        detail::check_like(op, name, t, "x", x_in);
+        if (name == std::string_view("residual") && widens) detail::check_floating_input(op, name, t);
+        else detail::check_like(op, name, t, "x", x_in);
+        NT_CHECK_AS(DeviceError, t.device() == x_in.device(), op, ": expected ", name, " on ",
+                    device_name(x_in.device()), " (as x), got ", device_name(t.device()));
         NT_CHECK_AS(ShapeError, t.shape() == x_in.shape(), op, ": expected ", name, " of x's shape ",
                     shape_str(x_in.shape()), ", got ", shape_str(t.shape()));
     }
+    const DType out_dtype = options.out_dtype.value_or(x_in.dtype());
+    NT_CHECK_AS(DTypeError, is_floating(out_dtype), op, ": expected out_dtype f32, f64 or bf16, got ",
+                dtype_name(out_dtype));
     const double p = options.dropout_p;
     NT_CHECK(p >= 0.0 && p < 1.0, op, ": expected dropout_p in [0, 1), got ", p);
 
     // dropout(x) + dropout(x1), recorded as those ops, x's mask first (Note [The fused norm]).
     Tensor x = p > 0.0 ? dropout(x_in, p) : x_in.contiguous();
     if (options.x1.defined()) x = add(x, p > 0.0 ? dropout(options.x1, p) : options.x1);
+    x = cast(x, stream_dtype);
     // The norm's input: s = x + residual, written by the norm's forward kernel in the add op's
     // arithmetic, so that s is add(x, residual) bit for bit (Note [The fused norm]); x itself
     // without a residual.
@@ -370,8 +382,9 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
         const TensorOptions like = TensorOptions().dtype(x_in.dtype()).device(x_in.device());
         return options.zero_centered_weight && w.defined() ? add(w, full({N}, 1.0, like)) : contiguous(w);
     };
-    const Tensor weight = multiplier(weight_in), bias = contiguous(bias_in);
-    const Tensor weight1 = multiplier(options.weight1), bias1 = contiguous(options.bias1);
+    auto widened = [&](const Tensor& t) { return t.defined() ? cast(t, stream_dtype) : Tensor(); };
+    const Tensor weight = widened(multiplier(weight_in)), bias = widened(contiguous(bias_in));
+    const Tensor weight1 = widened(multiplier(options.weight1)), bias1 = widened(contiguous(options.bias1));
     TensorOptions stat_opts = opts.dtype(stat_dtype(s.dtype()));
     const bool records = should_record(x, weight, bias, residual, weight1, bias1);
     // With a second affine output, Output is Normalized: y gives x_hat back only through weight,
@@ -403,16 +416,23 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
                                                    policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias,
                                                    weight1, bias1);
         record_outputs(node, {&y, prenorm_output ? &s : nullptr, &y1}, x, weight, bias, residual, weight1, bias1);
-        auto affine = [](const std::vector<Tensor>& in) { return norm_affine(in[0], in[1], in[2]); };
-        if (saves_x_hat) set_recipe(y, "norm affine", {x_hat, weight, bias}, affine);
-        if (saves_x_hat && y1.defined()) set_recipe(y1, "norm affine", {x_hat, weight1, bias1}, affine);
+    }
+    // y and y1 in out_dtype; under Normalized, made again from x_hat (and cast) when saved.
+    Tensor y_out = cast(y, out_dtype), y1_out = y1.defined() ? cast(y1, out_dtype) : Tensor();
+    if (records && policy == SavePolicy::Normalized && normalized) {
+        auto affine = [out_dtype](const std::vector<Tensor>& in) {
+            Tensor made = norm_affine(in[0], in[1], in[2]);
+            return made.dtype() == out_dtype ? made : made.to(out_dtype);
+        };
+        set_recipe(y_out, "norm affine", {x_hat, weight, bias}, affine);
+        if (y1.defined()) set_recipe(y1_out, "norm affine", {x_hat, weight1, bias1}, affine);
     }
     detail::check_forward_anomaly(op, "y", y, {{"x", x}, {"residual", residual}, {"weight", weight}, {"bias", bias}});
     if (y1.defined())
         detail::check_forward_anomaly(op, "y1", y1,
                                       {{"x", x}, {"residual", residual}, {"weight1", weight1}, {"bias1", bias1}});
     // Without residual, dropout or x1, s is x.contiguous(): x itself when x is contiguous.
-    return {y, options.prenorm ? s : Tensor(), y1};
+    return {y_out, options.prenorm ? s : Tensor(), y1_out};
 }
 
 Tensor norm_affine(const Tensor& x_hat, const Tensor& weight, const Tensor& bias) {
