@@ -68,6 +68,9 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
     const int group = threadIdx.x / threads_per_row, vecs_per_row = N / E;
     T* affine = reinterpret_cast<T*>(shared4 + kReduceFloat4s);  // SHARED_AFFINE: weight, then bias
     if constexpr (SHARED_AFFINE) copy_affine_to_shared(affine, N, weight, bias, true);
+    // With a residual, its vectors in registers too, where that spills nothing (nvcc 13, sm_90): not
+    // beside f32's 8 vectors or a next row.
+    constexpr bool kResidualAhead = RESIDUAL && VECS <= 4 && !NEXT_ROW;
     uint4 raw[VECS];  // the row's vectors of this thread, as loaded
     uint4 next[NEXT_ROW ? VECS : 1];  // those of the group's next row
     float K_next = 0;
@@ -77,16 +80,26 @@ __global__ void __launch_bounds__(MAX_BLOCK) norm_forward_fast_kernel(
         const bool active = row < M;
         const T* xr = x + row * N;
         K = mean && active ? (RESIDUAL ? rounded<T>(float(xr[0]) + float(residual[row * N])) : float(xr[0])) : 0.0f;
+        // The residual's vectors are loaded beside x's, so that all of the row's loads are in flight
+        // together, where registers allow (kResidualAhead); else each as its sum is made.
+        uint4 res[kResidualAhead ? VECS : 1];
 #pragma unroll
         for (int k = 0; k < VECS; ++k) {
             int c = k * threads_per_row + lane;
             const bool in_row = active && c < vecs_per_row;
             to[k] = in_row ? *reinterpret_cast<const uint4*>(xr + c * E) : make_uint4(0, 0, 0, 0);
-            if constexpr (RESIDUAL) {
-                if (!in_row) continue;
+            if constexpr (kResidualAhead)
+                if (in_row) res[k] = *reinterpret_cast<const uint4*>(residual + row * N + c * E);
+        }
+        if constexpr (RESIDUAL) {
+#pragma unroll
+            for (int k = 0; k < VECS; ++k) {
+                int c = k * threads_per_row + lane;
+                if (!active || c >= vecs_per_row) continue;
                 float a[E], b[E];
                 unpack(to[k], a);
-                unpack(*reinterpret_cast<const uint4*>(residual + row * N + c * E), b);
+                if constexpr (kResidualAhead) unpack(res[k], b);
+                else unpack(*reinterpret_cast<const uint4*>(residual + row * N + c * E), b);
                 for (int e = 0; e < E; ++e) a[e] += b[e];
                 to[k] = pack(a);
                 *reinterpret_cast<uint4*>(sum + row * N + c * E) = to[k];
