@@ -157,6 +157,8 @@ template <class T>
 void norm_backward_cuda(T* dx, T* dweight, T* dbias, const T* dy, const T* dresidual, const T* saved,
                         const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, const T* bias, bool centered,
                         SavePolicy policy, int64_t M, int64_t N, int device);
+template <class T>  // out[i, j] = x[i, j] * scale[i], rows of N (the fused norm's rowscale and its gradient)
+void scale_rows_cuda(T* out, const T* x, const T* scale, int64_t M, int64_t N, int device);
 template <class T>
 void norm_forward_reference_cuda(T* y, acc_t<T>* mean, acc_t<T>* rstd, const T* x, const T* weight, const T* bias,
                                  int64_t M, int64_t N, double eps, int device);

@@ -3,7 +3,8 @@
 // prenorm, a second affine output y1 with weight1, and zero-centered weights, against the unfused
 // dropout, add and norm, f64 finite differences under each policy, what each policy saves, the
 // gradient that reaches s alone, argument errors, an f32 stream for a bf16 x (an f32 residual,
-// residual_in_fp32) and out_dtype against their composition with the cast op, CUDA against the cpu,
+// residual_in_fp32) and out_dtype against their composition with the cast op, rowscale against a
+// multiply by its rows, CUDA against the cpu,
 // and the fused CUDA kernels against the unfused add and norm, bit for bit.
 #include "test_util.h"
 
@@ -504,7 +505,7 @@ TEST_CASE("fused_norm: an f32 residual beside a bf16 x is cast, add and norm in 
         }
 }
 
-TEST_CASE("fused_norm: residual_in_fp32 keeps s in f32 for a bf16 x unless the residual is bf16, and f32 or f64 x as they are") {
+TEST_CASE("fused_norm: residual_in_fp32 keeps s in f32 for a bf16 x unless the residual is bf16, f32 and f64 x alone") {
     manual_seed(7);
     for (const FusedNormUnderTest& n : kNorms) {
         CAPTURE(n.op);
@@ -639,6 +640,130 @@ TEST_CASE("fused_norm: on CUDA, an f32 stream for a bf16 x is its composition bi
                     CHECK_NORMWISE(fused[i].to(Device::CPU), cpu[i], normwise_tolerance(DType::BF16));
                 }
             }
+}
+
+// rowscale's reference: x * rowscale[..., None] as mul by a [M, N] constant written out here.
+Tensor rows_times(const Tensor& x, const Tensor& rowscale) {
+    const int64_t N = x.size(-1);
+    std::vector<double> scales = as_f64(rowscale), full_rows;
+    for (double v : scales) full_rows.insert(full_rows.end(), N, v);
+    return mul(x, expected(full_rows, x.shape()).to(x.dtype()).to(x.device()));
+}
+
+TEST_CASE("fused_norm: rowscale is x * rowscale[..., None] before the dropout, bit for bit, gradients as mul's") {
+    manual_seed(10);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (DType dtype : {DType::F64, DType::F32, DType::BF16})
+            for (SavePolicy policy : kPolicies)
+                for (double p : {0.0, 0.3}) {
+                    CAPTURE(n.op);
+                    CAPTURE(dtype_name(dtype));
+                    CAPTURE(policy_name(policy));
+                    CAPTURE(p);
+                    TensorOptions o = opts(dtype);
+                    Tensor x0 = randn({2, 3, 24}, o), r0 = randn({2, 3, 24}), w0 = weight_of(24, o);
+                    // Stochastic depth: rows dropped (0) or kept and scaled by 1 / (1 - 0.5).
+                    Tensor rowscale = from_vector<double>({2, 0, 2, 2, 0, 2}, {2, 3}).to(dtype);
+                    Tensor u = randn({2, 3, 24}, o), v = randn({2, 3, 24}, o);
+                    auto run = [&](bool fused) {
+                        Tensor x = x0.clone().requires_grad_(true), r = r0.to(dtype).requires_grad_(true);
+                        Tensor w = w0.clone().requires_grad_(true);
+                        manual_seed(15);
+                        FusedNormOptions fo = options(r, true, policy, Tensor(), p);
+                        Tensor y, s;
+                        if (fused) {
+                            fo.rowscale = rowscale;
+                            FusedNormOutputs out = n.fused(x, w, Tensor(), fo);
+                            y = out.y, s = out.residual_out;
+                        } else {
+                            FusedNormOutputs out = n.fused(rows_times(x, rowscale), w, Tensor(), fo);
+                            y = out.y, s = out.residual_out;
+                        }
+                        add(sum(mul(y, u)), sum(mul(s, v))).backward();
+                        return std::vector<Tensor>{y, s, x.grad(), r.grad(), w.grad()};
+                    };
+                    std::vector<Tensor> fused = run(true), composed = run(false);
+                    for (size_t i = 0; i < fused.size(); ++i) {
+                        CAPTURE(i);
+                        CHECK_CLOSE(fused[i], composed[i], (Tolerance{0, 0}));
+                    }
+                }
+}
+
+TEST_CASE("fused_norm: with rowscale, gradients match finite differences in f64, and rowscale is saved (M elements)") {
+    manual_seed(11);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (SavePolicy policy : kPolicies) {
+            CAPTURE(n.op);
+            CAPTURE(policy_name(policy));
+            Tensor rowscale = add(full({3}, 1.0, opts(DType::F64)), scale(randn({3}, opts(DType::F64)), 0.3));
+            Tensor w = weight_of(7, opts(DType::F64)).requires_grad_(true);
+            auto f = [&](const std::vector<Tensor>& in) {
+                manual_seed(16);
+                FusedNormOptions fo = options(in[1], true, policy, Tensor(), 0.25);
+                fo.rowscale = rowscale;
+                FusedNormOutputs out = n.fused(in[0], in[2], Tensor(), fo);
+                return add(out.y, scale(out.residual_out, 0.7));
+            };
+            CHECK_GRADCHECK(f, (std::vector<Tensor>{leaf({3, 7}, 2.0), leaf({3, 7}), w}));
+            // Saved: the norm's (as without rowscale) and rowscale's 3 f64 elements.
+            Tensor h = scale(randn({3, 7}, opts(DType::F64)).requires_grad_(true), 1.0);
+            Tensor r = scale(randn({3, 7}, opts(DType::F64)).requires_grad_(true), 1.0);
+            int64_t before = saved_bytes();
+            FusedNormOutputs plain = n.fused(h, w, Tensor(), options(r, true, policy));
+            int64_t norm_bytes = saved_bytes() - before;
+            FusedNormOptions fo = options(r, true, policy);
+            fo.rowscale = rowscale;
+            FusedNormOutputs scaled = n.fused(h, w, Tensor(), fo);
+            CHECK(saved_bytes() - before - norm_bytes == norm_bytes + 3 * 8);
+        }
+}
+
+TEST_CASE("fused_norm: a rowscale of the wrong shape or dtype, requiring grad, or beside x1 is refused") {
+    int64_t before = cpu_allocated();
+    for (const FusedNormUnderTest& n : kNorms) {
+        Tensor x = randn({2, 4, 8}), w = ones({8});
+        auto with_rowscale = [&](const Tensor& rowscale, const Tensor& x1 = Tensor()) {
+            FusedNormOptions fo = options(Tensor(), false, SavePolicy::Input, x1);
+            fo.rowscale = rowscale;
+            return n.fused(x, w, Tensor(), fo);
+        };
+        CHECK_THROWS_KIND_WITH(with_rowscale(ones({8})), ShapeError, n.op, "rowscale of shape [2, 4]", "got [8]");
+        CHECK_THROWS_KIND_WITH(with_rowscale(ones({2, 4, 1})), ShapeError, n.op, "rowscale of shape [2, 4]");
+        CHECK_THROWS_KIND_WITH(with_rowscale(ones({2, 4}, opts(DType::F64))), DTypeError, n.op, "rowscale", "f64");
+        CHECK_THROWS_KIND_WITH(with_rowscale(ones({2, 4}).requires_grad_(true)), Error, n.op,
+                               "rowscale that requires no gradient");
+        CHECK_THROWS_KIND_WITH(with_rowscale(ones({2, 4}), randn({2, 4, 8})), Error, n.op, "rowscale or x1");
+    }
+    CHECK(cpu_allocated() == before);
+}
+
+TEST_CASE("fused_norm: on CUDA, rowscale with dropout gives the cpu's outputs and gradients") {
+    REQUIRE_CUDA_OR_SKIP();
+    manual_seed(12);
+    for (const FusedNormUnderTest& n : kNorms)
+        for (DType dtype : {DType::F32, DType::BF16}) {
+            CAPTURE(n.op);
+            CAPTURE(dtype_name(dtype));
+            TensorOptions o = opts(dtype);
+            Tensor x0 = randn({33, 200}, o), r0 = randn({33, 200}, o), w0 = weight_of(200, o), u = randn({33, 200}, o);
+            Tensor rowscale0 = add(full({33}, 1.0, o), scale(randn({33}, o), 0.3));
+            auto run = [&](Device d) {
+                Tensor x = x0.to(d).requires_grad_(true), r = r0.to(d).requires_grad_(true);
+                Tensor w = w0.to(d).requires_grad_(true);
+                manual_seed(17);
+                FusedNormOptions fo = options(r, true, SavePolicy::Input, Tensor(), 0.2);
+                fo.rowscale = rowscale0.to(d);
+                FusedNormOutputs out = n.fused(x, w, Tensor(), fo);
+                add(sum(mul(out.y, u.to(d))), sum(out.residual_out)).backward();
+                return std::vector<Tensor>{out.y, out.residual_out, x.grad(), r.grad(), w.grad()};
+            };
+            std::vector<Tensor> cpu = run(Device::CPU), gpu = run(Device::CUDA);
+            for (size_t i = 0; i < cpu.size(); ++i) {
+                CAPTURE(i);
+                CHECK_NORMWISE(gpu[i], cpu[i], normwise_tolerance(dtype));
+            }
+        }
 }
 
 TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16 with dropout and weight1, outputs and gradients") {

@@ -5,11 +5,12 @@
 // Note [The fused norm]
 // A pre-LN block does x = x + branch(norm(x)) and then norm(x) again: the residual add and the next
 // norm read and write the residual stream apart. layer_norm_fn and rms_norm_fn take the add in:
-//     s = dropout(x) + dropout(x1) + residual   (each term optional; residual undefined: no add)
+//     s = dropout(x * rowscale) + dropout(x1) + residual   (each term optional; residual: no add)
 //     y = norm(s) * weight + bias,  y1 = norm(s) * weight1 + bias1   (y1 with weight1 only)
 // in the order of FlashAttention's layer_norm_ref: x's mask is drawn first, then x1's, from the
 // dropout stream (ops/dropout.h). The dropouts and the add of x1 are the dropout and add ops,
-// recorded as they are (they save no tensor: a mask is drawn again in backward). The residual add
+// recorded as they are (they save no tensor: a mask is drawn again in backward); rowscale's
+// multiply is its own kernel and node, which saves rowscale (one element a row). The residual add
 // is the norm's: its forward kernel reads x and residual and writes s and y in one pass over the
 // rows (on CUDA where the fast kernels apply: f32 and bf16, 16-byte aligned rows; elsewhere the add
 // op's kernel runs first). With prenorm s comes back too, the new residual stream, as layer_norm_fn(prenorm=True)
@@ -56,6 +57,9 @@ struct FusedNormOptions {
                              // undefined: none
     Tensor x1;               // a second input, dropped out and added to x: x's shape, dtype and device
     double dropout_p = 0.0;  // dropout on x and x1 before the adds, in [0, 1); 0: none (eval)
+    Tensor rowscale;         // x * rowscale[..., None] before x's dropout (stochastic depth): x's shape
+                             // without its last dimension, x's dtype and device; a constant (no
+                             // gradient; one that requires one is refused); not with x1
     bool prenorm = false;    // also return s (x.contiguous() when nothing is added or dropped)
     Tensor weight1;          // a second affine output's weight: [N] of x's dtype and device; undefined: no y1
     Tensor bias1;            // its bias (LayerNorm only, with weight1): [N]; undefined: none

@@ -29,32 +29,34 @@ namespace normtape {
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   SavePolicy policy = SavePolicy::Input);
 
-// layer_norm_fn: layer_norm of s = dropout(x) + dropout(options.x1) + options.residual (each term
-// optional), returning s too with options.prenorm, and a second affine output y1 with
-// options.weight1 (FlashAttention's layer_norm_fn with residual, prenorm, residual_in_fp32,
-// dropout_p, x1, weight1, bias1, zero_centered_weight and out_dtype; Note [The fused norm],
-// ops/norm/fused_norm.h). x, weight, bias, eps and the policy as layer_norm's, the policy applying
-// to s; residual: x's shape and device, of x's dtype or (for a bf16 x) f32, or undefined; x1: x's
-// shape, dtype and device, or undefined; dropout_p in [0, 1), the same p for x and x1, their masks
-// drawn in that order from the dropout stream as dropout() draws them; weight1, bias1 as weight and
-// bias (bias1 only with weight1); zero_centered_weight: the norm multiplies by weight + 1 and
-// weight1 + 1 (Gemma's), made by the add op in x's dtype and saved (N elements each);
-// residual_in_fp32: for a bf16 x without an f32 residual, s and the norm in f32; out_dtype: y's and
-// y1's dtype (x's when unset).
+// layer_norm_fn: layer_norm of s = dropout(x * options.rowscale) + dropout(options.x1) +
+// options.residual (each term optional), returning s too with options.prenorm, and a second affine
+// output y1 with options.weight1 (FlashAttention's layer_norm_fn with residual, prenorm,
+// residual_in_fp32, dropout_p, rowscale, x1, weight1, bias1, zero_centered_weight and out_dtype;
+// Note [The fused norm], ops/norm/fused_norm.h). x, weight, bias, eps and the policy as
+// layer_norm's, the policy applying to s; residual: x's shape and device, of x's dtype or (for a
+// bf16 x) f32, or undefined; x1: x's shape, dtype and device, or undefined; dropout_p in [0, 1),
+// the same p for x and x1, their masks drawn in that order from the dropout stream as dropout()
+// draws them; weight1, bias1 as weight and bias (bias1 only with weight1); zero_centered_weight:
+// the norm multiplies by weight + 1 and weight1 + 1 (Gemma's), made by the add op in x's dtype and
+// saved (N elements each); residual_in_fp32: for a bf16 x without an f32 residual, s and the norm
+// in f32; out_dtype: y's and y1's dtype (x's when unset); rowscale: x's shape without its last
+// dimension, dtype and device, a constant (it requires no gradient), not with x1.
 // Returns y (layer_norm(s)), with prenorm residual_out = s (x.contiguous() when nothing is added,
 // dropped or widened), with weight1 y1 = x_hat * weight1 + bias1 (y and y1 then both from x_hat
 // rounded to s's dtype). Saves what layer_norm(s) saves under options.policy (with weight1, Output
 // saves as Normalized: x_hat and rstd), and nothing of x, x1 or residual (the dropouts save their
 // stream's seed and offset, no mask); with an f32 stream, also the weights cast to f32 (N elements
-// each). Backward gives residual and dropout(x) + dropout(x1) the same gradient, the norm's ds
-// (from dy and dy1) plus residual_out's gradient (=), which dropout's, add's and cast's backward
-// carry to x and x1; dweight, dbias, dweight1, dbias1 as layer_norm's (+= into .grad). The residual
-// add runs in the norm's kernel (on CUDA where the fast kernels apply; elsewhere the add op's
-// kernel first); the dropouts, the add of x1, the casts and with weight1 y1's affine as their own.
-// Throws as layer_norm, naming layer_norm_fn; ShapeError, DTypeError or DeviceError for a residual
-// or x1 unlike x, or a weight1 or bias1 not [N] of x's dtype and device; DTypeError for an i64
-// out_dtype; Error for dropout_p outside [0, 1), bias1 without weight1, or zero_centered_weight
-// without a weight.
+// each); with rowscale, rowscale (M elements). Backward gives residual and dropout(x * rowscale) +
+// dropout(x1) the same gradient, the norm's ds (from dy and dy1) plus residual_out's gradient (=),
+// which dropout's, add's, cast's and rowscale's backward carry to x and x1; dweight, dbias,
+// dweight1, dbias1 as layer_norm's (+= into .grad). The residual add runs in the norm's kernel (on
+// CUDA where the fast kernels apply; elsewhere the add op's kernel first); the rowscale, the
+// dropouts, the add of x1, the casts and with weight1 y1's affine as their own kernels.
+// Throws as layer_norm, naming layer_norm_fn; ShapeError, DTypeError or DeviceError for a residual,
+// x1 or rowscale unlike x, or a weight1 or bias1 not [N] of x's dtype and device; DTypeError for an
+// i64 out_dtype; Error for dropout_p outside [0, 1), bias1 without weight1, zero_centered_weight
+// without a weight, a rowscale that requires grad, or rowscale with x1.
 FusedNormOutputs layer_norm_fn(const Tensor& x, const Tensor& weight, const Tensor& bias, const FusedNormOptions& options);
 
 }  // namespace normtape

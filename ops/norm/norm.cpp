@@ -279,6 +279,48 @@ private:
     }
 };
 
+// x * scale[..., None]: each row of x (contiguous, [..., N]) times its scale (x's dtype, one a row),
+// in acc_t<T>. No recording: rows_scaled below records.
+Tensor scale_rows_kernel(const Tensor& x, const Tensor& scale) {
+    const int64_t N = x.size(-1), M = x.numel() / N;
+    Tensor out = empty(x.shape(), TensorOptions().dtype(x.dtype()).device(x.device()));
+    dispatch_floating(x.dtype(), "scale_rows", [&](auto tag) {
+        using T = decltype(tag);
+        if (x.device().is_cuda()) {
+            NT_CUDA(detail::scale_rows_cuda<T>(device_ptr<T>(out), device_ptr<T>(x), device_ptr<T>(scale), M, N,
+                                               x.device().index));
+            return;
+        }
+        const T *px = x.data_ptr<T>(), *ps = scale.data_ptr<T>();
+        T* po = out.data_ptr<T>();
+        detail::parallel_for(0, M, rows_grain(N), [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t j = 0; j < N; ++j)
+                    po[r * N + j] = static_cast<T>(acc_t<T>(px[r * N + j]) * acc_t<T>(ps[r]));
+        });
+    });
+    return out;
+}
+
+// The fused norm's rowscale: dx = dy * scale[..., None]; scale itself gets no gradient (a constant,
+// as layer_norm_fn's rowscale). Saves scale (one element a row).
+struct RowScaleBackward : Node {
+    SavedTensor scale;
+    explicit RowScaleBackward(const Tensor& s) : scale(s) {}
+    const char* name() const override { return "RowScaleBackward"; }
+    std::vector<SavedSlot> saved_tensors() override { return {{"rowscale", &scale}}; }
+    std::vector<Tensor> apply(const Tensor& grad_output) override {
+        return {scale_rows_kernel(grad_output.contiguous(), scale.unpack(name()))};
+    }
+};
+
+Tensor rows_scaled(const Tensor& x_in, const Tensor& scale_in) {
+    Tensor x = x_in.contiguous(), scale = scale_in.contiguous();
+    Tensor out = scale_rows_kernel(x, scale);
+    if (should_record(x)) record(std::make_shared<RowScaleBackward>(scale), out, x);
+    return out;
+}
+
 // weight or bias, when given, is [N] of x's dtype and device.
 void check_param(const char* op, const char* what, const Tensor& p, const Tensor& x, int64_t N) {
     if (!p.defined()) return;
@@ -364,9 +406,21 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
                 dtype_name(out_dtype));
     const double p = options.dropout_p;
     NT_CHECK(p >= 0.0 && p < 1.0, op, ": expected dropout_p in [0, 1), got ", p);
+    const Tensor& rowscale = options.rowscale;
+    if (rowscale.defined()) {
+        detail::check_like(op, "rowscale", rowscale, "x", x_in);
+        Shape rows = x_in.shape();
+        rows.pop_back();
+        NT_CHECK_AS(ShapeError, rowscale.shape() == rows, op, ": expected rowscale of shape ", shape_str(rows),
+                    " (x's without its last dimension), got ", shape_str(rowscale.shape()));
+        NT_CHECK(!rowscale.requires_grad(), op,
+                 ": expected a rowscale that requires no gradient (a constant: it gets none), got one that does");
+        NT_CHECK(!options.x1.defined(), op, ": expected rowscale or x1, not both (as layer_norm_fn)");
+    }
 
-    // dropout(x) + dropout(x1), recorded as those ops, x's mask first (Note [The fused norm]).
-    Tensor x = p > 0.0 ? dropout(x_in, p) : x_in.contiguous();
+    // dropout(x * rowscale) + dropout(x1), recorded as those ops, x's mask first (Note [The fused norm]).
+    Tensor x = rowscale.defined() ? rows_scaled(x_in, rowscale) : x_in.contiguous();
+    if (p > 0.0) x = dropout(x, p);
     if (options.x1.defined()) x = add(x, p > 0.0 ? dropout(options.x1, p) : options.x1);
     x = cast(x, stream_dtype);
     // The norm's input: s = x + residual, written by the norm's forward kernel in the add op's

@@ -4,7 +4,8 @@
 // column_sum_cuda). f32, f64 and bf16, any N, any alignment. norm_*_cuda (ops/norm/norm_forward.cu,
 // ops/norm/norm_backward.cu) fall back to them where the fast kernels do not apply (f64, N not a
 // multiple of a 16-byte vector, misaligned data, rows longer than the fast kernels hold); tests
-// and examples/bench/bench_norms.cpp call them directly to compare. Not here: the fast kernels.
+// and examples/bench/bench_norms.cpp call them directly to compare. Also the fused norm's rowscale,
+// a plain elementwise kernel. Not here: the fast kernels.
 #include <algorithm>
 
 #include "core/cuda_check.h"
@@ -142,7 +143,26 @@ void norm_backward_reference_cuda(T* dx, T* dweight, T* dbias, const T* dy, cons
     if (dbias) column_sum_cuda<A, T>(dbias, device_ptr<A>(pb), chunks, N, device);
 }
 
+namespace {
+// out[i, j] = x[i, j] * scale[i], in acc_t<T>, grid-stride.
+template <class T>
+__global__ void scale_rows_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ scale,
+                                  int64_t n, int64_t N) {
+    using A = acc_t<T>;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        out[i] = static_cast<T>(A(x[i]) * A(scale[i / N]));
+}
+}  // namespace
+
+template <class T>
+void scale_rows_cuda(T* out, const T* x, const T* scale, int64_t M, int64_t N, int device) {
+    if (M * N == 0) return;
+    scale_rows_kernel<T><<<cuda::blocks_for(M * N), cuda::kThreads, 0, cuda::stream(device)>>>(out, x, scale, M * N, N);
+    CUDA_LAUNCH_CHECK();
+}
+
 #define NT_INSTANTIATE(T)                                                                                          \
+    template void scale_rows_cuda<T>(T*, const T*, const T*, int64_t, int64_t, int);                              \
     template void norm_forward_reference_cuda<T>(T*, acc_t<T>*, acc_t<T>*, const T*, const T*, const T*, int64_t, \
                                                  int64_t, double, int);                                           \
     template void norm_backward_reference_cuda<T>(T*, T*, T*, const T*, const T*, const acc_t<T>*, const acc_t<T>*, \

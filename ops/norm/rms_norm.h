@@ -25,7 +25,7 @@ namespace normtape {
 // or eps <= 0 or not finite; AnomalyError for a non-finite y under anomaly detection.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5, SavePolicy policy = SavePolicy::Input);
 
-// rms_norm_fn: rms_norm of s = dropout(x) + dropout(options.x1) + options.residual, returning s too
+// rms_norm_fn: rms_norm of s = dropout(x * rowscale) + dropout(x1) + residual (options), returning s too
 // with options.prenorm, and y1 = x_hat * weight1 with options.weight1 (Liger's FusedAddRMSNorm;
 // FlashAttention's rms_norm_fn with residual, prenorm, dropout_p, x1 and weight1; Note [The fused
 // norm], ops/norm/fused_norm.h). Contracts as layer_norm_fn's (ops/norm/layer_norm.h), with
