@@ -75,6 +75,22 @@ TEST_CASE("memory: every preset under every policy saves predicted_saved_bytes, 
     }
 }
 
+TEST_CASE("memory: with dropout every preset saves predicted_saved_bytes, its bytes without dropout (no mask)") {
+    const int64_t B = 2, T = 9;
+    for (const char* arch : {"gpt2", "nanochat", "llama"})
+        for (SavePolicy policy : kSavePolicies) {
+            CAPTURE(arch);
+            CAPTURE(policy_name(policy));
+            GPTConfig c = gpt_config(arch);
+            c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_embd = 32, c.dtype = DType::BF16, c.policy = policy;
+            const int64_t without = measure(c, policy, B, T).saved;
+            c.dropout = 0.1;
+            AfterForward r = measure(c, policy, B, T);
+            CHECK(r.saved == without);
+            CHECK(r.saved == predicted_saved_bytes(c, B, T));
+        }
+}
+
 TEST_CASE("memory: Output saves exactly (2L+1) norm inputs (and LayerNorm means) over Input") {
     for (NormKind norm : {NormKind::Layer, NormKind::RMS}) {
         for (DType dtype : {DType::F32, DType::F64}) {
