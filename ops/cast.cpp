@@ -25,7 +25,7 @@ Tensor cast(const Tensor& x, DType dtype) {
     NT_CHECK_AS(DTypeError, is_floating(dtype), "cast: expected a floating dtype (f32, f64 or bf16) to cast to, got ",
                 dtype_name(dtype), " (Tensor::to converts to i64, without a gradient)");
     if (x.device().is_cuda() && dtype == DType::BF16)
-        detail::check_dtype_on_gpu("cast", "dtype", dtype, x.device(), cuda_compute_capability(x.device()));
+        detail::check_dtype_on_gpu("cast", "its output", dtype, x.device(), cuda_compute_capability(x.device()));
     if (x.dtype() == dtype) return x;
     Tensor out = x.to(dtype);
     if (should_record(x)) record(std::make_shared<CastBackward>(x.dtype()), out, x);

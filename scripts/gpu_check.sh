@@ -79,7 +79,8 @@ build() {
 if [ "$MODE" = baseline ]; then
     [ -f "${BASELINE_SRC:-}/CMakeLists.txt" ] || { echo "baseline: BASELINE_SRC must name a source tree" >&2; exit 2; }
     BUILD_TARGETS="${BUILD_TARGETS:-train_gpt}"
-    SRC="$BASELINE_SRC" build build-baseline baseline
+    SRC="$BASELINE_SRC" build build-baseline baseline ${CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH"}
+    rm -f "$GPU_OUT"/preset_*.json "$GPU_OUT"/dropout_*.json  # no run of an earlier call is compared
 fi
 [ "$MODE" = ptx80 ] || build build-gpu gpu ${CUDA_ARCH:+-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH"}
 

@@ -476,7 +476,9 @@ std::vector<Tensor> widened_outputs(const FusedNormUnderTest& n, SavePolicy poli
         y = out.y, s = out.residual_out;
     } else {
         s = add(cast(x, DType::F32), r);
-        y = cast(n.unfused(s, cast(w, DType::F32), cast(b, DType::F32), policy), DType::BF16);
+        // y is cast, so the fused norm's Output is Normalized (Note [The fused norm]).
+        SavePolicy saved_as = policy == SavePolicy::Output ? SavePolicy::Normalized : policy;
+        y = cast(n.unfused(s, cast(w, DType::F32), cast(b, DType::F32), saved_as), DType::BF16);
     }
     add(cast(sum(mul(y, u)), DType::F32), sum(mul(s, v))).backward();
     return {y, s, x.grad(), r.grad(), w.grad(), n.centered ? b.grad() : w.grad()};
@@ -567,20 +569,69 @@ TEST_CASE("fused_norm: out_dtype casts y and y1, gradients through the cast, and
                     CHECK_CLOSE(fused[i], composed[i], (Tolerance{0, 0}));
                 }
             }
-    // Under Normalized, a Linear after the norm saves y as a recipe (x_hat, then the cast): no bytes of y.
-    Tensor x = randn({6, 32}).requires_grad_(true), w = weight_of(32, opts(DType::F32)).requires_grad_(true);
-    Tensor lw = randn({8, 32}, opts(DType::BF16)).requires_grad_(true);
-    FusedNormOptions fo = options(Tensor(), false, SavePolicy::Normalized);
-    fo.out_dtype = DType::BF16;
-    Tensor y = layer_norm_fn(x, w, Tensor(), fo).y;
-    Tensor z = linear(y, lw);
-    SavedTensor* held = nullptr;
-    for (SavedSlot slot : z.grad_fn()->saved_tensors())
-        if (slot.tensor->recipe()) held = slot.tensor;
-    REQUIRE(held != nullptr);
-    CHECK(std::string(held->recipe()->name) == "norm affine");
-    CHECK_FALSE(held->holds_data());
-    CHECK_CLOSE(held->unpack("test"), y, (Tolerance{0, 0}));
+}
+
+TEST_CASE("fused_norm: a cast y and y1 are made again by their recipes bit for bit, under Output as under Normalized") {
+    // A Linear after the norm saves y (and y1) as a recipe: x_hat's affine, then the cast. Under Output
+    // too, which becomes Normalized when y is cast. f32 x cast to bf16; bf16 x over an f32 stream.
+    manual_seed(9);
+    for (SavePolicy policy : {SavePolicy::Output, SavePolicy::Normalized})
+        for (bool widened : {false, true})
+            for (bool with_y1 : {false, true}) {
+                CAPTURE(policy_name(policy));
+                CAPTURE(widened);
+                CAPTURE(with_y1);
+                DType dtype = widened ? DType::BF16 : DType::F32;
+                Tensor x = randn({6, 32}, opts(dtype)).requires_grad_(true);
+                Tensor w = weight_of(32, opts(dtype)).requires_grad_(true), w1 = weight_of(32, opts(dtype));
+                Tensor lw = randn({8, 32}, opts(DType::BF16)).requires_grad_(true);
+                FusedNormOptions fo = options(widened ? randn({6, 32}) : Tensor(), false, policy);
+                if (with_y1) fo = parallel(fo, w1, Tensor());
+                fo.out_dtype = DType::BF16;
+                FusedNormOutputs out = layer_norm_fn(x, w, Tensor(), fo);
+                for (const Tensor& y : with_y1 ? std::vector<Tensor>{out.y, out.y1} : std::vector<Tensor>{out.y}) {
+                    Tensor z = linear(y, lw);
+                    SavedTensor* held = nullptr;
+                    for (SavedSlot slot : z.grad_fn()->saved_tensors())
+                        if (slot.tensor->recipe()) held = slot.tensor;
+                    REQUIRE(held != nullptr);
+                    CHECK(std::string(held->recipe()->name) == "norm affine");
+                    CHECK_FALSE(held->holds_data());
+                    CHECK_CLOSE(held->unpack("test"), y, (Tolerance{0, 0}));
+                }
+            }
+}
+
+TEST_CASE("fused_norm: an f32 stream for a bf16 x with x1 and dropout is dropout, add, cast, add and norm, bit for bit") {
+    manual_seed(13);
+    for (const FusedNormUnderTest& n : kNorms) {
+        CAPTURE(n.op);
+        TensorOptions o = opts(DType::BF16);
+        Tensor x0 = randn({4, 24}, o), x10 = randn({4, 24}, o), r0 = randn({4, 24}), w0 = weight_of(24, o);
+        Tensor u = randn({4, 24}), v = randn({4, 24});
+        auto run = [&](bool fused) {
+            Tensor x = x0.clone().requires_grad_(true), x1 = x10.clone().requires_grad_(true);
+            Tensor r = r0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+            manual_seed(18);
+            Tensor y, s;
+            if (fused) {
+                FusedNormOutputs out = n.fused(x, w, Tensor(), options(r, true, SavePolicy::Input, x1, 0.3));
+                y = out.y, s = out.residual_out;
+            } else {
+                Tensor dx = dropout(x, 0.3);  // x's mask first
+                Tensor dropped = add(dx, dropout(x1, 0.3));
+                s = add(cast(dropped, DType::F32), r);
+                y = cast(n.unfused(s, cast(w, DType::F32), Tensor(), SavePolicy::Input), DType::BF16);
+            }
+            add(sum(mul(cast(y, DType::F32), u)), sum(mul(s, v))).backward();
+            return std::vector<Tensor>{y, s, x.grad(), x1.grad(), r.grad(), w.grad()};
+        };
+        std::vector<Tensor> fused = run(true), composed = run(false);
+        for (size_t i = 0; i < fused.size(); ++i) {
+            CAPTURE(i);
+            CHECK_CLOSE(fused[i], composed[i], (Tolerance{0, 0}));
+        }
+    }
 }
 
 TEST_CASE("fused_norm: over an f32 stream, saves s, y or x_hat in f32 with the weight cast to f32 (N x 4 bytes)") {
@@ -662,8 +713,9 @@ TEST_CASE("fused_norm: rowscale is x * rowscale[..., None] before the dropout, b
                     CAPTURE(p);
                     TensorOptions o = opts(dtype);
                     Tensor x0 = randn({2, 3, 24}, o), r0 = randn({2, 3, 24}), w0 = weight_of(24, o);
-                    // Stochastic depth: rows dropped (0) or kept and scaled by 1 / (1 - 0.5).
-                    Tensor rowscale = from_vector<double>({2, 0, 2, 2, 0, 2}, {2, 3}).to(dtype);
+                    // Scales that round in every dtype, one row dropped (0), as stochastic depth has.
+                    Tensor rowscale = add(full({2, 3}, 1.0, o), scale(randn({2, 3}, o), 0.3));
+                    rowscale = mul(rowscale, from_vector<double>({1, 0, 1, 1, 1, 1}, {2, 3}).to(dtype));
                     Tensor u = randn({2, 3, 24}, o), v = randn({2, 3, 24}, o);
                     auto run = [&](bool fused) {
                         Tensor x = x0.clone().requires_grad_(true), r = r0.to(dtype).requires_grad_(true);

@@ -5,7 +5,7 @@
 // Note [The fused norm]
 // A pre-LN block does x = x + branch(norm(x)) and then norm(x) again: the residual add and the next
 // norm read and write the residual stream apart. layer_norm_fn and rms_norm_fn take the add in:
-//     s = dropout(x * rowscale) + dropout(x1) + residual   (each term optional; residual: no add)
+//     s = dropout(x * rowscale) + dropout(x1) + residual   (each term optional)
 //     y = norm(s) * weight + bias,  y1 = norm(s) * weight1 + bias1   (y1 with weight1 only)
 // in the order of FlashAttention's layer_norm_ref: x's mask is drawn first, then x1's, from the
 // dropout stream (ops/dropout.h). The dropouts and the add of x1 are the dropout and add ops,
@@ -35,13 +35,15 @@
 // elements, and weight's gradient is theirs.
 // The residual stream's dtype, s's, is the residual's, or f32 for a bf16 x with residual_in_fp32
 // (FlashAttention's residual_dtype), else x's. Where it is wider than x (f32 for bf16), x (after
-// its dropout and the add of x1) and the weights are cast to it (the cast op, ops/cast.h), and the
-// norm runs in f32: s = x + residual is not rounded to bf16, as layer_norm_ref(upcast=False) with
-// an f32 residual computes it. y and y1 are cast to out_dtype (x's dtype when unset) where that
-// differs from the stream's; a saved y is then the norm's own, in the stream's dtype (Output saves
-// M x N x 4 bytes of it, held by no one else), and under Normalized the cast y's recipe casts too,
-// so that a Linear after the norm still saves nothing of y. The casts are their own kernels beside
-// the norm's: no kernel mixes dtypes.
+// its rowscale, dropout and the add of x1, each rounded to bf16) and the weights are cast to it (the
+// cast op, ops/cast.h), and the norm runs in f32: s = x + residual is not rounded to bf16, as
+// FlashAttention's kernel keeps it (its kernel also scales, drops and adds x1 in f32; its
+// layer_norm_ref rounds s to x's dtype unless upcast). y and y1 are cast to out_dtype (x's dtype
+// when unset) where that differs from the stream's (so a bf16 x with out_dtype f32 gets y rounded to
+// bf16 and widened); the cast y is then made again from x_hat under Normalized (its recipe casts
+// too, so a Linear after the norm saves nothing of y), and Output becomes Normalized, which saves
+// the same bytes without the Linear's copy of y. The casts are their own kernels beside the
+// norm's: no kernel mixes dtypes.
 #pragma once
 
 #include <optional>
@@ -60,7 +62,7 @@ struct FusedNormOptions {
     Tensor rowscale;         // x * rowscale[..., None] before x's dropout (stochastic depth): x's shape
                              // without its last dimension, x's dtype and device; a constant (no
                              // gradient; one that requires one is refused); not with x1
-    bool prenorm = false;    // also return s (x.contiguous() when nothing is added or dropped)
+    bool prenorm = false;    // also return s (x.contiguous() when nothing is added, scaled, dropped or cast)
     Tensor weight1;          // a second affine output's weight: [N] of x's dtype and device; undefined: no y1
     Tensor bias1;            // its bias (LayerNorm only, with weight1): [N]; undefined: none
     bool zero_centered_weight = false;  // multiply by weight + 1 (and weight1 + 1), Gemma's form

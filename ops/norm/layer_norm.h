@@ -43,16 +43,17 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // in f32; out_dtype: y's and y1's dtype (x's when unset); rowscale: x's shape without its last
 // dimension, dtype and device, a constant (it requires no gradient), not with x1.
 // Returns y (layer_norm(s)), with prenorm residual_out = s (x.contiguous() when nothing is added,
-// dropped or widened), with weight1 y1 = x_hat * weight1 + bias1 (y and y1 then both from x_hat
-// rounded to s's dtype). Saves what layer_norm(s) saves under options.policy (with weight1, Output
-// saves as Normalized: x_hat and rstd), and nothing of x, x1 or residual (the dropouts save their
-// stream's seed and offset, no mask); with an f32 stream, also the weights cast to f32 (N elements
-// each); with rowscale, rowscale (M elements). Backward gives residual and dropout(x * rowscale) +
-// dropout(x1) the same gradient, the norm's ds (from dy and dy1) plus residual_out's gradient (=),
-// which dropout's, add's, cast's and rowscale's backward carry to x and x1; dweight, dbias,
-// dweight1, dbias1 as layer_norm's (+= into .grad). The residual add runs in the norm's kernel (on
-// CUDA where the fast kernels apply; elsewhere the add op's kernel first); the rowscale, the
-// dropouts, the add of x1, the casts and with weight1 y1's affine as their own kernels.
+// scaled, dropped or widened), with weight1 y1 = x_hat * weight1 + bias1 (y and y1 then both from
+// x_hat rounded to s's dtype). Saves what layer_norm(s) saves under options.policy (with weight1,
+// or y cast to out_dtype, Output saves as Normalized: x_hat and rstd), and nothing of x, x1 or
+// residual (the dropouts save their stream's seed and offset, no mask); with an f32 stream, also
+// the weights cast to f32 (N elements each); with rowscale, rowscale (M elements). Backward gives
+// residual and dropout(x * rowscale) + dropout(x1) the same gradient, the norm's ds (from dy and
+// dy1) plus residual_out's gradient (=), which dropout's, add's, cast's and rowscale's backward
+// carry to x and x1; dweight, dbias, dweight1, dbias1 as layer_norm's (+= into .grad). The residual
+// add runs in the norm's kernel (on CUDA where the fast kernels apply; elsewhere the add op's
+// kernel first); the rowscale, the dropouts, the add of x1, the casts and with weight1 y1's affine
+// as their own kernels.
 // Throws as layer_norm, naming layer_norm_fn; ShapeError, DTypeError or DeviceError for a residual,
 // x1 or rowscale unlike x, or a weight1 or bias1 not [N] of x's dtype and device; DTypeError for an
 // i64 out_dtype; Error for dropout_p outside [0, 1), bias1 without weight1, zero_centered_weight

@@ -394,16 +394,24 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     const DType stream_dtype = widens ? DType::F32 : x_in.dtype();
     for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"residual", residual}, {"x1", options.x1}}) {
         if (!t.defined()) continue;
-        if (name == std::string_view("residual") && widens) detail::check_floating_input(op, name, t);
-        else detail::check_like(op, name, t, "x", x_in);
-        NT_CHECK_AS(DeviceError, t.device() == x_in.device(), op, ": expected ", name, " on ",
-                    device_name(x_in.device()), " (as x), got ", device_name(t.device()));
+        const bool is_residual = name == std::string_view("residual");
+        if (is_residual && x_in.dtype() == DType::BF16)
+            NT_CHECK_AS(DTypeError, t.dtype() == DType::BF16 || t.dtype() == DType::F32, op,
+                        ": expected residual of dtype bf16 (as x) or f32 (a wider residual stream), got ",
+                        dtype_name(t.dtype()));
+        if (is_residual && widens)
+            NT_CHECK_AS(DeviceError, t.device() == x_in.device(), op, ": expected residual on ",
+                        device_name(x_in.device()), " (as x), got ", device_name(t.device()));
+        else
+            detail::check_like(op, name, t, "x", x_in);
         NT_CHECK_AS(ShapeError, t.shape() == x_in.shape(), op, ": expected ", name, " of x's shape ",
                     shape_str(x_in.shape()), ", got ", shape_str(t.shape()));
     }
     const DType out_dtype = options.out_dtype.value_or(x_in.dtype());
     NT_CHECK_AS(DTypeError, is_floating(out_dtype), op, ": expected out_dtype f32, f64 or bf16, got ",
                 dtype_name(out_dtype));
+    if (x_in.device().is_cuda() && out_dtype == DType::BF16)
+        detail::check_dtype_on_gpu(op, "out_dtype", out_dtype, x_in.device(), cuda_compute_capability(x_in.device()));
     const double p = options.dropout_p;
     NT_CHECK(p >= 0.0 && p < 1.0, op, ": expected dropout_p in [0, 1), got ", p);
     const Tensor& rowscale = options.rowscale;
@@ -442,8 +450,10 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     TensorOptions stat_opts = opts.dtype(stat_dtype(s.dtype()));
     const bool records = should_record(x, weight, bias, residual, weight1, bias1);
     // With a second affine output, Output is Normalized: y gives x_hat back only through weight,
-    // and y1's dweight1 needs x_hat itself (Note [The fused norm]).
-    if (weight1.defined() && policy == SavePolicy::Output) policy = SavePolicy::Normalized;
+    // and y1's dweight1 needs x_hat itself. So it is where y is cast: the same bytes, and the
+    // Linear after the norm makes the cast y again rather than keep it (Note [The fused norm]).
+    const bool y_cast = out_dtype != stream_dtype;
+    if ((weight1.defined() || y_cast) && policy == SavePolicy::Output) policy = SavePolicy::Normalized;
     // With weight1, or under Normalized with a weight or bias when the call records (Note
     // [SavePolicy::Normalized]), the forward writes x_hat too and makes y (and y1) from the rounded
     // x_hat; otherwise y alone.
@@ -458,13 +468,14 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     Tensor y1 = weight1.defined() ? norm_affine(x_hat, weight1, bias1) : Tensor();
     // s is the node's second output when it is returned and is not x itself.
     const bool prenorm_output = options.prenorm && residual.defined();
+    bool saves_x_hat = false;
     if (records) {
         if (policy == SavePolicy::Output && !weight_allows_output_policy(weight)) {
             policy = SavePolicy::Input;
             ++fallback_count;
         }
         // Normalized: x_hat (y without affine and weight1); Output: y; Input: s.
-        const bool saves_x_hat = policy == SavePolicy::Normalized && normalized;
+        saves_x_hat = policy == SavePolicy::Normalized && normalized;
         const Tensor& saved = saves_x_hat ? x_hat : policy == SavePolicy::Input ? s : y;
         auto node = std::make_shared<NormBackward>(node_name, centered, residual.defined(), policy, eps, saved,
                                                    policy == SavePolicy::Input ? mean : Tensor(), rstd, weight, bias,
@@ -473,7 +484,7 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     }
     // y and y1 in out_dtype; under Normalized, made again from x_hat (and cast) when saved.
     Tensor y_out = cast(y, out_dtype), y1_out = y1.defined() ? cast(y1, out_dtype) : Tensor();
-    if (records && policy == SavePolicy::Normalized && normalized) {
+    if (saves_x_hat) {
         auto affine = [out_dtype](const std::vector<Tensor>& in) {
             Tensor made = norm_affine(in[0], in[1], in[2]);
             return made.dtype() == out_dtype ? made : made.to(out_dtype);
@@ -485,7 +496,8 @@ FusedNormOutputs fused_norm_forward(const char* op, const char* node_name, bool 
     if (y1.defined())
         detail::check_forward_anomaly(op, "y1", y1,
                                       {{"x", x}, {"residual", residual}, {"weight1", weight1}, {"bias1", bias1}});
-    // Without residual, dropout or x1, s is x.contiguous(): x itself when x is contiguous.
+    // Without residual, rowscale, dropout, x1 or a wider stream, s is x.contiguous(): x itself when x
+    // is contiguous.
     return {y_out, options.prenorm ? s : Tensor(), y1_out};
 }
 
