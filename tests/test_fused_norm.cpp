@@ -866,12 +866,13 @@ TEST_CASE("fused_norm: on CUDA, equal to the cpu in f32 and bf16 with dropout an
 TEST_CASE("fused_norm: on CUDA, the fused kernels give the unfused add and norm bit for bit, outputs and gradients") {
     REQUIRE_CUDA_OR_SKIP();
     manual_seed(5);
-    // Widths of each kernel: 200 (the fast kernels of one warp), 12288 (bf16's forward with the next
-    // row in registers; f32's backward over a cluster of two blocks where the GPU has them) and 1002
-    // (no 16-byte vectors: add_forward_cuda, then the reference kernels); f64 takes the reference.
+    // Widths of each kernel: 200 (the fast kernels of one warp), 4096 (f32's backward with s's gradient
+    // loaded ahead, in a block of its own), 12288 (bf16's forward with the next row in registers; f32's
+    // backward over a cluster of two blocks where the GPU has them) and 1002 (no 16-byte vectors:
+    // add_forward_cuda, then the reference kernels); f64 takes the reference.
     for (const FusedNormUnderTest& n : kNorms)
         for (DType dtype : {DType::F32, DType::BF16, DType::F64})
-            for (int64_t N : {200, 12288, 1002})
+            for (int64_t N : {200, 4096, 12288, 1002})
                 for (SavePolicy policy : kPolicies) {
                     CAPTURE(n.op);
                     CAPTURE(dtype_name(dtype));
