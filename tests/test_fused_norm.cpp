@@ -46,6 +46,12 @@ FusedNormOptions parallel(FusedNormOptions o, const Tensor& weight1, const Tenso
     return o;
 }
 
+// What a norm of M f32 rows saves beside its row tensor: rstd, and the mean too for a LayerNorm under
+// Input (ops/norm/norm_policy.h).
+int64_t statistics_bytes(int64_t M, SavePolicy policy, bool centered) {
+    return M * 4 + (policy == SavePolicy::Input && centered ? M * 4 : 0);
+}
+
 // Weights away from zero (the Output policy divides by them): 1 + 0.2 * randn.
 Tensor weight_of(int64_t N, TensorOptions o) { return add(full({N}, 1.0, o), scale(randn({N}, o), 0.2)); }
 
@@ -245,7 +251,7 @@ TEST_CASE("fused_norm: saves s (Input), y (Output) or x_hat (Normalized) with rs
                     int64_t saved_before = saved_bytes();
                     int64_t allocated_before = cpu_allocated();
                     FusedNormOutputs out = n.fused(h, w, Tensor(), options(r, prenorm, policy, x1, dropped ? 0.5 : 0.0));
-                    int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+                    int64_t stats = statistics_bytes(M, policy, n.centered);
                     CHECK(saved_bytes() - saved_before == M * N * 4 + stats);
                     // Live now: y, the saved rows (s under Input, y under Output, x_hat under
                     // Normalized), the statistics, and s where it is returned.
@@ -377,7 +383,7 @@ TEST_CASE("fused_norm: with weight1, one saved row tensor and rstd under each po
             Tensor r = scale(randn({M, N}).requires_grad_(true), 1.0);
             int64_t saved_before = saved_bytes();
             FusedNormOutputs out = n.fused(h, w, Tensor(), parallel(options(r, true, policy), w1, b1));
-            int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+            int64_t stats = statistics_bytes(M, policy, n.centered);
             CHECK(saved_bytes() - saved_before == M * N * 4 + stats);
             REQUIRE(out.y1.defined());
             // What is saved under Output and Normalized is x_hat, not y: y is then made again from it.
@@ -433,7 +439,7 @@ TEST_CASE("fused_norm: zero_centered_weight is the norm with weight + 1 (and wei
             FusedNormOptions fo = options(Tensor(), false, policy);
             fo.zero_centered_weight = true;
             Tensor y = n.fused(h, w, Tensor(), fo).y;
-            int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+            int64_t stats = statistics_bytes(M, policy, n.centered);
             CHECK(saved_bytes() - saved_before == M * N * 4 + stats + N * 4);
         }
 }
@@ -645,7 +651,7 @@ TEST_CASE("fused_norm: over an f32 stream, saves s, y or x_hat in f32 with the w
             Tensor r = scale(randn({M, N}).requires_grad_(true), 1.0);
             int64_t before = saved_bytes();
             FusedNormOutputs out = n.fused(h, w, Tensor(), options(r, true, policy));
-            int64_t stats = M * 4 + (policy == SavePolicy::Input && n.centered ? M * 4 : 0);  // rstd (+ mean)
+            int64_t stats = statistics_bytes(M, policy, n.centered);
             CHECK(saved_bytes() - before == M * N * 4 + stats + N * 4);
         }
 }
