@@ -34,6 +34,7 @@ struct Block {
     bool uncached = false; // its own cudaMalloc, freed at once (caching off)
     size_t requested = 0;  // bytes asked for while allocated
     bool allocated = false;
+    uint64_t pool = 0;      // 0: the shared pools; else the CUDA graph pool its segment belongs to
     Block* prev = nullptr;  // neighbours within the same segment
     Block* next = nullptr;
 };
@@ -44,8 +45,19 @@ struct BySize {
     }
 };
 
+using FreeBlocks = std::set<Block*, BySize>;
+
+// The segments of one CUDA graph's capture (Note [Graph pools], core/cuda_graph.h): their free
+// blocks, and the shared pools' blocks released during the capture, held until the pool goes.
+struct GraphPool {
+    FreeBlocks small_free, large_free;
+    std::vector<Block*> held;
+};
+
 struct DeviceAllocator {
-    std::set<Block*, BySize> small_free, large_free;
+    FreeBlocks small_free, large_free;
+    std::unordered_map<uint64_t, GraphPool> graph_pools;
+    uint64_t capturing = 0;  // the graph pool that allocations come from; 0: the shared pools
     std::unordered_map<void*, Block*> live;
     // Uncached blocks deallocated during a dry run, whose CUDA stream capture a cudaFree would
     // break: freed at the next allocation or empty_cache outside one.
@@ -67,7 +79,12 @@ struct DeviceAllocator {
         return b->ptr;
     }
 
-    std::set<Block*, BySize>& pool(bool small) { return small ? small_free : large_free; }
+    FreeBlocks& pool(bool small) { return small ? small_free : large_free; }
+    FreeBlocks& pool(uint64_t id, bool small) {
+        if (id == 0) return pool(small);
+        GraphPool& g = graph_pools.at(id);
+        return small ? g.small_free : g.large_free;
+    }
 };
 
 std::vector<DeviceAllocator>& allocators() {
@@ -152,6 +169,30 @@ bool& caching_on() {
     return on;
 }
 
+
+// Puts the free block `b` back into its pool, merged with its segment's free neighbours.
+void return_to_pool(DeviceAllocator& a, Block* b) noexcept {
+    auto& pool = a.pool(b->pool, b->small);
+    if (b->prev && !b->prev->allocated) {  // merge into the free block before
+        Block* p = b->prev;
+        pool.erase(p);
+        p->size += b->size;
+        p->next = b->next;
+        if (b->next) b->next->prev = p;
+        delete b;
+        b = p;
+    }
+    if (b->next && !b->next->allocated) {  // absorb the free block after
+        Block* n = b->next;
+        pool.erase(n);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next) n->next->prev = b;
+        delete n;
+    }
+    pool.insert(b);
+}
+
 }  // namespace
 
 bool cuda_memory_caching() { return caching_on(); }
@@ -184,7 +225,7 @@ void* cuda_allocate(int device, size_t nbytes) {
         return a.take(new Block{driver_allocate(device, a, nbytes, nbytes, true), nbytes, false, true}, nbytes);
     size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);
     bool small = size <= kSmallRequest;
-    auto& pool = a.pool(small);
+    auto& pool = a.pool(a.capturing, small);
     Block key{nullptr, size, small};
     auto it = pool.lower_bound(&key);
     Block* b;
@@ -194,10 +235,12 @@ void* cuda_allocate(int device, size_t nbytes) {
     } else {
         size_t segment = small ? kSmallSegment : size < kMediumRequest ? kMediumSegment : round_up(size, kLargeRound);
         b = new Block{driver_allocate(device, a, segment, nbytes, false), segment, small};
+        b->pool = a.capturing;
     }
     size_t rest = b->size - size;
     if (small ? rest >= kRound : rest > kLargeSplitMin) {
         Block* r = new Block{b->ptr + size, rest, small};
+        r->pool = b->pool;
         r->prev = b;
         r->next = b->next;
         if (b->next) b->next->prev = r;
@@ -231,25 +274,50 @@ void cuda_deallocate(int device, void* ptr) noexcept {
         }
         return;
     }
-    auto& pool = a.pool(b->small);
-    if (b->prev && !b->prev->allocated) {  // merge into the free block before
-        Block* p = b->prev;
-        pool.erase(p);
-        p->size += b->size;
-        p->next = b->next;
-        if (b->next) b->next->prev = p;
-        delete b;
-        b = p;
+    if (a.capturing != 0 && b->pool != a.capturing) {
+        // A block from outside the capture that the captured work may still read on a replay: out
+        // of every pool until the graph's pool goes (marked allocated, so that no neighbour merges it).
+        b->allocated = true;
+        try {
+            a.graph_pools.at(a.capturing).held.push_back(b);
+        } catch (...) {
+            // No host memory for the list: the block stays out of every pool, counted as reserved.
+        }
+        return;
     }
-    if (b->next && !b->next->allocated) {  // absorb the free block after
-        Block* n = b->next;
-        pool.erase(n);
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next) n->next->prev = b;
-        delete n;
+    return_to_pool(a, b);
+}
+
+void cuda_begin_graph_pool(int device, uint64_t id) {
+    DeviceAllocator& a = allocator(device);
+    NT_CHECK(id != 0 && a.capturing == 0 && !a.graph_pools.count(id), "cuda allocator: graph pool ", id,
+             " cannot begin on cuda:", device, " (a capture into pool ", a.capturing, " is in progress)");
+    a.graph_pools[id];
+    a.capturing = id;
+}
+
+void cuda_end_graph_pool(int device) { allocator(device).capturing = 0; }
+
+void cuda_release_graph_pool(int device, uint64_t id) noexcept {
+    if (allocators().size() <= static_cast<size_t>(device)) return;
+    DeviceAllocator& a = allocators()[device];
+    auto it = a.graph_pools.find(id);
+    if (it == a.graph_pools.end()) return;
+    if (a.capturing == id) a.capturing = 0;
+    GraphPool pool = std::move(it->second);
+    a.graph_pools.erase(it);
+    // The pool's segments join the shared pools: free blocks move, live ones are retagged.
+    for (FreeBlocks* blocks : {&pool.small_free, &pool.large_free})
+        for (Block* b : *blocks) {
+            b->pool = 0;
+            a.pool(b->small).insert(b);
+        }
+    for (auto& [ptr, b] : a.live)
+        if (b->pool == id) b->pool = 0;
+    for (Block* b : pool.held) {
+        b->allocated = false;
+        return_to_pool(a, b);
     }
-    pool.insert(b);
 }
 
 MemoryStats cuda_memory_stats(int device) { return allocator(device).stats; }

@@ -70,11 +70,30 @@ void cuda_host_deallocate(void* ptr, size_t nbytes) noexcept;
 // Frees the cached pinned blocks (cudaFreeHost) once the side streams' copies are done. Throws Error.
 void cuda_host_empty_cache();
 
+// A CUDA graph's private pool (Note [Graph pools], core/cuda_graph.h). begin: until end, the
+// device's allocations come from segments of pool `id` (> 0, new), which only its own blocks'
+// releases return to, and the shared pools' blocks released meanwhile are held out of every pool.
+// release: the pool's segments join the shared pools and the held blocks are returned; the caller
+// has waited for the device (the graph's replays are done). begin throws Error for id 0, an id in
+// use or a pool already capturing.
+void cuda_begin_graph_pool(int device, uint64_t id);
+void cuda_end_graph_pool(int device);
+void cuda_release_graph_pool(int device, uint64_t id) noexcept;
+
 // A CUDA dry run's capture (Note [The dry run], core/dry_run.h): begin makes the device's context
 // and starts capturing its stream into a CUDA graph (relaxed mode); end stops it and destroys the
 // graph unrun. end throws Error when CUDA refused a call during the capture (the capture is then
 // invalidated), naming what it reports.
 void cuda_begin_dry_capture(int device);
 void cuda_end_dry_capture(int device);
+
+// A CUDA graph's capture and replay (core/cuda_graph.h). begin starts capturing the device's stream
+// (relaxed mode); end stops it and returns the graph instantiated (a cudaGraphExec_t), or throws
+// Error naming what CUDA refused during the capture (the graph is then destroyed); launch queues
+// it on the device's stream; destroy frees it.
+void cuda_graph_begin_capture(int device);
+void* cuda_graph_end_capture(int device);
+void cuda_graph_launch(void* exec, int device);
+void cuda_graph_destroy(void* exec) noexcept;
 
 }  // namespace normtape::detail

@@ -102,6 +102,14 @@ int cuda_compute_capability(Device device) {
     return context(device.index).compute_capability;
 }
 
+std::string cuda_device_name(Device device) {
+    NT_CHECK_AS(DeviceError, device.is_cuda(), "cuda_device_name: expected a CUDA device, got ", device_name(device));
+    cuda::stream(device.index);  // checks the device
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
+    return prop.name;
+}
+
 void synchronize(Device device) {
     if (device.is_cuda() && !is_dry_run()) CUDA_CHECK(cudaStreamSynchronize(cuda::stream(device.index)));
 }
@@ -123,6 +131,32 @@ void cuda_end_dry_capture(int device) {
                                    "for another stream cannot be dry-run");
     }
 }
+
+void cuda_graph_begin_capture(int device) {
+    CUDA_CHECK(cudaStreamBeginCapture(cuda::stream(device), cudaStreamCaptureModeRelaxed));
+}
+
+void* cuda_graph_end_capture(int device) {
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamEndCapture(cuda::stream(device), &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // the capture's error is not the context's
+        throw_error<Error>("CUDAGraph::capture: CUDA refused a call while capturing on cuda:", device, " (",
+                           cudaGetErrorString(err), "): a read of a device value on the host (item(), a copy to "
+                           "the host), a wait for the device or for another stream (offload's copies) or a "
+                           "collective cannot be captured");
+    }
+    return exec;
+}
+
+void cuda_graph_launch(void* exec, int device) {
+    CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), cuda::stream(device)));
+}
+
+void cuda_graph_destroy(void* exec) noexcept { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)); }
 
 void* cuda_event_create(int device) {
     cuda::stream(device);  // checks the device and makes it current

@@ -14,6 +14,10 @@ int cuda_compute_capability(Device device) {
     NT_CHECK_AS(DeviceError, false, "cuda_compute_capability: expected a CUDA device in a build with the CUDA backend, got ",
                 device_name(device), " in a build without it");
 }
+std::string cuda_device_name(Device device) {
+    NT_CHECK_AS(DeviceError, false, "cuda_device_name: expected a CUDA device in a build with the CUDA backend, got ",
+                device_name(device), " in a build without it");
+}
 void synchronize(Device device) {
     NT_CHECK_AS(DeviceError, device.is_cpu(), "synchronize: expected device cpu, got ", device_name(device),
                 ", which needs the CUDA backend that this build does not have");
@@ -40,6 +44,15 @@ void cuda_begin_dry_capture(int) {
     NT_CHECK_AS(DeviceError, false, "dry_run: expected device cpu, got cuda: this build of normtape has no CUDA backend");
 }
 void cuda_end_dry_capture(int) {}
+void cuda_graph_begin_capture(int) {
+    NT_CHECK_AS(DeviceError, false, "CUDAGraph: expected a CUDA build, got one without the CUDA backend");
+}
+void* cuda_graph_end_capture(int) { return nullptr; }
+void cuda_graph_launch(void*, int) {}
+void cuda_graph_destroy(void*) noexcept {}
+void cuda_begin_graph_pool(int, uint64_t) {}
+void cuda_end_graph_pool(int) {}
+void cuda_release_graph_pool(int, uint64_t) noexcept {}
 // SaveOnCpu keeps cpu tensors as they are: without CUDA it never copies, and these are never reached.
 void* cuda_copy_event_create(int) {
     NT_CHECK_AS(DeviceError, false, "SaveOnCpu: expected device cpu, got cuda: this build has no CUDA backend");

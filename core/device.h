@@ -48,6 +48,10 @@ bool cuda_is_built();
 // with no GPU visible, or for an index that is not there.
 int cuda_compute_capability(Device device);
 
+// The name of CUDA device `device` as the driver reports it (cudaDeviceProp::name, e.g. "NVIDIA
+// H100 80GB HBM3"). Throws as cuda_compute_capability.
+std::string cuda_device_name(Device device);
+
 // Waits until all work queued on `device` has finished (no-op on the cpu). Throws DeviceError for
 // CUDA in a build without the backend, with no GPU visible or for a GPU index that is not there;
 // Error on a CUDA error, which it reports with the failing call's file and line.

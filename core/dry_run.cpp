@@ -99,6 +99,8 @@ DryRunResult dry_run(Device device, const std::function<void()>& fn) {
                     " records its kernels into a CUDA graph that never runs, and asks the device for its plans "
                     "(cuDNN, cuBLASLt): expected a visible GPU, got none");
     }
+    NT_CHECK(!detail::cuda_graph_capturing(), "dry_run: expected no CUDA graph capture in progress, got one "
+             "(core/cuda_graph.h)");
     DryRunResult result;
     result.device = device;
     DryRun run;

@@ -1,7 +1,7 @@
 // normtape.h: the umbrella header. Everything public, in namespace normtape:
 //   core/  Tensor, TensorOptions, factories, memory_stats and the memory trace, autograd (backward,
 //          NoGradGuard, saved_bytes, saved_tensors_report, SavedTensorHooks, SaveOnCpu, checkpoint,
-//          NamedScope), anomaly detection, the cpu thread count (set_num_threads)
+//          NamedScope), anomaly detection, the cpu thread count (set_num_threads), CUDAGraph
 //   ops/   add, mul, scale, gelu, relu_squared, swiglu, softmax, dropout, sum, mean, matmul, linear, linear_gelu,
 //          causal_self_attention, rotary_embedding, embedding, cross_entropy, layer_norm, rms_norm,
 //          layer_norm_fn, rms_norm_fn (the norm with the residual add), SavePolicy
@@ -26,6 +26,7 @@
 #include "core/anomaly.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/cuda_graph.h"
 #include "core/distributed.h"
 #include "core/dry_run.h"
 #include "core/named_scope.h"

@@ -5,6 +5,7 @@
 // large for the CUDA kernels' 32-bit arithmetic) and DeviceError as their names say.
 #pragma once
 
+#include "core/cuda_graph.h"
 #include "core/dry_run.h"
 #include "core/tensor.h"
 
@@ -47,8 +48,9 @@ inline void check_index_input(const char* op, const char* name, const Tensor& t)
 
 // Every element of the i64 tensor t (contiguous) lies in [0, n); the message gives the first
 // value outside, its flat position and n. A CUDA tensor is copied to the host first (this waits
-// for the device).
+// for the device); during a CUDA graph capture nothing is checked (core/cuda_graph.h).
 inline void check_indices(const char* op, const char* name, const Tensor& t, int64_t n) {
+    if (cuda_graph_capturing()) return;  // Note [CUDA graphs]: no value is read during a capture
     Tensor host = t.device().is_cuda() ? t.to(Device::CPU) : t;
     if (is_dry_run()) return;  // Note [The dry run]: the placeholder indices, 0, are in range
     const int64_t* p = host.data_ptr<int64_t>();

@@ -209,6 +209,8 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
     Shape rows_shape(x_in.shape().begin(), x_in.shape().end() - 1);
     NT_CHECK_AS(ShapeError, targets_in.shape() == rows_shape, op, ": expected targets of shape ", shape_str(rows_shape),
                 " for x of shape ", shape_str(x_in.shape()), ", got ", shape_str(targets_in.shape()));
+    NT_CHECK(!detail::cuda_graph_capturing(), op, ": expected to run outside a CUDA graph capture, got one (it counts ",
+             "its targets on the host)");
     NT_CHECK_AS(DeviceError, targets_in.device() == x_in.device(), op, ": expected targets on ",
                 device_name(x_in.device()), " (as x), got ", device_name(targets_in.device()));
     const int64_t V = weight_in.size(0), M = x_in.numel() / C;

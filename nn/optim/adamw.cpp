@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "nn/optim/adamw_update.h"
 #include "nn/optim/optimizer_checks.h"
+#include "nn/optim/step_scalars.h"
 
 namespace normtape {
 
@@ -78,7 +79,7 @@ void build_table(AdamWPlan::Bucket& b, const std::vector<ParamGroup>& groups,
 // Queues the update of every parameter of bucket b: one launch per kAdamWGradsPerLaunch members.
 template <class T>
 void launch_bucket(const AdamWPlan::Bucket& b, const std::vector<ParamGroup>& groups, const detail::AdamWStep& s,
-                   const double* skip_if_nonfinite) {
+                   const double* scalars, const double* skip_if_nonfinite) {
     const auto* tensors = reinterpret_cast<const detail::AdamWTensor<T>*>(device_ptr<int64_t>(b.table));
     const auto* chunks = reinterpret_cast<const detail::AdamWChunk*>(tensors + b.members.size());
     const size_t n = b.members.size();
@@ -89,15 +90,18 @@ void launch_bucket(const AdamWPlan::Bucket& b, const std::vector<ParamGroup>& gr
         for (size_t k = first; k < last; ++k)
             grads.grad[k - first] = device_ptr<T>(groups[b.members[k].first].params[b.members[k].second].grad());
         const int64_t c0 = b.chunk_begin[first], c1 = b.chunk_begin[last];
-        detail::adamw_multi_tensor_cuda<T>(tensors, chunks + c0, c1 - c0, grads, s, skip_if_nonfinite, b.device.index);
+        detail::adamw_multi_tensor_cuda<T>(tensors, chunks + c0, c1 - c0, grads, s, scalars, skip_if_nonfinite,
+                                           b.device.index);
     }
 }
 
 // Queues the update of every parameter on a GPU that has a gradient, with s (weight decay: each
-// table entry's). Returns `plan` if its key matches these parameters, else the plan rebuilt.
+// table entry's; lr and bias corrections: each device's scalars, advanced from step t_before).
+// Returns `plan` if its key matches these parameters, else the plan rebuilt.
 std::shared_ptr<const AdamWPlan> step_cuda(std::shared_ptr<const AdamWPlan> plan, const std::vector<ParamGroup>& groups,
                                            const std::vector<std::vector<AdamW::ParamState>>& state,
-                                           const detail::AdamWStep& s, const Tensor* grad_norm) {
+                                           const detail::AdamWStep& s, const Tensor* grad_norm,
+                                           detail::StepScalars& scalars, int64_t t_before) {
     // The parameters by (device, dtype), in order of first appearance, and the key of their tables.
     std::vector<AdamWPlan::Bucket> buckets;
     for (size_t gi = 0; gi < groups.size(); ++gi)
@@ -131,9 +135,14 @@ std::shared_ptr<const AdamWPlan> step_cuda(std::shared_ptr<const AdamWPlan> plan
     }
     Tensor norm;  // f64, on the device of every parameter stepped (step_impl checked it)
     if (grad_norm) norm = grad_norm->dtype() == DType::F64 ? *grad_norm : grad_norm->to(DType::F64);
-    for (const AdamWPlan::Bucket& b : plan->buckets)
-        dispatch_floating(b.dtype, "AdamW",
-                          [&](auto tag) { launch_bucket<decltype(tag)>(b, groups, s, device_ptr<double>(norm)); });
+    std::vector<std::pair<Device, const double*>> advanced;  // each device's scalars, advanced once
+    for (const AdamWPlan::Bucket& b : plan->buckets) {
+        auto it = std::find_if(advanced.begin(), advanced.end(), [&](const auto& d) { return d.first == b.device; });
+        if (it == advanced.end()) it = advanced.insert(it, {b.device, scalars.advance(b.device, s.lr, t_before)});
+        dispatch_floating(b.dtype, "AdamW", [&](auto tag) {
+            launch_bucket<decltype(tag)>(b, groups, s, it->second, device_ptr<double>(norm));
+        });
+    }
     return plan;
 }
 
@@ -189,7 +198,8 @@ void check_options(const char* op, const AdamWOptions& o) {
 
 }  // namespace
 
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : options_(options) {
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
+    : options_(options), scalars_(std::make_shared<detail::StepScalars>(options.beta1, options.beta2)) {
     check_options("AdamW", options);
     groups_ = detail::checked_groups("AdamW", groups, 0);
     for (const ParamGroup& g : groups_) {
@@ -209,6 +219,7 @@ AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions options)
 void AdamW::set_lr(double lr) {
     detail::check_lr("AdamW::set_lr", lr);
     options_.lr = lr;
+    scalars_->set_lr(lr);
 }
 
 void AdamW::step() { step_impl(nullptr); }
@@ -225,7 +236,7 @@ void AdamW::step_impl(const Tensor* grad_norm) {
             if (p.grad().defined())
                 detail::check_stepped("AdamW", gi, i, p, state_[gi][i].m, state_[gi][i].master, grad_norm);
         }
-    ++t_;
+    [[maybe_unused]] const int64_t t_before = t_++;
     const double bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t_));
     const double bias_correction2 = 1.0 - std::pow(options_.beta2, static_cast<double>(t_));
     bool on_cuda = false;
@@ -235,7 +246,7 @@ void AdamW::step_impl(const Tensor* grad_norm) {
         NT_CUDA(plan_ = step_cuda(plan_, groups_, state_,
                                   {options_.lr, options_.beta1, options_.beta2, options_.eps, 0.0, bias_correction1,
                                    bias_correction2},
-                                  grad_norm));
+                                  grad_norm, *scalars_, t_before));
     }
     // A norm on the cpu means every parameter stepped is on the cpu.
     const bool skip_on_cpu = grad_norm && !grad_norm->device().is_cuda() && !std::isfinite(grad_norm->item<double>());
@@ -278,9 +289,12 @@ const AdamW::ParamState& AdamW::state(const Tensor& p) const {
     throw Error("AdamW::state: the tensor " + shape_str(p.shape()) + " is not a parameter of this optimizer");
 }
 
+int64_t AdamW::step_count() const { return scalars_->step_count(t_); }
+
 void AdamW::set_step_count(int64_t t) {
     NT_CHECK(t >= 0, "AdamW::set_step_count: expected t >= 0, got ", t);
     t_ = t;
+    scalars_->set_step_count(t);
 }
 
 void AdamW::zero_grad() {

@@ -60,7 +60,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     adamw_multi_tensor_kernel(const AdamWTensor<T>* __restrict__ tensors, const AdamWChunk* __restrict__ chunks,
                               const __grid_constant__ AdamWGrads<T> grads, AdamWStep s,
-                              const double* __restrict__ skip_if_nonfinite) {
+                              const double* __restrict__ scalars, const double* __restrict__ skip_if_nonfinite) {
     using A = acc_t<T>;
     constexpr bool kMaster = std::is_same_v<T, bf16>;
     constexpr int E = 16 / sizeof(T);  // elements of a 16-byte vector of T
@@ -68,7 +68,9 @@ __global__ void __launch_bounds__(kThreads)
     const AdamWChunk c = chunks[blockIdx.x];
     const AdamWTensor<T> t = tensors[c.tensor];
     s.weight_decay = t.weight_decay;
-    s.lr *= t.lr_scale;
+    s.lr = scalars[0] * t.lr_scale;
+    s.bias_correction1 = scalars[2];
+    s.bias_correction2 = scalars[3];
     const int64_t start = int64_t(c.index) * kMultiTensorChunk;
     const int n = static_cast<int>(min(kMultiTensorChunk, t.numel - start));
     T* p = t.p + start;
@@ -199,11 +201,11 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class T>
 void adamw_multi_tensor_cuda(const AdamWTensor<T>* tensors, const AdamWChunk* chunks, int64_t num_chunks,
-                             const AdamWGrads<T>& grads, const AdamWStep& s, const double* skip_if_nonfinite,
-                             int device) {
+                             const AdamWGrads<T>& grads, const AdamWStep& s, const double* scalars,
+                             const double* skip_if_nonfinite, int device) {
     if (num_chunks == 0) return;
     adamw_multi_tensor_kernel<T><<<static_cast<unsigned>(num_chunks), kThreads, 0, cuda::stream(device)>>>(
-        tensors, chunks, grads, s, skip_if_nonfinite);
+        tensors, chunks, grads, s, scalars, skip_if_nonfinite);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -230,7 +232,8 @@ void grad_scale_cuda(const GradList& list, const double* coef, int device) {
 
 #define NT_INSTANTIATE(T)                                                                                   \
     template void adamw_multi_tensor_cuda<T>(const AdamWTensor<T>*, const AdamWChunk*, int64_t,            \
-                                             const AdamWGrads<T>&, const AdamWStep&, const double*, int);  \
+                                             const AdamWGrads<T>&, const AdamWStep&, const double*,        \
+                                             const double*, int);                                          \
     template void grad_sum_squares_cuda<T>(double*, const GradList&, int);                                \
     template void grad_scale_cuda<T>(const GradList&, const double*, int);
 NT_INSTANTIATE(float)

@@ -9,7 +9,8 @@
 namespace normtape {
 
 namespace detail {
-struct AdamWPlan;  // nn/optim/adamw.cpp: the cached device tables of the multi-tensor CUDA step
+struct AdamWPlan;    // nn/optim/adamw.cpp: the cached device tables of the multi-tensor CUDA step
+class StepScalars;  // nn/optim/step_scalars.h: the lr and step count on each device
 }  // namespace detail
 
 // Every value must be finite: lr >= 0, beta1 and beta2 in [0, 1), eps > 0, weight_decay >= 0
@@ -46,6 +47,9 @@ struct ParamGroup {
 // step and rebuilds when a parameter's or state's storage changes or another set of parameters has
 // a gradient (that rebuild copies the table to the GPU and waits for it); otherwise a step never
 // waits for the GPU. See Note [Multi-tensor AdamW and the gradient norm] in nn/optim/adamw.cu.
+// The kernels read the lr and the bias corrections from device memory: set_lr writes the lr there,
+// and a step first advances the count there and computes 1 - beta^t from it (pow in f64, on the
+// GPU), so that a step captured in a CUDA graph (core/cuda_graph.h) replays with the current ones.
 class AdamW {
 public:
     // The state of one parameter: moments m (torch's "exp_avg") and v ("exp_avg_sq") in
@@ -87,7 +91,9 @@ public:
     // Throws Error for lr < 0 or not finite, by the constructor's rule; the lr is then unchanged.
     void set_lr(double lr);
     double lr() const { return options_.lr; }
-    int64_t step_count() const { return t_; }
+    // The steps taken: on CUDA the device's count, which a step replayed from a CUDA graph
+    // (core/cuda_graph.h) advances (reading it waits for the GPU); else the host's.
+    int64_t step_count() const;
     const AdamWOptions& options() const { return options_; }
     const std::vector<ParamGroup>& groups() const { return groups_; }
 
@@ -109,6 +115,7 @@ private:
     AdamWOptions options_;
     int64_t t_ = 0;
     std::shared_ptr<const detail::AdamWPlan> plan_;  // replaced, never modified, when rebuilt
+    std::shared_ptr<detail::StepScalars> scalars_;    // the lr and t that the CUDA kernels read
 };
 
 // Scales the gradients of `params` in place so that their global L2 norm is at most max_norm,

@@ -71,14 +71,15 @@ struct AdamWGrads {
 };
 
 // Updates the chunks chunks[0 .. num_chunks) of the table `tensors` (both in device memory) by
-// adamw_update with `s` (its weight_decay replaced by each entry's, its lr scaled by the entry's
-// lr_scale): one kernel launch. Every
-// chunk's tensor must lie in grads' range. Where skip_if_nonfinite is not null and the value it
-// points to (on the device) is NaN or infinite, nothing is written.
+// adamw_update with `s`, its lr and bias corrections read from `scalars` (device memory, laid out
+// as nn/optim/step_scalars.h says), its lr scaled by each entry's lr_scale and its weight_decay
+// replaced by the entry's: one kernel launch. Every chunk's tensor must lie in grads' range.
+// Where skip_if_nonfinite is not null and the value it points to (on the device) is NaN or
+// infinite, nothing is written.
 template <class T>
 void adamw_multi_tensor_cuda(const AdamWTensor<T>* tensors, const AdamWChunk* chunks, int64_t num_chunks,
-                             const AdamWGrads<T>& grads, const AdamWStep& s, const double* skip_if_nonfinite,
-                             int device);
+                             const AdamWGrads<T>& grads, const AdamWStep& s, const double* scalars,
+                             const double* skip_if_nonfinite, int device);
 
 // Up to kGradListTensors gradients of one dtype, as kernel arguments: data[i] holds numel[i]
 // contiguous elements; chunk_end[i] is the number of chunks of tensors 0..i (so chunks

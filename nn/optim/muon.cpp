@@ -19,6 +19,7 @@
 #include "nn/model/gpt.h"
 #include "nn/optim/muon_update.h"
 #include "nn/optim/optimizer_checks.h"
+#include "nn/optim/step_scalars.h"
 
 namespace normtape {
 
@@ -99,7 +100,8 @@ Tensor orthogonalize_class(Device device, int64_t count, int64_t rows, int64_t c
 
 }  // namespace
 
-Muon::Muon(std::vector<ParamGroup> groups, MuonOptions options) : options_(options) {
+Muon::Muon(std::vector<ParamGroup> groups, MuonOptions options)
+    : options_(options), scalars_(std::make_shared<detail::StepScalars>(0.0, 0.0)) {
     check_options("Muon", options);
     groups_ = detail::checked_groups("Muon", groups, 2);
     for (const ParamGroup& g : groups_) {
@@ -118,6 +120,7 @@ Muon::Muon(const std::vector<Tensor>& params, MuonOptions options)
 void Muon::set_lr(double lr) {
     detail::check_lr("Muon::set_lr", lr);
     options_.lr = lr;
+    scalars_->set_lr(lr);
 }
 
 void Muon::step() { step_impl(nullptr); }
@@ -137,7 +140,13 @@ void Muon::step_impl(const Tensor* grad_norm) {
                         "Muon: expected matrices of at most ", INT_MAX, " rows and columns on CUDA (cuBLAS's int), got ",
                         shape_str(p.shape()));
         }
-    ++t_;
+    const int64_t t_before = t_++;
+    std::vector<std::pair<Device, const double*>> advanced;  // each device's scalars, advanced once
+    [[maybe_unused]] auto scalars_on = [&](Device device) {
+        auto it = std::find_if(advanced.begin(), advanced.end(), [&](const auto& d) { return d.first == device; });
+        if (it == advanced.end()) it = advanced.insert(it, {device, scalars_->advance(device, options_.lr, t_before)});
+        return it->second;
+    };
     const bool skip_on_cpu = grad_norm && !grad_norm->device().is_cuda() && !std::isfinite(grad_norm->item<double>());
     Tensor norm;  // f64 on the device, read by the CUDA kernels
     if (grad_norm && grad_norm->device().is_cuda())
@@ -192,7 +201,7 @@ void Muon::step_impl(const Tensor* grad_norm) {
             NT_CUDA(dispatch_floating(c.dtype, "Muon", [&](auto tag) {
                 using T = decltype(tag);
                 using A = acc_t<T>;
-                const double step = lr * std::sqrt(std::max(1.0, double(c.rows) / double(c.cols)));
+                const double aspect = std::sqrt(std::max(1.0, double(c.rows) / double(c.cols)));
                 auto matrices = [&](int64_t first, int64_t n) {
                     detail::MuonMatrices<T> mm{};
                     for (int64_t k = 0; k < n; ++k) {
@@ -213,7 +222,8 @@ void Muon::step_impl(const Tensor* grad_norm) {
                 for (int64_t first = 0; first < count; first += detail::kMuonMatricesPerLaunch)
                     detail::muon_apply_cuda<T>(
                         matrices(first, std::min<int64_t>(count - first, detail::kMuonMatricesPerLaunch)), numel,
-                        device_ptr<detail::ns_t<T>>(o) + first * numel, decay, step, skip, c.device.index);
+                        device_ptr<detail::ns_t<T>>(o) + first * numel, scalars_on(c.device), group.lr_scale,
+                        group.weight_decay, aspect, skip, c.device.index);
             }));
         }
     }
@@ -227,9 +237,12 @@ const Muon::ParamState& Muon::state(const Tensor& p) const {
     throw Error("Muon::state: the tensor " + shape_str(p.shape()) + " is not a parameter of this optimizer");
 }
 
+int64_t Muon::step_count() const { return scalars_->step_count(t_); }
+
 void Muon::set_step_count(int64_t t) {
     NT_CHECK(t >= 0, "Muon::set_step_count: expected t >= 0, got ", t);
     t_ = t;
+    scalars_->set_step_count(t);
 }
 
 void Muon::zero_grad() {

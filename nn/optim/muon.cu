@@ -144,10 +144,13 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, class X>
 __global__ void __launch_bounds__(kThreads)
     muon_apply_kernel(const __grid_constant__ MuonMatrices<T> m, int64_t numel, const X* __restrict__ x,
-                      acc_t<T> decay, acc_t<T> step, const double* __restrict__ skip_if_nonfinite) {
+                      const double* __restrict__ scalars, double lr_scale, double weight_decay, double aspect,
+                      const double* __restrict__ skip_if_nonfinite) {
     using A = acc_t<T>;
     constexpr int E = kVec<X>;
     if (skip_if_nonfinite && !isfinite(*skip_if_nonfinite)) return;
+    const double lr = __dmul_rn(scalars[0], lr_scale);  // _rn: no fused multiply-add, as on the host
+    const A decay = A(__dsub_rn(1.0, __dmul_rn(lr, weight_decay))), step = A(__dmul_rn(lr, aspect));
     const int i = blockIdx.y;
     const int64_t start = int64_t(blockIdx.x) * kMuonChunk;
     const int n = static_cast<int>(min(kMuonChunk, numel - start));
@@ -256,18 +259,18 @@ X* newton_schulz_cuda(X* x, X* y, X* a, X* b, int64_t count, int64_t rows, int64
 }
 
 template <class T>
-void muon_apply_cuda(const MuonMatrices<T>& m, int64_t numel, const ns_t<T>* x, double decay, double step,
-                     const double* skip_if_nonfinite, int device) {
+void muon_apply_cuda(const MuonMatrices<T>& m, int64_t numel, const ns_t<T>* x, const double* scalars,
+                     double lr_scale, double weight_decay, double aspect, const double* skip_if_nonfinite, int device) {
     muon_apply_kernel<T, ns_t<T>><<<grid_of(numel, m.count), kThreads, 0, cuda::stream(device)>>>(
-        m, numel, x, acc_t<T>(decay), acc_t<T>(step), skip_if_nonfinite);
+        m, numel, x, scalars, lr_scale, weight_decay, aspect, skip_if_nonfinite);
     CUDA_CHECK(cudaGetLastError());
 }
 
 #define NT_INSTANTIATE(T)                                                                                           \
     template void muon_momentum_cuda<T>(const MuonMatrices<T>&, int64_t, double, bool, ns_t<T>*,                 \
                                         acc_t<ns_t<T>>*, const double*, int);                                     \
-    template void muon_apply_cuda<T>(const MuonMatrices<T>&, int64_t, const ns_t<T>*, double, double,             \
-                                     const double*, int);
+    template void muon_apply_cuda<T>(const MuonMatrices<T>&, int64_t, const ns_t<T>*, const double*, double,      \
+                                     double, double, const double*, int);
 NT_INSTANTIATE(float)
 NT_INSTANTIATE(double)
 NT_INSTANTIATE(bf16)

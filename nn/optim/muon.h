@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -44,7 +45,9 @@ struct MuonOptions {
 // 3 ns_steps strided-batched products, queued without waiting for the GPU. Each class takes its
 // scratch from normtape's allocator for the step and gives it back before the next class:
 // 2 n rows cols + 2 n m^2 elements of bf16 (f64) for n matrices, m = min(rows, cols), and
-// a few floats per 4096 elements (a dry run counts them as it runs: core/dry_run.h).
+// a few floats per 4096 elements (a dry run counts them as it runs: core/dry_run.h). The update's
+// kernel reads the lr from device memory, where set_lr writes it, so that a step captured in a
+// CUDA graph (core/cuda_graph.h) replays with the current one.
 class Muon {
 public:
     // The state of one parameter: its momentum buffer (torch's "momentum_buffer") in
@@ -85,7 +88,9 @@ public:
     // Throws Error for lr < 0 or not finite; the lr is then unchanged.
     void set_lr(double lr);
     double lr() const { return options_.lr; }
-    int64_t step_count() const { return t_; }
+    // The steps taken: on CUDA the device's count, which a step replayed from a CUDA graph
+    // (core/cuda_graph.h) advances (reading it waits for the GPU); else the host's.
+    int64_t step_count() const;
     const MuonOptions& options() const { return options_; }
     const std::vector<ParamGroup>& groups() const { return groups_; }
 
@@ -106,6 +111,7 @@ private:
     std::vector<std::vector<ParamState>> state_;  // per group, per parameter
     MuonOptions options_;
     int64_t t_ = 0;
+    std::shared_ptr<detail::StepScalars> scalars_;  // the lr (and t) that the CUDA kernels read
 };
 
 // The approximate orthogonalization of Muon: five (`steps`) quintic Newton-Schulz iterations

@@ -83,10 +83,12 @@ template <class X>
 X* newton_schulz_cuda(X* x, X* y, X* a, X* b, int64_t count, int64_t rows, int64_t cols, int64_t steps,
                       int device);
 
-// muon_apply of each element of matrix i < m.count with o = x[i numel ..]. Nothing is written
-// where skip_if_nonfinite is not null and points to a NaN or an infinity.
+// muon_apply of each element of matrix i < m.count with o = x[i numel ..], with lr = scalars[0]
+// lr_scale (scalars: device memory, nn/optim/step_scalars.h), decay = 1 - lr weight_decay and
+// step = lr aspect, each rounded once in f64 as the host computes them. Nothing is written where
+// skip_if_nonfinite is not null and points to a NaN or an infinity.
 template <class T>
-void muon_apply_cuda(const MuonMatrices<T>& m, int64_t numel, const ns_t<T>* x, double decay, double step,
-                     const double* skip_if_nonfinite, int device);
+void muon_apply_cuda(const MuonMatrices<T>& m, int64_t numel, const ns_t<T>* x, const double* scalars,
+                     double lr_scale, double weight_decay, double aspect, const double* skip_if_nonfinite, int device);
 
 }  // namespace normtape::detail
