@@ -12,7 +12,7 @@
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|
-#                         muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline]
+#                         muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs, SANITIZE_SHARDS=K splits each;
@@ -46,15 +46,19 @@
 #     train_gpt beside the one built from BASELINE_SRC (another checkout's source, e.g. from
 #     `git archive`), each run alternated three times in one call: the preset's step under each
 #     policy, and 200 bf16 steps on data/tinyshakespeare.txt with --dropout 0.1 (the
-#     loss curves, saved bytes and peaks side by side, scripts/compare_runs.py).
+#     loss curves, saved bytes and peaks side by side, scripts/compare_runs.py). graph: the CUDA
+#     graph's tests and the optimizers' on the GPU; 100 bf16 steps on data/tinyshakespeare.txt with
+#     --cuda-graph off and on (the loss curves must be equal bit for bit); GPT-2 124M (12 layers, C 768,
+#     vocabulary 50304, tied, B 16, T 1024, random tokens) and the gpt2-medium-ish preset, each with
+#     --cuda-graph off and on, alternated twice (step time, peak, MFU).
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -76,6 +80,7 @@ build() {
 # The sanitizers need only the library and the tests (which bring train_gpt and generate).
 [ "$MODE" = sanitize ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests}"
 [ "$MODE" = fused-norm ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests bench_norms}"
+[ "$MODE" = graph ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests train_gpt}"
 if [ "$MODE" = baseline ]; then
     [ -f "${BASELINE_SRC:-}/CMakeLists.txt" ] || { echo "baseline: BASELINE_SRC must name a source tree" >&2; exit 2; }
     BUILD_TARGETS="${BUILD_TARGETS:-train_gpt}"
@@ -666,6 +671,39 @@ if [ "$MODE" = sweep ]; then
     python3 scripts/memory_sweep_report.py "$GPU_OUT/sweep.json" > "$GPU_OUT/sweep_report.txt" 2>&1
 fi
 
+if [ "$MODE" = graph ]; then
+    (cd build-gpu && ctest -j 4 --output-on-failure -R "cuda_graph|AdamW|muon:|dry" > "$GPU_OUT/graph_tests.log" 2>&1)
+    summary+=("graph and optimizer tests: $(grep -E 'tests passed|tests failed' "$GPU_OUT/graph_tests.log" | tail -1)")
+    grep -q "100% tests passed" "$GPU_OUT/graph_tests.log" || { failed=1; grep -E -A12 "ERROR|Failed" "$GPU_OUT/graph_tests.log" | head -60; }
+    for g in off on; do
+        step "shakespeare, graph $g" ./build-gpu/train_gpt --data data/tinyshakespeare.txt --steps 100 --policy normalized \
+            --cuda-graph $g --log-every 50 --json "$GPU_OUT/graph_curve_$g.json" --chart "$GPU_OUT/graph_curve_$g.svg" \
+            > "$GPU_OUT/graph_curve_$g.log" 2>&1
+    done
+    step "curves equal" python3 -c "import json,sys; a,b=(json.load(open(sys.argv[i]))['runs'][0]['losses'] for i in (1,2)); \
+print('loss curves, graph off and on:', 'equal bit for bit' if a==b else 'DIFFER at step %d' % next(i for i in range(len(a)) if a[i]!=b[i])); sys.exit(a!=b)" \
+        "$GPU_OUT/graph_curve_off.json" "$GPU_OUT/graph_curve_on.json" | tee "$GPU_OUT/graph_curves.txt"
+    gpt2=(--layers 12 --heads 12 --embd 768 --seq 1024 --batch 16 --vocab 50304 --tie on --data random)
+    for round in 1 2; do
+        for g in off on; do
+            step "gpt2 124M, graph $g ($round)" ./build-gpu/train_gpt "${gpt2[@]}" --policy normalized --steps 30 \
+                --log-every 10 --cuda-graph $g --json "$GPU_OUT/graph_gpt2_${g}_$round.json" --chart "$GPU_OUT/graph.svg" \
+                > "$GPU_OUT/graph_gpt2_${g}_$round.log" 2>&1
+            step "preset, graph $g ($round)" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy normalized --steps 20 \
+                --log-every 10 --cuda-graph $g --json "$GPU_OUT/graph_preset_${g}_$round.json" --chart "$GPU_OUT/graph.svg" \
+                > "$GPU_OUT/graph_preset_${g}_$round.log" 2>&1
+        done
+    done
+    python3 - "$GPU_OUT" > "$GPU_OUT/graph_steps.txt" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/graph_*_o*_[12].json")):
+    r = json.load(open(f))["runs"][0]
+    mfu = "%.1f%%" % (100 * r["mfu"]) if r.get("mfu") is not None else "-"
+    print("%-28s median step %8.2f ms  peak allocated %6.0f MiB  reserved %6.0f MiB  MFU %s" % (
+        f.split("/")[-1][:-5], r["step_ms_median"], r["peak_allocated_bytes"] / 2**20, r["peak_reserved_bytes"] / 2**20, mfu))
+PY
+fi
+
 if [ "$MODE" = profile ]; then
     if scripts/profile_step.sh build-gpu "$GPU_OUT" > "$GPU_OUT/profile.log" 2>&1; then summary+=("profile: ok"); else
         summary+=("profile: FAILED"); failed=1; fi
@@ -685,6 +723,7 @@ done
 [ -f "$GPU_OUT/head_loss.log" ] && { echo "--- head loss, ms"; grep -E "head loss" "$GPU_OUT/head_loss.log"; }
 [ -f "$GPU_OUT/sweep.log" ] && { echo "--- memory sweep"; grep -E "^.\*|memory sweep:|exceeds" "$GPU_OUT/sweep.log" | tail -40; }
 [ -f "$GPU_OUT/sweep_report.txt" ] && cat "$GPU_OUT/sweep_report.txt"
+[ -f "$GPU_OUT/graph_steps.txt" ] && { echo "--- steps with --cuda-graph off and on"; cat "$GPU_OUT/graph_curves.txt" "$GPU_OUT/graph_steps.txt"; }
 for f in "$GPU_OUT"/budget_fused_*.log "$GPU_OUT"/step_*.log "$GPU_OUT"/torch_gpt_*.log; do
     [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -12; }
 done

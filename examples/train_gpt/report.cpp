@@ -254,7 +254,7 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                    {"eval_batches", a.eval_batches}, {"save_best", a.save_best}, {"offload", a.offload == "on"},
                    {"checkpoint", a.checkpoint}, {"micro_batch", micro_batch(a)},
                    {"fused_loss", a.fused_loss == "on"}, {"processes", a.world_size},
-                   {"shard_optimizer", a.shard_optimizer == "on"}};  // batch: each process's rows
+                   {"shard_optimizer", a.shard_optimizer == "on"}, {"cuda_graph", a.cuda_graph == "on"}};  // batch: each process's rows
     j["predicted_saving_bytes"] = predicted.norm_policy;
     j["predicted_recompute_saving_bytes"] = predicted.recompute;
     if (runs.size() == 2) j["measured_saving_bytes"] = runs[0].saved_activation_bytes - runs[1].saved_activation_bytes;
@@ -268,6 +268,8 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"predicted_peak_bytes", r.predicted_peak_bytes},
                               {"peak_reserved_bytes", r.peak_reserved_bytes}, {"losses", r.losses},
                               {"step_ms_median", r.step_ms_median}, {"tokens_per_s", r.tokens_per_s},
+                              {"model_flops_per_step", r.model_flops_per_step},
+                              {"mfu", std::isnan(r.mfu) ? nlohmann::json() : nlohmann::json(r.mfu)},
                               {"train_seconds", r.train_seconds},
                               {"forward_ms", r.phase_ms_median[0]}, {"backward_ms", r.phase_ms_median[1]},
                               {"optimizer_ms", r.phase_ms_median[2]}, {"phase_median_steps", r.phase_median_steps},

@@ -186,6 +186,19 @@ void check_args(const Args& a) {
     check_choice(a, "shard-optimizer", a.shard_optimizer, {"on", "off"});
     check_choice(a, "checkpoint", a.checkpoint, {"none", "blocks"});
     check_choice(a, "fused-loss", a.fused_loss, {"on", "off"});
+    check_choice(a, "cuda-graph", a.cuda_graph, {"on", "off"});
+    if (a.cuda_graph == "on") {  // Note [The step as a CUDA graph]
+        auto refuse = [&](const std::string& what, const std::string& why) {
+            throw UsageError("--cuda-graph on: " + what + " cannot be captured (" + why + ")");
+        };
+        if (a.dropout > 0) refuse(describe(a, "dropout", format_real(a.dropout)), "every replay would draw the same masks");
+        if (a.offload == "on") refuse("--offload on", "its copies to the host run on another stream");
+        if (a.fused_loss == "on") refuse("--fused-loss on", "it counts its targets on the host");
+        if (a.detect_anomaly) refuse("--detect-anomaly", "it reads every op's output on the host");
+        if (a.memory_sweep || !a.memory_budget.empty())
+            refuse(a.memory_sweep ? "--memory-sweep" : "--memory-budget", "its settings may include offload");
+        if (a.device != "cuda") refuse("--device " + a.device, "a CUDA graph runs on a GPU");
+    }
     if (!a.memory_budget.empty()) parse_budget(a.memory_budget);
     if (!a.sweep_reference.empty() && !a.memory_sweep) throw UsageError("--sweep-reference needs --memory-sweep");
     if (a.checkpoint_every != 1 && a.checkpoint != "blocks")

@@ -63,6 +63,9 @@ struct Args {
     // parameter across ranks after each step (always on in debug builds).
     std::string shard_optimizer = "off";
     bool check_replicas = false;
+    // "on": each step after the first two replays a CUDA graph of the step (Note [The step as a
+    // CUDA graph], examples/train_gpt/train_gpt.cpp).
+    std::string cuda_graph = "off";
     int world_size = 1, rank = 0;  // the process group's, set by main
     int device_index = 0;          // this process's GPU: Device::cuda(device_index)
     // The config keys ("heads", "lr") whose values --resume took from the checkpoint: messages name

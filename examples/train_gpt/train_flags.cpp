@@ -72,6 +72,9 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--shard-optimizer", a.shard_optimizer,
                    "on: with several processes (mpirun -np N, srun, torchrun), each keeps the optimizers' state of "
                    "1/N of the parameters (ZeRO-1); off: every process keeps all of it");
+    app.add_option("--cuda-graph", a.cuda_graph,
+                   "on: after two steps run as usual, each step replays a CUDA graph of the step (no host work or "
+                   "launch gaps between its kernels); off: every step is queued by the host (default: off)");
     app.add_flag("--check-replicas", a.check_replicas,
                  "with several processes, check after every step that every parameter has the same bits on every "
                  "rank (always on in debug builds) (default: off)");

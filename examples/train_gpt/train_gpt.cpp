@@ -65,6 +65,48 @@ using namespace normtape;
 
 namespace {
 
+// Note [The step as a CUDA graph]
+// With --cuda-graph on, steps start + 0 and start + 1 run as usual: the first makes the optimizers'
+// tables and the libraries' plans (which wait for the GPU, so they cannot be captured) and measures
+// the saved tensors, the second records the memory trace. The next step is captured as a CUDA
+// graph (core/cuda_graph.h) over copies of its batch; it and every later step then copy their
+// batch into those tensors, set the rates (read from device memory) and replay the graph, so the
+// GPU runs the step's kernels back to back with no host work between them. The losses and the
+// gradient norm are the captured step's tensors, read after each replay as after an eager step.
+// The peak is measured on the captured step (its allocations are the eager step's, from the graph's
+// pool); a replay allocates nothing. The phase times come from the eager steps only. Refused (exit
+// 2): dropout (a replay would draw the same masks), offload (its copies wait for another stream),
+// the fused loss (it counts its targets on the host), several processes (collectives),
+// --detect-anomaly (it reads values on the host). The batches' ids are checked when the data is
+// read (bytes, or random ids below --vocab), since a capture checks no value.
+constexpr int64_t kGraphWarmup = 2;
+
+// Note [Model FLOPs]
+// The FLOPs a step's model needs, as PaLM counts them (Chowdhery et al. 2022, appendix B; nanoGPT's
+// estimate_mfu): per token 6 N for the products of the N weights that multiply (every parameter
+// but the position embedding and, untied, the token embedding, which are looked up), forward and
+// backward, plus 12 L C T for attention's two products over T positions (the causal mask not
+// discounted). Recomputation is not counted: it is the implementation's cost, not the model's.
+double model_flops_per_token(const GPT& model, int64_t seq) {
+    const GPTConfig& c = model.config();
+    double n = 0;
+    for (const auto& [name, p] : model.named_parameters())
+        if (name != "wpe.weight" && (name != "wte.weight" || c.tie_embeddings)) n += static_cast<double>(p.numel());
+    return 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * seq);
+}
+
+// The dense bf16 tensor-core peak of GPU `dev` in FLOP/s, by its name (NVIDIA's datasheets); 0 for
+// a GPU not in this table.
+double dense_bf16_peak_flops(Device dev) {
+    const std::string name = cuda_device_name(dev);
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    if (has("H100") && has("PCIe")) return 756e12;
+    if (has("H100") && has("NVL")) return 835e12;
+    if (has("H100") || has("H200")) return 989.4e12;  // SXM
+    if (has("A100")) return 312e12;
+    return 0;
+}
+
 // Records the device allocator's events into `trace` for its lifetime (stops even if the step
 // throws).
 class MemoryTraceScope {
@@ -239,6 +281,11 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
     PhaseTimer phases(dev, n_micro);
     r.phase_timing = phases.method();
+    // --cuda-graph on (Note [The step as a CUDA graph]): the first kGraphWarmup steps run eagerly,
+    // the next is captured, then every step is a replay reading the batch from graph_batch.
+    std::unique_ptr<CUDAGraph> graph;
+    Tensor graph_batch[2], graph_norm;  // idx, targets; the captured step's gradient norm
+    std::vector<Tensor> graph_losses;   // the captured step's losses, written again by each replay
     for (int64_t step = start; step < end; ++step) {
         auto [idx, targets] = batcher.next();  // the whole batch, micro-batches or not
         if (a.world_size > 1) {  // this rank's rows
@@ -274,15 +321,40 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             optimizer.set_lr(schedule.lr(step));
             // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
             // skipped (on the device, which knows the norm) and the step not counted.
-            Tensor norm = gpt_step(model, optimizer, dp.get(), idx, targets, micro, a.on_nan != "continue", &losses,
-                                   hooks);  // Note [Micro-batches]; the norm stays on the device: no wait
-            phases.mark_optimizer_done();
+            const bool skip_nonfinite = a.on_nan != "continue";
+            const bool replayed = a.cuda_graph == "on" && step >= start + kGraphWarmup;
+            Tensor norm;
+            if (!replayed) {
+                norm = gpt_step(model, optimizer, dp.get(), idx, targets, micro, skip_nonfinite, &losses,
+                                hooks);  // Note [Micro-batches]; the norm stays on the device: no wait
+                phases.mark_optimizer_done();
+            } else {
+                if (!graph) {
+                    graph_batch[0] = idx.clone();
+                    graph_batch[1] = targets.clone();
+                    idx = targets = Tensor();  // one copy of the batch during the step, as in an eager one
+                    graph = std::make_unique<CUDAGraph>();
+                    graph->capture(dev, [&] {
+                        graph_norm = gpt_step(model, optimizer, nullptr, graph_batch[0], graph_batch[1], micro,
+                                              skip_nonfinite, &graph_losses);
+                    });
+                } else {
+                    graph_batch[0].copy_(idx);
+                    graph_batch[1].copy_(targets);
+                    idx = targets = Tensor();
+                }
+                graph->replay();
+                norm = graph_norm;
+                losses = graph_losses;
+            }
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
             grad_norm = norm.item<double>();
-            if (!std::isfinite(grad_norm) && a.on_nan != "continue") optimizer.set_step_count(optimizer.step_count() - 1);
-            r.phase_ms.push_back(phases.read());  // the step is done: reading its events waits for nothing
-            r.host_ms.push_back(phases.host_read());
+            if (!std::isfinite(grad_norm) && skip_nonfinite) optimizer.set_step_count(optimizer.step_count() - 1);
+            if (!replayed) {  // the step is done: reading its events waits for nothing
+                r.phase_ms.push_back(phases.read());
+                r.host_ms.push_back(phases.host_read());
+            }
         } catch (const AnomalyError& e) {  // say when, beside what and where
             throw AnomalyError(std::string(e.what()) + " (at step " + std::to_string(step + 1) + " of the " +
                                policy_name(policy) + " run)");
@@ -384,6 +456,16 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                     policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
                     r.val_losses.size(), r.val_losses.size() == 1 ? "" : "s", static_cast<long long>(a.eval_batches));
     r.tokens_per_s = static_cast<double>(global_batch * a.seq) / (r.step_ms_median / 1000.0);
+    r.model_flops_per_step = model_flops_per_token(model, a.seq) * static_cast<double>(global_batch * a.seq);
+    const double model_flops_per_s = r.model_flops_per_step / (r.step_ms_median / 1000.0);
+    const double peak = dev.is_cuda() && a.dtype == "bf16" ? dense_bf16_peak_flops(dev) : 0;
+    if (peak > 0) r.mfu = model_flops_per_s / peak;
+    char utilization[160] = "";
+    if (peak > 0)
+        std::snprintf(utilization, sizeof utilization, ", MFU %.1f%% of %s's dense bf16 peak (%.0f TFLOP/s)",
+                      100 * r.mfu, cuda_device_name(dev).c_str(), peak / 1e12);
+    std::printf("[%-6s] model FLOPs per step %.4g (6 N + 12 L C T per token): %.3g TFLOP/s at the median step%s\n",
+                policy_name(policy), r.model_flops_per_step, model_flops_per_s / 1e12, utilization);
     std::printf("[%-6s] trained %zu steps in %.1f s (the steps' own time: evaluations and checkpoints not counted)\n",
                 policy_name(policy), r.step_ms.size(), r.train_seconds);
     if (sample && a.sample > 0 && r.nonfinite_step == 0) print_sample(model, policy, a.sample, a.seed);
@@ -573,6 +655,8 @@ int main(int argc, char** argv) {
         if (a.world_size > 1 && (a.memory_sweep || !a.memory_budget.empty()))
             throw UsageError(std::string(a.memory_sweep ? "--memory-sweep" : "--memory-budget") +
                              " plans one process's memory: run it without mpirun, srun or torchrun");
+        if (a.world_size > 1 && a.cuda_graph == "on")
+            throw UsageError("--cuda-graph on: several processes cannot be captured (their collectives)");
         if (a.world_size == 1 && a.shard_optimizer == "on")
             throw UsageError("--shard-optimizer on shards the state across processes: start several (mpirun -np N)");
         set_detect_anomaly(a.detect_anomaly);
