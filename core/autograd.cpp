@@ -233,15 +233,23 @@ void accumulate(Tensor& slot, const Tensor& grad) {
     slot = sum;
 }
 
+// Whether `grad` is the only holder of its storage, which it covers exactly: the engine's tensor,
+// which nothing else can read or write (PyTorch's AccumulateGrad steals such a gradient).
+bool held_alone(const Tensor& grad) {
+    return grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous() &&
+           grad.impl().offset == 0 && grad.storage()->nbytes() == static_cast<size_t>(grad.nbytes());
+}
+
 // Note [Gradient accumulation]: a leaf's grad is its own storage, never an alias of a
-// gradient that a node produced, so that += on it cannot change anything else.
+// gradient that a node produced, so that += on it cannot change anything else. Its first
+// gradient is taken over, not copied, where the engine holds it alone.
 void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
     NT_CHECK_AS(ShapeError, grad.shape() == leaf.shape, "backward: expected a gradient of the leaf's shape ",
                 shape_str(leaf.shape), ", got ", shape_str(grad.shape()));
     NT_CHECK_AS(DTypeError, grad.dtype() == leaf.dtype, "backward: expected a gradient of the leaf's dtype ",
                 dtype_name(leaf.dtype), ", got ", dtype_name(grad.dtype()));
     if (!leaf.grad) {
-        leaf.grad = grad.detach().clone().impl_ptr();
+        leaf.grad = (held_alone(grad) ? grad.detach() : grad.detach().clone()).impl_ptr();
         return;
     }
     Tensor(leaf.grad).add_(grad);

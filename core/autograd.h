@@ -32,8 +32,10 @@
 // a tensor that fed several nodes receives the sum of their gradients before its producer runs.
 // A Node's apply() returns gradients (=) that may alias grad_output (add, view, clone pass it
 // through); nothing writes in place into a gradient a node returned: the engine sums into fresh
-// tensors and copies a leaf's first gradient. A leaf's own .grad is updated in place (+= by later
-// backwards, clip_grad_norm_'s scaling).
+// tensors and copies a leaf's first gradient, unless the engine holds that gradient alone (no
+// other tensor or node refers to its storage, which it fills exactly), in which case the leaf takes
+// it over with no copy (PyTorch's AccumulateGrad rule). A leaf's own .grad is updated in place
+// (+= by later backwards, clip_grad_norm_'s scaling).
 //
 // Note [Rematerialization]
 // A tensor that a cheap elementwise op makes from tensors saved anyway can carry a Recipe

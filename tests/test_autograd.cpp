@@ -44,9 +44,60 @@ std::pair<Tensor, Tensor> square_and_triple(const Tensor& x,
     return {u, v};
 }
 
+// A node that returns `gradient` (its apply's result) and keeps it in `kept` when asked: y = x,
+// dx = a fresh copy of g, whose storage the test can find again in x.grad().
+struct HandOverBackward : Node {
+    bool keep = false;
+    Tensor kept;
+    const void* returned = nullptr;
+    const char* name() const override { return "HandOverBackward"; }
+    std::vector<Tensor> apply(const Tensor& g) override {
+        Tensor dx = g.clone();
+        returned = dx.storage()->data();
+        if (keep) kept = dx;
+        return {dx};
+    }
+};
+Tensor hand_over(const Tensor& x, const std::shared_ptr<HandOverBackward>& node) {
+    Tensor y;
+    {
+        NoGradGuard no_grad;
+        y = x.clone();
+    }
+    record(node, y, x);
+    return y;
+}
+
 }  // namespace
 
 TEST_SUITE("autograd") {
+
+TEST_CASE("autograd: a leaf takes over its first gradient when the engine holds it alone, else copies it") {
+    manual_seed(4);
+    for (bool keep : {false, true}) {
+        CAPTURE(keep);
+        Tensor x = leaf({5});
+        auto node = std::make_shared<HandOverBackward>();
+        node->keep = keep;
+        sum(hand_over(x, node)).backward();
+        REQUIRE(x.grad().defined());
+        // Taken over: the leaf's gradient is the node's tensor; kept by the node: a copy of its own.
+        CHECK((x.grad().storage()->data() == node->returned) == !keep);
+        CHECK_CLOSE(x.grad(), ones({5}, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
+        if (keep) {  // += on the leaf's copy leaves the node's tensor alone
+            sum(hand_over(x, std::make_shared<HandOverBackward>())).backward();
+            CHECK_CLOSE(node->kept, ones({5}, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
+            CHECK_CLOSE(x.grad(), full({5}, 2.0, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
+        }
+    }
+    // add's backward passes one gradient to both leaves: each gets a copy of its own.
+    Tensor a = leaf({4}), b = leaf({4});
+    sum(add(a, b)).backward();
+    CHECK(a.grad().storage() != b.grad().storage());
+    a.grad().fill_(7.0);
+    CHECK_CLOSE(b.grad(), ones({4}, TensorOptions().dtype(DType::F64)), tolerance(DType::F64));
+}
+
 
 TEST_CASE("autograd: a diamond graph sums the gradients of both paths") {
     manual_seed(1);
