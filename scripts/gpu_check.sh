@@ -50,7 +50,8 @@
 #     graph's tests and the optimizers' on the GPU; 100 bf16 steps on data/tinyshakespeare.txt with
 #     --cuda-graph off and on (the loss curves must be equal bit for bit); GPT-2 124M (12 layers, C 768,
 #     vocabulary 50304, tied, B 16, T 1024, random tokens) and the gpt2-medium-ish preset, each with
-#     --cuda-graph off and on, alternated twice (step time, peak, MFU).
+#     --cuda-graph off and on, alternated twice (step time, peak, MFU); with LLMC_SRC (a checkout of
+#     karpathy/llm.c) and CUDNN_FRONTEND (cudnn-frontend's include/), scripts/bench_llmc.sh too.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
@@ -694,6 +695,10 @@ print('loss curves, graph off and on:', 'equal bit for bit' if a==b else 'DIFFER
                 > "$GPU_OUT/graph_preset_${g}_$round.log" 2>&1
         done
     done
+    if [ -n "${LLMC_SRC:-}" ]; then
+        step "llm.c beside train_gpt" scripts/bench_llmc.sh "$LLMC_SRC" "$CUDNN_FRONTEND" build-gpu/train_gpt "$GPU_OUT/llmc" \
+            > "$GPU_OUT/llmc.log" 2>&1
+    fi
     python3 - "$GPU_OUT" > "$GPU_OUT/graph_steps.txt" <<'PY'
 import glob, json, sys
 for f in sorted(glob.glob(sys.argv[1] + "/graph_*_o*_[12].json")):
@@ -724,6 +729,7 @@ done
 [ -f "$GPU_OUT/sweep.log" ] && { echo "--- memory sweep"; grep -E "^.\*|memory sweep:|exceeds" "$GPU_OUT/sweep.log" | tail -40; }
 [ -f "$GPU_OUT/sweep_report.txt" ] && cat "$GPU_OUT/sweep_report.txt"
 [ -f "$GPU_OUT/graph_steps.txt" ] && { echo "--- steps with --cuda-graph off and on"; cat "$GPU_OUT/graph_curves.txt" "$GPU_OUT/graph_steps.txt"; }
+[ -f "$GPU_OUT/llmc.log" ] && { echo "--- GPT-2 124M beside llm.c"; tail -8 "$GPU_OUT/llmc.log"; }
 for f in "$GPU_OUT"/budget_fused_*.log "$GPU_OUT"/step_*.log "$GPU_OUT"/torch_gpt_*.log; do
     [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -12; }
 done
