@@ -128,7 +128,8 @@ char* driver_allocate(int device, DeviceAllocator& a, size_t bytes, size_t nbyte
     void* ptr = nullptr;
     CUDA_CHECK(cudaSetDevice(device));
     cudaError_t err = cudaMalloc(&ptr, bytes);
-    if (err == cudaErrorMemoryAllocation) {
+    // During a graph's capture the cache cannot be given back (cudaFree waits for the device).
+    if (err == cudaErrorMemoryAllocation && a.capturing == 0) {
         cudaGetLastError();  // clear it, give the cache back, try once more
         release_free_segments(device, a);
         err = cudaMalloc(&ptr, bytes);
@@ -141,7 +142,8 @@ char* driver_allocate(int device, DeviceAllocator& a, size_t bytes, size_t nbyte
         NT_CHECK_AS(OutOfMemoryError, false, "allocate: out of memory on cuda:", device, ": tried to allocate ",
                     nbytes, " bytes (", uncached ? std::string("uncached") : "a segment of " + std::to_string(bytes),
                     "); ", a.stats.allocated_bytes, " bytes allocated, ", a.stats.reserved_bytes,
-                    " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device");
+                    " reserved by normtape, ", free_bytes, " free of ", total_bytes, " on the device",
+                    a.capturing != 0 ? " (during a CUDA graph's capture, which allocates from its own pool)" : "");
     }
     CUDA_CHECK(err);
     a.stats.reserved_bytes += static_cast<int64_t>(bytes);
@@ -168,7 +170,6 @@ bool& caching_on() {
     static bool on = cuda_memory_caching_setting(std::getenv("NORMTAPE_NO_CUDA_MEMORY_CACHING"));
     return on;
 }
-
 
 // Puts the free block `b` back into its pool, merged with its segment's free neighbours.
 void return_to_pool(DeviceAllocator& a, Block* b) noexcept {
@@ -290,8 +291,9 @@ void cuda_deallocate(int device, void* ptr) noexcept {
 
 void cuda_begin_graph_pool(int device, uint64_t id) {
     DeviceAllocator& a = allocator(device);
-    NT_CHECK(id != 0 && a.capturing == 0 && !a.graph_pools.count(id), "cuda allocator: graph pool ", id,
-             " cannot begin on cuda:", device, " (a capture into pool ", a.capturing, " is in progress)");
+    NT_CHECK(id != 0 && a.capturing == 0 && !a.graph_pools.count(id), "cuda allocator: expected a new graph pool "
+             "id > 0 and no capture in progress on cuda:", device, ", got id ", id,
+             a.graph_pools.count(id) ? " (in use)" : "", " with pool ", a.capturing, " capturing (0: none)");
     a.graph_pools[id];
     a.capturing = id;
 }
@@ -314,6 +316,9 @@ void cuda_release_graph_pool(int device, uint64_t id) noexcept {
         }
     for (auto& [ptr, b] : a.live)
         if (b->pool == id) b->pool = 0;
+    for (auto& entry : a.graph_pools)  // its blocks that another graph's capture released
+        for (Block* b : entry.second.held)
+            if (b->pool == id) b->pool = 0;
     for (Block* b : pool.held) {
         b->allocated = false;
         return_to_pool(a, b);

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -84,15 +85,17 @@ void cuda_release_graph_pool(int device, uint64_t id) noexcept;
 // and starts capturing its stream into a CUDA graph (relaxed mode); end stops it and destroys the
 // graph unrun. end throws Error when CUDA refused a call during the capture (the capture is then
 // invalidated), naming what it reports.
-void cuda_begin_dry_capture(int device);
+// begin is cuda_graph_begin_capture below.
 void cuda_end_dry_capture(int device);
 
 // A CUDA graph's capture and replay (core/cuda_graph.h). begin starts capturing the device's stream
 // (relaxed mode); end stops it and returns the graph instantiated (a cudaGraphExec_t), or throws
-// Error naming what CUDA refused during the capture (the graph is then destroyed); launch queues
-// it on the device's stream; destroy frees it.
+// Error naming what CUDA refused during the capture (the graph is then destroyed); abort stops it
+// and destroys the graph unrun, returning that message or "" when CUDA refused nothing; launch
+// queues it on the device's stream; destroy frees it.
 void cuda_graph_begin_capture(int device);
 void* cuda_graph_end_capture(int device);
+std::string cuda_graph_abort_capture(int device) noexcept;
 void cuda_graph_launch(void* exec, int device);
 void cuda_graph_destroy(void* exec) noexcept;
 

@@ -116,10 +116,6 @@ void synchronize(Device device) {
 
 namespace detail {
 
-void cuda_begin_dry_capture(int device) {
-    CUDA_CHECK(cudaStreamBeginCapture(cuda::stream(device), cudaStreamCaptureModeRelaxed));
-}
-
 void cuda_end_dry_capture(int device) {
     cudaGraph_t graph = nullptr;
     const cudaError_t err = cudaStreamEndCapture(cuda::stream(device), &graph);
@@ -136,6 +132,14 @@ void cuda_graph_begin_capture(int device) {
     CUDA_CHECK(cudaStreamBeginCapture(cuda::stream(device), cudaStreamCaptureModeRelaxed));
 }
 
+namespace {
+std::string refusal(int device, cudaError_t err) {
+    return "CUDAGraph::capture: CUDA refused a call while capturing on cuda:" + std::to_string(device) + " (" +
+           cudaGetErrorString(err) + "): a read of a device value on the host (item(), a copy to the host), a wait "
+           "for the device or for another stream (offload's copies) or a collective cannot be captured";
+}
+}  // namespace
+
 void* cuda_graph_end_capture(int device) {
     cudaGraph_t graph = nullptr;
     cudaError_t err = cudaStreamEndCapture(cuda::stream(device), &graph);
@@ -144,12 +148,22 @@ void* cuda_graph_end_capture(int device) {
     if (graph) cudaGraphDestroy(graph);
     if (err != cudaSuccess) {
         cudaGetLastError();  // the capture's error is not the context's
-        throw_error<Error>("CUDAGraph::capture: CUDA refused a call while capturing on cuda:", device, " (",
-                           cudaGetErrorString(err), "): a read of a device value on the host (item(), a copy to "
-                           "the host), a wait for the device or for another stream (offload's copies) or a "
-                           "collective cannot be captured");
+        throw_error<Error>(refusal(device, err));
     }
     return exec;
+}
+
+std::string cuda_graph_abort_capture(int device) noexcept {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(cuda::stream(device), &graph);
+    if (graph) cudaGraphDestroy(graph);
+    if (err == cudaSuccess) return "";
+    cudaGetLastError();
+    try {
+        return refusal(device, err);
+    } catch (...) {  // no host memory for the message
+        return "CUDAGraph::capture: CUDA refused a call while capturing";
+    }
 }
 
 void cuda_graph_launch(void* exec, int device) {

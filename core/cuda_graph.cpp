@@ -40,25 +40,41 @@ void CUDAGraph::capture(Device device, const std::function<void()>& fn) {
     const uint64_t pool = ++pools;
     detail::cuda_begin_graph_pool(device.index, pool);
     capturing = true;
-    void* exec = nullptr;
-    try {
-        detail::cuda_graph_begin_capture(device.index);
-        try {
-            fn();
-        } catch (const std::exception& e) {
-            std::string refused;  // set when the capture broke: fn's error is then CUDA's refusal
-            try {
-                detail::cuda_graph_destroy(detail::cuda_graph_end_capture(device.index));
-            } catch (const std::exception& capture) {
-                refused = capture.what();
-            }
-            if (refused.empty()) throw;
-            detail::throw_error<Error>(refused, "; what failed: ", e.what());
-        }
-        exec = detail::cuda_graph_end_capture(device.index);
-    } catch (...) {
+    auto give_up = [&] {  // nothing captured: the pool's blocks go back to the shared pools
         capturing = false;
         detail::cuda_release_graph_pool(device.index, pool);
+    };
+    try {
+        detail::cuda_graph_begin_capture(device.index);
+    } catch (...) {
+        give_up();
+        throw;
+    }
+    std::exception_ptr failed;
+    try {
+        fn();
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    if (failed) {
+        // When fn's error broke the capture, CUDA's refusal says why; else fn's error is rethrown.
+        const std::string refused = detail::cuda_graph_abort_capture(device.index);
+        give_up();
+        if (refused.empty()) std::rethrow_exception(failed);
+        std::string what = "an exception not derived from std::exception";
+        try {
+            std::rethrow_exception(failed);
+        } catch (const std::exception& e) {
+            what = e.what();
+        } catch (...) {
+        }
+        detail::throw_error<Error>(refused, "; what failed: ", what);
+    }
+    void* exec = nullptr;
+    try {
+        exec = detail::cuda_graph_end_capture(device.index);
+    } catch (...) {
+        give_up();
         throw;
     }
     capturing = false;
@@ -76,11 +92,17 @@ void CUDAGraph::replay() {
 
 void CUDAGraph::reset() {
     if (!captured()) return;
-    synchronize(device_);  // no replay may still use the pool's memory
+    std::exception_ptr failed;
+    try {
+        synchronize(device_);  // no replay may still use the pool's memory
+    } catch (...) {            // the device failed: release all the same, then say so
+        failed = std::current_exception();
+    }
     detail::cuda_graph_destroy(exec_);
     detail::cuda_release_graph_pool(device_.index, pool_);
     exec_ = nullptr;
     pool_ = 0;
+    if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace normtape

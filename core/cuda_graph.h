@@ -66,7 +66,8 @@ public:
     // nothing is captured or inside a dry run; Error naming CUDA's reason when the launch fails.
     void replay();
     // Waits for the device, then drops the capture and returns its pool's memory to the allocator.
-    // Tensors made by the capture and still held stay valid; no replay writes them anymore.
+    // Tensors made by the capture and still held stay valid; no replay writes them anymore. Throws
+    // Error when the wait reports a CUDA error (the capture is dropped all the same).
     void reset();
     bool captured() const { return exec_ != nullptr; }
     Device device() const { return device_; }

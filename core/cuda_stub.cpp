@@ -40,14 +40,12 @@ void* cuda_host_allocate(size_t) {
 }
 void cuda_host_deallocate(void*, size_t) noexcept {}
 void cuda_host_empty_cache() {}
-void cuda_begin_dry_capture(int) {
-    NT_CHECK_AS(DeviceError, false, "dry_run: expected device cpu, got cuda: this build of normtape has no CUDA backend");
-}
 void cuda_end_dry_capture(int) {}
 void cuda_graph_begin_capture(int) {
     NT_CHECK_AS(DeviceError, false, "CUDAGraph: expected a CUDA build, got one without the CUDA backend");
 }
 void* cuda_graph_end_capture(int) { return nullptr; }
+std::string cuda_graph_abort_capture(int) noexcept { return ""; }
 void cuda_graph_launch(void*, int) {}
 void cuda_graph_destroy(void*) noexcept {}
 void cuda_begin_graph_pool(int, uint64_t) {}

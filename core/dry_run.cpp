@@ -111,7 +111,7 @@ DryRunResult dry_run(Device device, const std::function<void()>& fn) {
     current = &run;
     try {
         if (device.is_cuda()) {
-            detail::cuda_begin_dry_capture(device.index);
+            detail::cuda_graph_begin_capture(device.index);
             run.capturing = true;
         }
         fn();

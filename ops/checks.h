@@ -50,7 +50,7 @@ inline void check_index_input(const char* op, const char* name, const Tensor& t)
 // value outside, its flat position and n. A CUDA tensor is copied to the host first (this waits
 // for the device); during a CUDA graph capture nothing is checked (core/cuda_graph.h).
 inline void check_indices(const char* op, const char* name, const Tensor& t, int64_t n) {
-    if (cuda_graph_capturing()) return;  // Note [CUDA graphs]: no value is read during a capture
+    if (t.device().is_cuda() && cuda_graph_capturing()) return;  // Note [CUDA graphs]: no value read
     Tensor host = t.device().is_cuda() ? t.to(Device::CPU) : t;
     if (is_dry_run()) return;  // Note [The dry run]: the placeholder indices, 0, are in range
     const int64_t* p = host.data_ptr<int64_t>();

@@ -2,8 +2,8 @@
 # scripts/bench_llmc.sh: GPT-2 124M's training step, train_gpt beside karpathy/llm.c's train_gpt2cu, on
 # this machine's GPU, in one run: llm.c built here from its source (with cuDNN attention), both fed
 # random tokens (B 16, T 1024, vocabulary 50304, tied, bf16, AdamW with f32 masters), run in turn
-# twice; per run the median step time after the first 5 steps and the process's largest memory by
-# nvidia-smi (polled every 0.2 s).
+# twice; per run the median step time (llm.c's after its first 5 steps, ours over all its steps as
+# train_gpt reports it) and the process's largest memory by nvidia-smi (polled every 0.2 s).
 #   scripts/bench_llmc.sh LLMC_SRC CUDNN_FRONTEND_INCLUDE TRAIN_GPT OUT_DIR
 # LLMC_SRC: a checkout of github.com/karpathy/llm.c (copied, not changed); CUDNN_FRONTEND_INCLUDE:
 # the include/ folder of github.com/NVIDIA/cudnn-frontend; TRAIN_GPT: our built train_gpt. With
@@ -15,6 +15,7 @@ set -euo pipefail
 src=$(cd "$1" && pwd) frontend=$(cd "$2" && pwd) train_gpt=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
 out=$(mkdir -p "$4" && cd "$4" && pwd)
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 cp -r "$src/." "$work/llm.c"
 cd "$work/llm.c"
 sed -i 's/cudaMemAdvise(\*out, bytes, cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdvise(*out, bytes, cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' \

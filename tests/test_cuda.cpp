@@ -73,16 +73,6 @@ void check_cuda_matches_cpu(DType dtype, const std::vector<Input>& inputs, const
 
 const DType kDtypes[] = {DType::F32, DType::BF16};
 
-// Sets the CUDA allocator's caching for one scope (whatever NORMTAPE_NO_CUDA_MEMORY_CACHING says),
-// then restores it.
-struct CachingScope {
-    bool before = detail::cuda_memory_caching();
-    explicit CachingScope(bool on) { detail::set_cuda_memory_caching(on); }
-    ~CachingScope() { detail::set_cuda_memory_caching(before); }
-    CachingScope(const CachingScope&) = delete;
-    CachingScope& operator=(const CachingScope&) = delete;
-};
-
 }  // namespace
 
 TEST_SUITE("cuda") {

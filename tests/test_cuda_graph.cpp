@@ -11,7 +11,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/cuda_allocator.h"
 #include "core/device_ptr.h"
 #include "optim_test_util.h"
 #include "test_util.h"
@@ -30,6 +29,7 @@ TEST_CASE("cuda_graph: capture refuses the cpu, a graph already captured, and re
         check_throws<DeviceError>([&] { graph.capture(Device::CUDA, [] {}); }, {"CUDAGraph::capture", "GPU"});
         return;
     }
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
     graph.capture(Device::CUDA, [] {});
     CHECK(graph.captured());
     check_throws<Error>([&] { graph.capture(Device::CUDA, [] {}); }, {"CUDAGraph::capture", "reset()"});
@@ -41,6 +41,7 @@ TEST_CASE("cuda_graph: capture refuses the cpu, a graph already captured, and re
 
 TEST_CASE("cuda_graph: a replay computes the eager result of its inputs' current values, bit for bit") {
     REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
     manual_seed(3);
     Tensor x = randn({37, 129}).to(Device::CUDA), w = randn({129, 65}).to(Device::CUDA);
     auto f = [&] { return add(gelu(matmul(x, w)), scale(matmul(x, w), 0.5)); };
@@ -56,6 +57,7 @@ TEST_CASE("cuda_graph: a replay computes the eager result of its inputs' current
 
 TEST_CASE("cuda_graph: the pool keeps the capture's addresses from later tensors, and the statistics count the capture") {
     REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
     const Device dev = Device::CUDA;
     Tensor x = ones({1 << 18}, TensorOptions().device(dev));
     synchronize(dev);
@@ -86,8 +88,38 @@ TEST_CASE("cuda_graph: the pool keeps the capture's addresses from later tensors
     CHECK(same_bits(y, full({1 << 18}, 3.0)));
 }
 
+TEST_CASE("cuda_graph: two graphs reset in either order give back every block, one's output released in the other's capture") {
+    REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
+    const Device dev = Device::CUDA;
+    Tensor x = ones({1 << 16}, TensorOptions().device(dev));
+    for (bool a_first : {true, false}) {
+        CAPTURE(a_first);
+        synchronize(dev);
+        const int64_t before = memory_stats(dev).allocated_bytes;
+        auto a = std::make_unique<CUDAGraph>(), b = std::make_unique<CUDAGraph>();
+        Tensor ya, yb;
+        a->capture(dev, [&] { ya = scale(x, 2.0); });
+        b->capture(dev, [&] {
+            ya = Tensor();  // a block of a's pool, released during b's capture: held until b goes
+            yb = scale(x, 3.0);
+        });
+        a->replay();
+        b->replay();
+        if (a_first) a.reset(), b.reset();
+        else b.reset(), a.reset();
+        CHECK(same_bits(yb, full({1 << 16}, 3.0)));
+        CHECK(memory_stats(dev).allocated_bytes == before + yb.nbytes());
+        yb = Tensor();
+        empty_cache(dev);  // every segment back in the shared pools, wholly free ones to the driver
+        CHECK(same_bits(scale(x, 4.0), full({1 << 16}, 4.0)));
+        CHECK(memory_stats(dev).allocated_bytes == before);
+    }
+}
+
 TEST_CASE("cuda_graph: a host read, a dry run and a second capture inside a capture are refused, and the next capture works") {
     REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
     Tensor x = ones({16}, TensorOptions().device(Device::CUDA));
     CUDAGraph graph;
     check_throws<Error>([&] { graph.capture(Device::CUDA, [&] { (void)sum(x).item<double>(); }); },
@@ -106,18 +138,42 @@ TEST_CASE("cuda_graph: a host read, a dry run and a second capture inside a capt
     CHECK(same_bits(y, full({16}, 3.0)));
 }
 
+TEST_CASE("cuda_graph: fn's own error is rethrown as it was, and the pool is given back") {
+    REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
+    const Device dev = Device::CUDA;
+    Tensor x = ones({4, 16}, TensorOptions().device(dev));
+    synchronize(dev);
+    const int64_t before = memory_stats(dev).allocated_bytes;
+    Tensor kept;
+    CUDAGraph graph;
+    check_throws<ShapeError>([&] {
+        graph.capture(dev, [&] {
+            kept = scale(x, 2.0);
+            (void)matmul(x, x);  // [4, 16] @ [4, 16]: inner dimensions differ
+        });
+    }, {"matmul"}, KindMatch::Exactly);
+    CHECK_FALSE(graph.captured());
+    kept = Tensor();  // back to the shared pools, from a pool that is gone
+    CHECK(memory_stats(dev).allocated_bytes == before);
+    Tensor y;
+    graph.capture(dev, [&] { y = scale(x, 3.0); });
+    graph.replay();
+    CHECK(same_bits(y, full({4, 16}, 3.0)));
+}
+
 TEST_CASE("cuda_graph: capture refuses the caching allocator off") {
     REQUIRE_CUDA_OR_SKIP();
-    detail::set_cuda_memory_caching(false);
+    CachingScope off(false);
     CUDAGraph graph;
     check_throws<Error>([&] { graph.capture(Device::CUDA, [] {}); }, {"NORMTAPE_NO_CUDA_MEMORY_CACHING"});
-    detail::set_cuda_memory_caching(true);
 }
 
 // AdamW and Muon stepped by replays of one captured step, with new gradients and a new lr before
 // each, give the eager steps' parameters and step counts bit for bit.
 TEST_CASE("cuda_graph: AdamW and Muon steps replayed with changing gradients and rates equal eager steps bit for bit") {
     REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
     for (bool muon : {false, true})
         for (DType dtype : {DType::F32, DType::BF16}) {
             CAPTURE(muon);
@@ -171,8 +227,32 @@ TEST_CASE("cuda_graph: AdamW and Muon steps replayed with changing gradients and
         }
 }
 
+TEST_CASE("cuda_graph: the optimizers' count on the device counts a step without gradients, and set_step_count sets it") {
+    REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
+    Tensor p = ones({8, 4}, TensorOptions().device(Device::CUDA)).requires_grad_(true);
+    AdamW adamw(std::vector<Tensor>{p}, AdamWOptions{});
+    Tensor q = ones({8, 4}, TensorOptions().device(Device::CUDA)).requires_grad_(true);
+    Muon muon_q(std::vector<Tensor>{q}, MuonOptions{});
+    set_grad(p, ones({8, 4}, TensorOptions().device(Device::CUDA)));
+    set_grad(q, ones({8, 4}, TensorOptions().device(Device::CUDA)));
+    adamw.step();
+    muon_q.step();
+    p.zero_grad();
+    q.zero_grad();
+    adamw.step();  // no gradient: nothing updated, the step counted on the device as on the host
+    muon_q.step();
+    CHECK(adamw.step_count() == 2);
+    CHECK(muon_q.step_count() == 2);
+    adamw.set_step_count(7);
+    muon_q.set_step_count(7);
+    CHECK(adamw.step_count() == 7);
+    CHECK(muon_q.step_count() == 7);
+}
+
 TEST_CASE("cuda_graph: a GPT's training step replayed gives the eager steps' losses and parameters bit for bit") {
     REQUIRE_CUDA_OR_SKIP();
+    CachingScope caching(true);  // a capture needs it (the sanitizers' runs turn it off)
     for (SavePolicy policy : {SavePolicy::Input, SavePolicy::Normalized}) {
         CAPTURE(policy_name(policy));
         GPTConfig c{.block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64, .policy = policy};

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cuda_allocator.h"
 #include "normtape.h"
 
 namespace normtape::testing {
@@ -84,6 +85,16 @@ inline bool& current_test_skipped() {
             SKIP_TEST("no CUDA GPU is visible (CUDA backend built: "                           \
                       << std::string(::normtape::cuda_is_built() ? "yes" : "no") << ")");    \
     } while (0)
+
+// Sets the CUDA allocator's caching for one scope (whatever NORMTAPE_NO_CUDA_MEMORY_CACHING says),
+// then restores it.
+struct CachingScope {
+    bool before = detail::cuda_memory_caching();
+    explicit CachingScope(bool on) { detail::set_cuda_memory_caching(on); }
+    ~CachingScope() { detail::set_cuda_memory_caching(before); }
+    CachingScope(const CachingScope&) = delete;
+    CachingScope& operator=(const CachingScope&) = delete;
+};
 
 // Skips the rest of a test case where the build made no train_gpt (NORMTAPE_BUILD_EXAMPLES=OFF).
 #define REQUIRE_TRAIN_GPT_OR_SKIP()                                                            \

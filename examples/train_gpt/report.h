@@ -41,8 +41,8 @@ struct RunResult {
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
     // The model FLOPs of one step (Note [Model FLOPs], examples/train_gpt/train_gpt.cpp), and the
-    // model FLOPs utilization at the median step time: their rate over the GPU's dense bf16 peak
-    // (NaN where the run is not bf16 on a GPU of the table, or on the cpu).
+    // model FLOPs utilization at the median step time: their rate over the dense bf16 peak of
+    // every process's GPU (NaN where the run is not bf16 on a GPU of the table, or on the cpu).
     double model_flops_per_step = 0, mfu = std::numeric_limits<double>::quiet_NaN();
     double train_seconds = 0;  // the steps' own time, summed (evaluations and checkpoints not counted)
     // Per step: forward (the loss), backward, optimizer (gradient clipping, AdamW, zero_grad), in ms,

@@ -101,7 +101,7 @@ double dense_bf16_peak_flops(Device dev) {
     const std::string name = cuda_device_name(dev);
     auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
     if (has("H100") && has("PCIe")) return 756e12;
-    if (has("H100") && has("NVL")) return 835e12;
+    if ((has("H100") || has("H200")) && has("NVL")) return 835e12;
     if (has("H100") || has("H200")) return 989.4e12;  // SXM
     if (has("A100")) return 312e12;
     return 0;
@@ -458,12 +458,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     r.tokens_per_s = static_cast<double>(global_batch * a.seq) / (r.step_ms_median / 1000.0);
     r.model_flops_per_step = model_flops_per_token(model, a.seq) * static_cast<double>(global_batch * a.seq);
     const double model_flops_per_s = r.model_flops_per_step / (r.step_ms_median / 1000.0);
-    const double peak = dev.is_cuda() && a.dtype == "bf16" ? dense_bf16_peak_flops(dev) : 0;
+    // every process's GPU (global_batch is theirs together)
+    const double peak = dev.is_cuda() && a.dtype == "bf16" ? a.world_size * dense_bf16_peak_flops(dev) : 0;
     if (peak > 0) r.mfu = model_flops_per_s / peak;
     char utilization[160] = "";
     if (peak > 0)
-        std::snprintf(utilization, sizeof utilization, ", MFU %.1f%% of %s's dense bf16 peak (%.0f TFLOP/s)",
-                      100 * r.mfu, cuda_device_name(dev).c_str(), peak / 1e12);
+        std::snprintf(utilization, sizeof utilization, ", MFU %.1f%% of %d x %s's dense bf16 peak (%.0f TFLOP/s)",
+                      100 * r.mfu, a.world_size, cuda_device_name(dev).c_str(), peak / 1e12);
     std::printf("[%-6s] model FLOPs per step %.4g (6 N + 12 L C T per token): %.3g TFLOP/s at the median step%s\n",
                 policy_name(policy), r.model_flops_per_step, model_flops_per_s / 1e12, utilization);
     std::printf("[%-6s] trained %zu steps in %.1f s (the steps' own time: evaluations and checkpoints not counted)\n",

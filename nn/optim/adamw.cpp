@@ -135,14 +135,14 @@ std::shared_ptr<const AdamWPlan> step_cuda(std::shared_ptr<const AdamWPlan> plan
     }
     Tensor norm;  // f64, on the device of every parameter stepped (step_impl checked it)
     if (grad_norm) norm = grad_norm->dtype() == DType::F64 ? *grad_norm : grad_norm->to(DType::F64);
-    std::vector<std::pair<Device, const double*>> advanced;  // each device's scalars, advanced once
-    for (const AdamWPlan::Bucket& b : plan->buckets) {
-        auto it = std::find_if(advanced.begin(), advanced.end(), [&](const auto& d) { return d.first == b.device; });
-        if (it == advanced.end()) it = advanced.insert(it, {b.device, scalars.advance(b.device, s.lr, t_before)});
+    std::vector<Device> devices;
+    for (const AdamWPlan::Bucket& b : plan->buckets)
+        if (std::find(devices.begin(), devices.end(), b.device) == devices.end()) devices.push_back(b.device);
+    scalars.advance(devices, s.lr, t_before);
+    for (const AdamWPlan::Bucket& b : plan->buckets)
         dispatch_floating(b.dtype, "AdamW", [&](auto tag) {
-            launch_bucket<decltype(tag)>(b, groups, s, it->second, device_ptr<double>(norm));
+            launch_bucket<decltype(tag)>(b, groups, s, scalars.on(b.device), device_ptr<double>(norm));
         });
-    }
     return plan;
 }
 
@@ -236,7 +236,7 @@ void AdamW::step_impl(const Tensor* grad_norm) {
             if (p.grad().defined())
                 detail::check_stepped("AdamW", gi, i, p, state_[gi][i].m, state_[gi][i].master, grad_norm);
         }
-    [[maybe_unused]] const int64_t t_before = t_++;
+    const int64_t t_before = t_++;
     const double bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t_));
     const double bias_correction2 = 1.0 - std::pow(options_.beta2, static_cast<double>(t_));
     bool on_cuda = false;
@@ -247,6 +247,8 @@ void AdamW::step_impl(const Tensor* grad_norm) {
                                   {options_.lr, options_.beta1, options_.beta2, options_.eps, 0.0, bias_correction1,
                                    bias_correction2},
                                   grad_norm, *scalars_, t_before));
+    } else {
+        scalars_->advance({}, options_.lr, t_before);  // every device's count counts the step
     }
     // A norm on the cpu means every parameter stepped is on the cpu.
     const bool skip_on_cpu = grad_norm && !grad_norm->device().is_cuda() && !std::isfinite(grad_norm->item<double>());

@@ -141,12 +141,13 @@ void Muon::step_impl(const Tensor* grad_norm) {
                         shape_str(p.shape()));
         }
     const int64_t t_before = t_++;
-    std::vector<std::pair<Device, const double*>> advanced;  // each device's scalars, advanced once
-    [[maybe_unused]] auto scalars_on = [&](Device device) {
-        auto it = std::find_if(advanced.begin(), advanced.end(), [&](const auto& d) { return d.first == device; });
-        if (it == advanced.end()) it = advanced.insert(it, {device, scalars_->advance(device, options_.lr, t_before)});
-        return it->second;
-    };
+    std::vector<Device> devices;  // of the CUDA matrices stepped
+    for (const ParamGroup& group : groups_)
+        for (const Tensor& p : group.params)
+            if (p.grad().defined() && p.device().is_cuda() &&
+                std::find(devices.begin(), devices.end(), p.device()) == devices.end())
+                devices.push_back(p.device());
+    scalars_->advance(devices, options_.lr, t_before);
     const bool skip_on_cpu = grad_norm && !grad_norm->device().is_cuda() && !std::isfinite(grad_norm->item<double>());
     Tensor norm;  // f64 on the device, read by the CUDA kernels
     if (grad_norm && grad_norm->device().is_cuda())
@@ -222,7 +223,7 @@ void Muon::step_impl(const Tensor* grad_norm) {
                 for (int64_t first = 0; first < count; first += detail::kMuonMatricesPerLaunch)
                     detail::muon_apply_cuda<T>(
                         matrices(first, std::min<int64_t>(count - first, detail::kMuonMatricesPerLaunch)), numel,
-                        device_ptr<detail::ns_t<T>>(o) + first * numel, scalars_on(c.device), group.lr_scale,
+                        device_ptr<detail::ns_t<T>>(o) + first * numel, scalars_->on(c.device), group.lr_scale,
                         group.weight_decay, aspect, skip, c.device.index);
             }));
         }

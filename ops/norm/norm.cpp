@@ -331,7 +331,8 @@ void check_param(const char* op, const char* what, const Tensor& p, const Tensor
 
 // Note [Weights near zero under SavePolicy::Output]. Reads a GPU weight on the host (N values).
 bool weight_allows_output_policy(const Tensor& weight_any) {
-    if (!weight_any.defined() || detail::cuda_graph_capturing()) return true;  // Note [CUDA graphs]
+    if (!weight_any.defined() || (weight_any.device().is_cuda() && detail::cuda_graph_capturing()))
+        return true;  // Note [CUDA graphs]: no value is read during a capture
     Tensor weight = weight_any.device().is_cuda() ? weight_any.to(Device::CPU) : weight_any;
     if (is_dry_run()) return true;  // Note [The dry run]: no values to read; predictions assume no fallback
     bool ok = true;
