@@ -50,6 +50,7 @@ struct ParamGroup {
 // The kernels read the lr and the bias corrections from device memory: set_lr writes the lr there,
 // and a step first advances the count there and computes 1 - beta^t from it (pow in f64, on the
 // GPU), so that a step captured in a CUDA graph (core/cuda_graph.h) replays with the current ones.
+// A copy of an AdamW shares the original's state tensors and device scalars (tensors are handles).
 class AdamW {
 public:
     // The state of one parameter: moments m (torch's "exp_avg") and v ("exp_avg_sq") in
