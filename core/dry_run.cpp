@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/cuda_allocator.h"
+#include "core/cuda_graph.h"
 #include "core/device_ptr.h"
 #include "core/philox.h"
 
