@@ -62,6 +62,26 @@ void print_phase_times(const RunResult& r) {
                     policy_name(r.policy), r.host_ms_median[0], r.host_ms_median[1], r.host_ms_median[2]);
 }
 
+void print_optimizer_state(const RunResult& r, const Muon* muon) {
+    std::printf("[%-6s] optimizer state: AdamW moments %s bytes, Muon momentum %s bytes, f32 masters %s bytes "
+                "(predicted %s and %s: %s)\n",
+                policy_name(r.policy), with_commas(r.adamw_moment_bytes).c_str(), with_commas(r.muon_momentum_bytes).c_str(),
+                with_commas(r.master_bytes).c_str(), with_commas(r.predicted_adamw_moment_bytes).c_str(),
+                with_commas(r.predicted_muon_momentum_bytes).c_str(),
+                r.adamw_moment_bytes == r.predicted_adamw_moment_bytes &&
+                        r.muon_momentum_bytes == r.predicted_muon_momentum_bytes
+                    ? "= measured"
+                    : "differs");
+    if (!muon) return;
+    int64_t as_adamw = 0;  // AdamW's m and v for the same matrices (stat_dtype each)
+    for (const Tensor& p : muon->groups()[0].params)
+        as_adamw += 2 * p.numel() * static_cast<int64_t>(element_size(stat_dtype(p.dtype())));
+    std::printf("[%-6s] Muon keeps %s bytes of momentum for its matrices, where AdamW would keep %s bytes of "
+                "moments: %.2f of AdamW's\n",
+                policy_name(r.policy), with_commas(r.muon_momentum_bytes).c_str(), with_commas(as_adamw).c_str(),
+                static_cast<double>(r.muon_momentum_bytes) / static_cast<double>(std::max<int64_t>(as_adamw, 1)));
+}
+
 void print_preset_reference(const Args& a, const std::vector<RunResult>& runs, int64_t predicted) {
     if (a.preset == "gpt2-medium-ish" && runs.size() >= 2 && micro_batch(a) == a.batch)
         std::printf("reference (PyTorch, same model in pure bf16, same GPU model, Apex memory-efficient LayerNorm): "

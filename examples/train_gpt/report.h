@@ -40,7 +40,7 @@ struct RunResult {
     int64_t recompute_saving_bytes = 0;
     std::vector<double> losses, step_ms;
     double step_ms_median = 0, tokens_per_s = 0;
-    // The model FLOPs of one step (Note [Model FLOPs], examples/train_gpt/train_gpt.cpp), and the
+    // The model FLOPs of one step (Note [Model FLOPs], examples/train_gpt/model_flops.h), and the
     // model FLOPs utilization at the median step time: their rate over the dense bf16 peak of
     // every process's GPU (NaN where the run is not bf16 on a GPU of the table, or on the cpu).
     double model_flops_per_step = 0, mfu = std::numeric_limits<double>::quiet_NaN();
@@ -121,6 +121,10 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs);
 void write_json(const Args& a, const std::vector<RunResult>& runs, const Predicted& predicted,
                 const std::string& data_desc, int64_t params);
 
+// Two lines: the optimizer state measured beside its prediction (AdamW's moments, Muon's momentum,
+// the f32 masters, in bytes) and, with `muon`, Muon's momentum beside the moments AdamW would keep
+// for the same matrices.
+void print_optimizer_state(const RunResult& r, const normtape::Muon* muon);
 // The name of the first parameter of `model` that holds a NaN or Inf, "" when all are finite.
 std::string nonfinite_parameter(const normtape::Module& model);
 // The median of v (the mean of the middle two for an even count; 0 for none).

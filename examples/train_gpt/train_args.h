@@ -64,7 +64,7 @@ struct Args {
     std::string shard_optimizer = "off";
     bool check_replicas = false;
     // "on": each step after the first two replays a CUDA graph of the step (Note [The step as a
-    // CUDA graph], examples/train_gpt/train_gpt.cpp).
+    // CUDA graph], examples/train_gpt/step_runner.h).
     std::string cuda_graph = "off";
     int world_size = 1, rank = 0;  // the process group's, set by main
     int device_index = 0;          // this process's GPU: Device::cuda(device_index)

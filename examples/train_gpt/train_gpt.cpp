@@ -35,7 +35,9 @@
 // examples/train_gpt/train_data.h (its batches: Batcher, nn/data/data.h; the schedule: WarmupCosineLR,
 // nn/optim/lr_scheduler.h), the checks of --resume in examples/train_gpt/resume.h, the timing of each step's
 // forward, backward and optimizer in examples/train_gpt/phase_timer.h, the table, JSON and chart in
-// examples/train_gpt/report.h, the saved bytes by category in examples/train_gpt/saved_categories.h.
+// examples/train_gpt/report.h, the saved bytes by category in examples/train_gpt/saved_categories.h, the step
+// run or replayed as a CUDA graph in examples/train_gpt/step_runner.h, the model FLOPs and MFU in
+// examples/train_gpt/model_flops.h.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -46,10 +48,12 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/checkpoint_checks.h"
 #include "memory_sweep.h"
+#include "model_flops.h"
 #include "normtape.h"
 #include "optimizers.h"
 #include "phase_timer.h"
@@ -57,6 +61,7 @@
 #include "resume.h"
 #include "run_config.h"
 #include "saved_categories.h"
+#include "step_runner.h"
 #include "train_args.h"
 #include "train_data.h"
 #include "train_flags.h"
@@ -64,48 +69,6 @@
 using namespace normtape;
 
 namespace {
-
-// Note [The step as a CUDA graph]
-// With --cuda-graph on, steps start + 0 and start + 1 run as usual: the first makes the optimizers'
-// tables and the libraries' plans (which wait for the GPU, so they cannot be captured) and measures
-// the saved tensors, the second records the memory trace. The next step is captured as a CUDA
-// graph (core/cuda_graph.h) over copies of its batch; it and every later step then copy their
-// batch into those tensors, set the rates (read from device memory) and replay the graph, so the
-// GPU runs the step's kernels back to back with no host work between them. The losses and the
-// gradient norm are the captured step's tensors, read after each replay as after an eager step.
-// The peak is measured on the captured step (its allocations are the eager step's, from the graph's
-// pool); a replay allocates nothing. The phase times come from the eager steps only. Refused (exit
-// 2): dropout (a replay would draw the same masks), offload (its copies wait for another stream),
-// the fused loss (it counts its targets on the host), several processes (collectives),
-// --detect-anomaly (it reads values on the host). The batches' ids are checked when the data is
-// read (bytes, or random ids below --vocab), since a capture checks no value.
-constexpr int64_t kGraphWarmup = 2;
-
-// Note [Model FLOPs]
-// The FLOPs a step's model needs, as PaLM counts them (Chowdhery et al. 2022, appendix B; nanoGPT's
-// estimate_mfu): per token 6 N for the products of the N weights that multiply (every parameter
-// but the position embedding and, untied, the token embedding, which are looked up), forward and
-// backward, plus 12 L C T for attention's two products over T positions (the causal mask not
-// discounted). Recomputation is not counted: it is the implementation's cost, not the model's.
-double model_flops_per_token(const GPT& model, int64_t seq) {
-    const GPTConfig& c = model.config();
-    double n = 0;
-    for (const auto& [name, p] : model.named_parameters())
-        if (name != "wpe.weight" && (name != "wte.weight" || c.tie_embeddings)) n += static_cast<double>(p.numel());
-    return 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * seq);
-}
-
-// The dense bf16 tensor-core peak of GPU `dev` in FLOP/s, by its name (NVIDIA's datasheets); 0 for
-// a GPU not in this table.
-double dense_bf16_peak_flops(Device dev) {
-    const std::string name = cuda_device_name(dev);
-    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-    if (has("H100") && has("PCIe")) return 756e12;
-    if ((has("H100") || has("H200")) && has("NVL")) return 835e12;
-    if (has("H100") || has("H200")) return 989.4e12;  // SXM
-    if (has("A100")) return 312e12;
-    return 0;
-}
 
 // Records the device allocator's events into `trace` for its lifetime (stops even if the step
 // throws).
@@ -281,11 +244,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     const int64_t trace_step = std::min<int64_t>(start + 1, end - 1);
     PhaseTimer phases(dev, n_micro);
     r.phase_timing = phases.method();
-    // --cuda-graph on (Note [The step as a CUDA graph]): the first kGraphWarmup steps run eagerly,
-    // the next is captured, then every step is a replay reading the batch from graph_batch.
-    std::unique_ptr<CUDAGraph> graph;
-    Tensor graph_batch[2], graph_norm;  // idx, targets; the captured step's gradient norm
-    std::vector<Tensor> graph_losses;   // the captured step's losses, written again by each replay
+    StepRunner runner(dev, a.cuda_graph == "on", start);  // Note [The step as a CUDA graph]
     for (int64_t step = start; step < end; ++step) {
         auto [idx, targets] = batcher.next();  // the whole batch, micro-batches or not
         if (a.world_size > 1) {  // this rank's rows
@@ -322,31 +281,11 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
             // A non-finite gradient would make the weights NaN: with --on-nan stop, the update is
             // skipped (on the device, which knows the norm) and the step not counted.
             const bool skip_nonfinite = a.on_nan != "continue";
-            const bool replayed = a.cuda_graph == "on" && step >= start + kGraphWarmup;
-            Tensor norm;
-            if (!replayed) {
-                norm = gpt_step(model, optimizer, dp.get(), idx, targets, micro, skip_nonfinite, &losses,
-                                hooks);  // Note [Micro-batches]; the norm stays on the device: no wait
-                phases.mark_optimizer_done();
-            } else {
-                if (!graph) {
-                    graph_batch[0] = idx.clone();
-                    graph_batch[1] = targets.clone();
-                    idx = targets = Tensor();  // one copy of the batch during the step, as in an eager one
-                    graph = std::make_unique<CUDAGraph>();
-                    graph->capture(dev, [&] {
-                        graph_norm = gpt_step(model, optimizer, nullptr, graph_batch[0], graph_batch[1], micro,
-                                              skip_nonfinite, &graph_losses);
-                    });
-                } else {
-                    graph_batch[0].copy_(idx);
-                    graph_batch[1].copy_(targets);
-                    idx = targets = Tensor();
-                }
-                graph->replay();
-                norm = graph_norm;
-                losses = graph_losses;
-            }
+            const bool replayed = runner.replayed(step);
+            // Note [Micro-batches]; the norm stays on the device: no wait
+            Tensor norm = runner.run(step, model, optimizer, dp.get(), std::move(idx), std::move(targets), micro,
+                                     skip_nonfinite, &losses, hooks);
+            if (!replayed) phases.mark_optimizer_done();
             synchronize(dev);
             ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
             grad_norm = norm.item<double>();
@@ -433,40 +372,13 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
                 policy_name(policy), with_commas(r.peak_allocated_bytes).c_str(),
                 with_commas(r.predicted_peak_bytes).c_str(),
                 static_cast<double>(r.peak_allocated_bytes) / static_cast<double>(std::max<int64_t>(r.predicted_peak_bytes, 1)));
-    std::printf("[%-6s] optimizer state: AdamW moments %s bytes, Muon momentum %s bytes, f32 masters %s bytes "
-                "(predicted %s and %s: %s)\n",
-                policy_name(policy), with_commas(r.adamw_moment_bytes).c_str(), with_commas(r.muon_momentum_bytes).c_str(),
-                with_commas(r.master_bytes).c_str(), with_commas(r.predicted_adamw_moment_bytes).c_str(),
-                with_commas(r.predicted_muon_momentum_bytes).c_str(),
-                r.adamw_moment_bytes == r.predicted_adamw_moment_bytes &&
-                        r.muon_momentum_bytes == r.predicted_muon_momentum_bytes
-                    ? "= measured"
-                    : "differs");
-    if (optimizer.muon) {
-        int64_t as_adamw = 0;  // AdamW's m and v for the same matrices (stat_dtype each)
-        for (const Tensor& p : optimizer.muon->groups()[0].params)
-            as_adamw += 2 * p.numel() * static_cast<int64_t>(element_size(stat_dtype(p.dtype())));
-        std::printf("[%-6s] Muon keeps %s bytes of momentum for its matrices, where AdamW would keep %s bytes of "
-                    "moments: %.2f of AdamW's\n",
-                    policy_name(policy), with_commas(r.muon_momentum_bytes).c_str(), with_commas(as_adamw).c_str(),
-                    static_cast<double>(r.muon_momentum_bytes) / static_cast<double>(std::max<int64_t>(as_adamw, 1)));
-    }
+    print_optimizer_state(r, optimizer.muon.get());
     if (!r.val_losses.empty())
         std::printf("[%-6s] validation: best loss %.4f at step %lld (%zu evaluation%s of %lld held-out batches)\n",
                     policy_name(policy), r.best_val_loss, static_cast<long long>(r.best_val_step),
                     r.val_losses.size(), r.val_losses.size() == 1 ? "" : "s", static_cast<long long>(a.eval_batches));
     r.tokens_per_s = static_cast<double>(global_batch * a.seq) / (r.step_ms_median / 1000.0);
-    r.model_flops_per_step = model_flops_per_token(model, a.seq) * static_cast<double>(global_batch * a.seq);
-    const double model_flops_per_s = r.model_flops_per_step / (r.step_ms_median / 1000.0);
-    // every process's GPU (global_batch is theirs together)
-    const double peak = dev.is_cuda() && a.dtype == "bf16" ? a.world_size * dense_bf16_peak_flops(dev) : 0;
-    if (peak > 0) r.mfu = model_flops_per_s / peak;
-    char utilization[160] = "";
-    if (peak > 0)
-        std::snprintf(utilization, sizeof utilization, ", MFU %.1f%% of %d x %s's dense bf16 peak (%.0f TFLOP/s)",
-                      100 * r.mfu, a.world_size, cuda_device_name(dev).c_str(), peak / 1e12);
-    std::printf("[%-6s] model FLOPs per step %.4g (6 N + 12 L C T per token): %.3g TFLOP/s at the median step%s\n",
-                policy_name(policy), r.model_flops_per_step, model_flops_per_s / 1e12, utilization);
+    report_model_flops(model, a.seq, global_batch * a.seq, dev, a.dtype == "bf16", a.world_size, r);
     std::printf("[%-6s] trained %zu steps in %.1f s (the steps' own time: evaluations and checkpoints not counted)\n",
                 policy_name(policy), r.step_ms.size(), r.train_seconds);
     if (sample && a.sample > 0 && r.nonfinite_step == 0) print_sample(model, policy, a.sample, a.seed);
