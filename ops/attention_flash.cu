@@ -26,8 +26,12 @@
 // group in turn, so each sum still has one owner.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/cuda_context.h"
@@ -466,14 +470,23 @@ bool flash_attention_applies(const AttentionLayout& layout, bool backward, int d
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
     const size_t shared = backward ? (hs == 64 ? backward_shared<64>() : backward_shared<128>())
                                    : (hs == 64 ? forward_shared<64>() : forward_shared<128>());
-    int shared_optin = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    // The code this GPU runs must come from sm_80 or later (mma.sync, ldmatrix, cp.async): not on
+    // The device's shared memory a block may opt in to, or 0 where the kernels cannot run on it:
+    // the code this GPU runs must come from sm_80 or later (mma.sync, ldmatrix, cp.async), not on
     // an earlier GPU, nor from a build whose code for this GPU is an earlier architecture's PTX.
-    (void)cuda::stream(device);  // makes `device` current for the kernel's attributes
-    cudaFuncAttributes attributes{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attributes, flash_forward_kernel<64, false>));
-    return attributes.ptxVersion >= 80 && shared <= static_cast<size_t>(shared_optin);
+    // Asked once per device.
+    static std::mutex mutex;
+    static std::vector<std::pair<int, int>> usable_shared;  // (device, bytes)
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = std::find_if(usable_shared.begin(), usable_shared.end(), [&](const auto& e) { return e.first == device; });
+    if (it == usable_shared.end()) {
+        int shared_optin = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        (void)cuda::stream(device);  // makes `device` current for the kernel's attributes
+        cudaFuncAttributes attributes{};
+        CUDA_CHECK(cudaFuncGetAttributes(&attributes, flash_forward_kernel<64, false>));
+        it = usable_shared.insert(usable_shared.end(), {device, attributes.ptxVersion >= 80 ? shared_optin : 0});
+    }
+    return shared <= static_cast<size_t>(it->second) && it->second > 0;
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
