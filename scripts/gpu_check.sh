@@ -12,7 +12,7 @@
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|
-#                         muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph]
+#                         muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs, SANITIZE_SHARDS=K splits each;
@@ -52,14 +52,18 @@
 #     vocabulary 50304, tied, B 16, T 1024, random tokens) and the gpt2-medium-ish preset, each with
 #     --cuda-graph off and on, alternated twice (step time, peak, MFU); with LLMC_SRC (a checkout of
 #     karpathy/llm.c) and CUDNN_FRONTEND (cudnn-frontend's include/), scripts/bench_llmc.sh too.
+#     targets: the step's speed targets, each beside its reference in the same call, with nothing
+#     else built: graph's 100-step curves; bench_attention beside SDPA; bench_muon (eager and as
+#     CUDA graphs); the preset's step with --cuda-graph off and on beside PyTorch eager's and
+#     torch.compile's; with LLMC_SRC and CUDNN_FRONTEND, GPT-2 124M beside llm.c (bench_llmc.sh).
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -82,6 +86,7 @@ build() {
 [ "$MODE" = sanitize ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests}"
 [ "$MODE" = fused-norm ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests bench_norms}"
 [ "$MODE" = graph ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests train_gpt}"
+[ "$MODE" = targets ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape train_gpt bench_attention bench_muon}"
 if [ "$MODE" = baseline ]; then
     [ -f "${BASELINE_SRC:-}/CMakeLists.txt" ] || { echo "baseline: BASELINE_SRC must name a source tree" >&2; exit 2; }
     BUILD_TARGETS="${BUILD_TARGETS:-train_gpt}"
@@ -672,10 +677,9 @@ if [ "$MODE" = sweep ]; then
     python3 scripts/memory_sweep_report.py "$GPU_OUT/sweep.json" > "$GPU_OUT/sweep_report.txt" 2>&1
 fi
 
-if [ "$MODE" = graph ]; then
-    (cd build-gpu && ctest -j 4 --output-on-failure -R "cuda_graph|AdamW|muon:|dry" > "$GPU_OUT/graph_tests.log" 2>&1)
-    summary+=("graph and optimizer tests: $(grep -E 'tests passed|tests failed' "$GPU_OUT/graph_tests.log" | tail -1)")
-    grep -q "100% tests passed" "$GPU_OUT/graph_tests.log" || { failed=1; grep -E -A12 "ERROR|Failed" "$GPU_OUT/graph_tests.log" | head -60; }
+# graph_curves: 100 bf16 steps on data/tinyshakespeare.txt with --cuda-graph off and on; fails
+# unless the two loss curves are equal bit for bit.
+graph_curves() {
     for g in off on; do
         step "shakespeare, graph $g" ./build-gpu/train_gpt --data data/tinyshakespeare.txt --steps 100 --policy normalized \
             --cuda-graph $g --log-every 50 --json "$GPU_OUT/graph_curve_$g.json" --chart "$GPU_OUT/graph_curve_$g.svg" \
@@ -683,7 +687,14 @@ if [ "$MODE" = graph ]; then
     done
     step "curves equal" python3 -c "import json,sys; a,b=(json.load(open(sys.argv[i]))['runs'][0]['losses'] for i in (1,2)); \
 print('loss curves, graph off and on:', 'equal bit for bit' if a==b else 'DIFFER at step %d' % next(i for i in range(len(a)) if a[i]!=b[i])); sys.exit(a!=b)" \
-        "$GPU_OUT/graph_curve_off.json" "$GPU_OUT/graph_curve_on.json" | tee "$GPU_OUT/graph_curves.txt"
+        "$GPU_OUT/graph_curve_off.json" "$GPU_OUT/graph_curve_on.json" > "$GPU_OUT/graph_curves.txt"
+    cat "$GPU_OUT/graph_curves.txt"
+}
+if [ "$MODE" = graph ]; then
+    (cd build-gpu && ctest -j 4 --output-on-failure -R "cuda_graph|AdamW|muon:|dry" > "$GPU_OUT/graph_tests.log" 2>&1)
+    summary+=("graph and optimizer tests: $(grep -E 'tests passed|tests failed' "$GPU_OUT/graph_tests.log" | tail -1)")
+    grep -q "100% tests passed" "$GPU_OUT/graph_tests.log" || { failed=1; grep -E -A12 "ERROR|Failed" "$GPU_OUT/graph_tests.log" | head -60; }
+    graph_curves
     gpt2=(--layers 12 --heads 12 --embd 768 --seq 1024 --batch 16 --vocab 50304 --tie on --data random)
     for round in 1 2; do
         for g in off on; do
@@ -709,6 +720,40 @@ for f in sorted(glob.glob(sys.argv[1] + "/graph_*_o*_[12].json")):
 PY
 fi
 
+# The step's speed targets, each measured beside its reference in this call.
+if [ "$MODE" = targets ]; then
+    graph_curves
+    step bench_attention ./build-gpu/bench_attention --json "$GPU_OUT/attention.json" > "$GPU_OUT/attention.log" 2>&1
+    step bench_torch_attention env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_attention.py \
+        --ours "$GPU_OUT/attention.json" --out "$GPU_OUT/torch_attention.json" --markdown "$GPU_OUT/attention.md" \
+        > "$GPU_OUT/torch_attention.log" 2>&1
+    step bench_muon ./build-gpu/bench_muon --json "$GPU_OUT/bench_muon.json" > "$GPU_OUT/bench_muon.log" 2>&1
+    summary+=("$(tail -4 "$GPU_OUT/bench_muon.log" | tr '\n' ';')")
+    for g in off on; do
+        step "preset, graph $g" ./build-gpu/train_gpt --preset gpt2-medium-ish --policy normalized --steps 20 \
+            --log-every 10 --cuda-graph $g --json "$GPU_OUT/step_graph_$g.json" > "$GPU_OUT/step_graph_$g.log" 2>&1
+        summary+=("preset, graph $g: $(grep -E 'median per step' "$GPU_OUT/step_graph_$g.log")")
+    done
+    for mode in eager compile; do
+        step "bench_torch_gpt $mode" env PYTHONUNBUFFERED=1 python3 scripts/bench_torch_gpt.py \
+            --ours "$GPU_OUT/step_graph_off.json" $([ $mode = compile ] && echo --compile) \
+            --json "$GPU_OUT/torch_gpt_$mode.json" > "$GPU_OUT/torch_gpt_$mode.log" 2>&1
+    done
+    python3 - "$GPU_OUT" > "$GPU_OUT/targets.txt" <<'PY'
+import json, sys
+d = sys.argv[1]
+ours = {g: json.load(open(f"{d}/step_graph_{g}.json"))["runs"][0] for g in ("off", "on")}
+for mode in ("eager", "compile"):
+    t = json.load(open(f"{d}/torch_gpt_{mode}.json"))
+    print(f"preset step: torch {mode} {t['step_ms']:.2f} ms, peak over base {t['fwd_bwd_peak_over_base_bytes'] / 2**20:.1f} MiB; "
+          + "; ".join(f"ours graph {g} {r['step_ms_median']:.2f} ms ({r['step_ms_median'] / t['step_ms']:.3f}x)" for g, r in ours.items()))
+PY
+    if [ -n "${LLMC_SRC:-}" ]; then
+        step "llm.c beside train_gpt" scripts/bench_llmc.sh "$LLMC_SRC" "$CUDNN_FRONTEND" build-gpu/train_gpt "$GPU_OUT/llmc" \
+            > "$GPU_OUT/llmc.log" 2>&1
+    fi
+fi
+
 if [ "$MODE" = profile ]; then
     if scripts/profile_step.sh build-gpu "$GPU_OUT" > "$GPU_OUT/profile.log" 2>&1; then summary+=("profile: ok"); else
         summary+=("profile: FAILED"); failed=1; fi
@@ -729,6 +774,7 @@ done
 [ -f "$GPU_OUT/sweep.log" ] && { echo "--- memory sweep"; grep -E "^.\*|memory sweep:|exceeds" "$GPU_OUT/sweep.log" | tail -40; }
 [ -f "$GPU_OUT/sweep_report.txt" ] && cat "$GPU_OUT/sweep_report.txt"
 [ -f "$GPU_OUT/graph_steps.txt" ] && { echo "--- steps with --cuda-graph off and on"; cat "$GPU_OUT/graph_curves.txt" "$GPU_OUT/graph_steps.txt"; }
+[ -f "$GPU_OUT/targets.txt" ] && { echo "--- the preset's step beside PyTorch"; cat "$GPU_OUT/graph_curves.txt" "$GPU_OUT/targets.txt"; }
 [ -f "$GPU_OUT/llmc.log" ] && { echo "--- GPT-2 124M beside llm.c"; tail -8 "$GPU_OUT/llmc.log"; }
 for f in "$GPU_OUT"/budget_fused_*.log "$GPU_OUT"/step_*.log "$GPU_OUT"/torch_gpt_*.log; do
     [ -f "$f" ] && { echo "--- $(basename "$f" .log)"; grep -vE "^\[(input|output|normalized) *\] step" "$f" | tail -12; }

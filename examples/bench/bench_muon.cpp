@@ -11,6 +11,8 @@
 //             with cublasGemmStridedBatchedEx on buffers of their own: the floor Muon's step
 //             cannot go below
 //   adamw     AdamW::step() over the same matrices (f32 moments and masters), for scale
+// and Muon's step and the products each captured once as a CUDA graph (core/cuda_graph.h) and
+// replayed: the same kernels with no launch gaps between them.
 // Each is timed with CUDA events on normtape's stream (bench_timing.h): --warmup runs, then --repeat
 // runs queued back to back behind a host wait, their median. FLOPs: per matrix [rows, cols],
 // m = min, n = max, per iteration 2 m^2 n (Gram) + 2 m^3 (polynomial) + 2 m^2 n (update).
@@ -128,24 +130,28 @@ int main(int argc, char** argv) {
                                empty({count, m, m}, in_bf16), zeros({count, m, m}, in_bf16)});
             flops += 5.0 * static_cast<double>(count) * (4.0 * m * m * n + 2.0 * m * m * m);
         }
-        const double products_ms = time_ms(
-            [&] {
-                for (Buffers& c : buffers) {
-                    const int64_t m = std::min(c.rows, c.cols), sx = c.rows * c.cols, sa = m * m;
-                    bf16 *x = detail::device_ptr<bf16>(c.x), *y = detail::device_ptr<bf16>(c.y);
-                    bf16 *a = detail::device_ptr<bf16>(c.a), *b = detail::device_ptr<bf16>(c.b);
-                    for (int s = 0; s < 5; ++s) {
-                        if (c.rows > c.cols) gemm(false, true, m, m, c.rows, 0, x, c.cols, sx, x, c.cols, sx, a, m, sa, c.count);
-                        else gemm(true, false, m, m, c.cols, 0, x, c.cols, sx, x, c.cols, sx, a, m, sa, c.count);
-                        gemm(false, false, m, m, m, 1, a, m, sa, a, m, sa, b, m, sa, c.count);
-                        if (c.rows > c.cols)
-                            gemm(false, false, c.cols, c.rows, c.cols, 0, b, m, sa, x, c.cols, sx, y, c.cols, sx, c.count);
-                        else gemm(false, false, c.cols, c.rows, c.rows, 0, x, c.cols, sx, b, m, sa, y, c.cols, sx, c.count);
-                        std::swap(x, y);
-                    }
+        const auto products = [&] {
+            for (Buffers& c : buffers) {
+                const int64_t m = std::min(c.rows, c.cols), sx = c.rows * c.cols, sa = m * m;
+                bf16 *x = detail::device_ptr<bf16>(c.x), *y = detail::device_ptr<bf16>(c.y);
+                bf16 *a = detail::device_ptr<bf16>(c.a), *b = detail::device_ptr<bf16>(c.b);
+                for (int s = 0; s < 5; ++s) {
+                    if (c.rows > c.cols) gemm(false, true, m, m, c.rows, 0, x, c.cols, sx, x, c.cols, sx, a, m, sa, c.count);
+                    else gemm(true, false, m, m, c.cols, 0, x, c.cols, sx, x, c.cols, sx, a, m, sa, c.count);
+                    gemm(false, false, m, m, m, 1, a, m, sa, a, m, sa, b, m, sa, c.count);
+                    if (c.rows > c.cols)
+                        gemm(false, false, c.cols, c.rows, c.cols, 0, b, m, sa, x, c.cols, sx, y, c.cols, sx, c.count);
+                    else gemm(false, false, c.cols, c.rows, c.rows, 0, x, c.cols, sx, b, m, sa, y, c.cols, sx, c.count);
+                    std::swap(x, y);
                 }
-            },
-            warmup, repeats);
+            }
+        };
+        const double products_ms = time_ms(products, warmup, repeats);
+        CUDAGraph muon_graph, products_graph;
+        muon_graph.capture(Device::cuda(0), [&] { muon.step(); });
+        products_graph.capture(Device::cuda(0), products);
+        const double muon_graph_ms = time_ms([&] { muon_graph.replay(); }, warmup, repeats);
+        const double products_graph_ms = time_ms([&] { products_graph.replay(); }, warmup, repeats);
 
         cudaDeviceProp prop{};
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -162,6 +168,8 @@ int main(int argc, char** argv) {
         std::printf("Muon step:                            %.3f ms, %.3f of the products alone\n", muon_ms,
                     muon_ms / products_ms);
         std::printf("AdamW step, same matrices:            %.3f ms\n", adamw_ms);
+        std::printf("as CUDA graphs: products %.3f ms, Muon step %.3f ms, %.3f of the products\n", products_graph_ms,
+                    muon_graph_ms, muon_graph_ms / products_graph_ms);
         if (!json.empty()) {
             nlohmann::json out = {{"device", prop.name},       {"arch", arch},
                                   {"layers", layers},          {"embd", embd},
@@ -169,7 +177,10 @@ int main(int argc, char** argv) {
                                   {"matrices", matrices.size()}, {"elements", elements},
                                   {"products_ms", products_ms}, {"products_tflop", flops / 1e12},
                                   {"muon_ms", muon_ms},        {"muon_over_products", muon_ms / products_ms},
-                                  {"adamw_ms", adamw_ms},      {"warmup", warmup},
+                                  {"adamw_ms", adamw_ms},      {"products_graph_ms", products_graph_ms},
+                                  {"muon_graph_ms", muon_graph_ms},
+                                  {"muon_graph_over_products_graph", muon_graph_ms / products_graph_ms},
+                                  {"warmup", warmup},
                                   {"repeat", repeats}};
             std::ofstream f(json);
             f << out.dump(1) << "\n";
