@@ -268,7 +268,7 @@ EOF
 # (SANITIZE_SHARDS=K is the default K, 1 unless set); RUN:K:k,... runs only those of them (a
 # failed range again, under the same label). The processes go round the machine's GPUs
 # (CUDA_VISIBLE_DEVICES; the programs group sees them all, for its data-parallel runs),
-# SANITIZE_JOBS at once (default 4 per GPU). docs/PERFORMANCE.md's "Tests on the GPU" gives the
+# SANITIZE_JOBS at once (default 4 per GPU). docs/GPU_TESTS.md gives the
 # splits that ran in 10-minute calls on four H200s:
 #   overrun       overrun_check above
 #   memcheck-core, memcheck-ops, memcheck-attention, memcheck-nn, memcheck-programs, memcheck-long
