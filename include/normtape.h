@@ -37,6 +37,7 @@
 #include "core/tensor.h"
 #include "core/version.h"
 #include "nn/data/data.h"
+#include "nn/data/token_file.h"
 #include "nn/formats/checkpoint.h"
 #include "nn/formats/hf.h"
 #include "nn/formats/safetensors.h"

@@ -102,3 +102,21 @@ TEST_CASE("data: batches are made on the device the batcher was given") {
     CHECK(on_gpu.idx.device().is_cuda());
     CHECK(on_gpu.targets.to(Device::CPU).to_vector<int64_t>() == cpu.next().targets.to_vector<int64_t>());
 }
+
+TEST_CASE("data: token ids of any vocabulary make the windows, and an id past vocab_size is refused with its position") {
+    std::vector<uint32_t> ids;
+    for (uint32_t i = 0; i < 40; ++i) ids.push_back(70000 + 3 * i);  // past 2^16: the ids as given, not bytes
+    Batcher batcher(ids, 2, 5, 70000 + 3 * 40, 9);
+    Batch batch = batcher.next();
+    std::vector<int64_t> x = batch.idx.to_vector<int64_t>(), y = batch.targets.to_vector<int64_t>();
+    for (size_t k = 0; k < x.size(); ++k) {
+        CHECK((x[k] - 70000) % 3 == 0);
+        CHECK(y[k] == x[k] + 3);  // the next id in the sequence
+    }
+    CHECK(batcher.tokens() == ids);
+    ids[17] = 70000 + 3 * 40;
+    CHECK_THROWS_KIND_WITH(Batcher(ids, 2, 5, 70000 + 3 * 40, 9), Error, "Batcher", "below vocab_size 70120",
+                           "got 70120 at position 17");
+    // A text's bytes are ids too: a vocabulary smaller than its largest byte is refused.
+    CHECK_THROWS_KIND_WITH(Batcher("abcde", 1, 4, 100, 1), Error, "Batcher", "below vocab_size 100", "got 100 at position 3");
+}

@@ -8,8 +8,19 @@
 
 namespace normtape {
 
-Batcher::Batcher(std::string text, int64_t B, int64_t T, int64_t vocab_size, uint64_t seed, Device device)
-    : text_(std::move(text)), B_(B), T_(T), V_(vocab_size), rng_(seed), device_(device) {
+namespace {
+std::vector<uint32_t> bytes_of(const std::string& text) {
+    std::vector<uint32_t> tokens(text.size());
+    for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
+    return tokens;
+}
+}  // namespace
+
+Batcher::Batcher(const std::string& text, int64_t B, int64_t T, int64_t vocab_size, uint64_t seed, Device device)
+    : Batcher(bytes_of(text), B, T, vocab_size, seed, device) {}
+
+Batcher::Batcher(std::vector<uint32_t> tokens, int64_t B, int64_t T, int64_t vocab_size, uint64_t seed, Device device)
+    : tokens_(std::move(tokens)), B_(B), T_(T), V_(vocab_size), rng_(seed), device_(device) {
     NT_CHECK_AS(ShapeError, B >= 1 && T >= 1, "Batcher: expected a batch size B >= 1 and a block size T >= 1, got B ",
                 B, " and T ", T);
     // Every size next() computes, checked once here: a window's T + 1 tokens, the B * (T + 1)
@@ -22,13 +33,13 @@ Batcher::Batcher(std::string text, int64_t B, int64_t T, int64_t vocab_size, uin
                     !__builtin_mul_overflow(numel, static_cast<int64_t>(sizeof(int64_t)), &bytes),
                 "Batcher: expected B * T tokens of 8 bytes (and B * (T + 1)) to fit in int64, got B ", B, " and T ", T,
                 ", whose product would overflow");
-    if (text_.empty()) {
-        NT_CHECK_AS(ShapeError, vocab_size >= 1, "Batcher: expected vocab_size >= 1 for random tokens (an empty text), got ",
-                    vocab_size);
-    } else {
-        NT_CHECK_AS(ShapeError, text_.size() >= static_cast<uint64_t>(window), "Batcher: expected a text of at least T + 1 = ",
-                    window, " tokens for windows of T = ", T, " and their targets, got ", text_.size());
-    }
+    NT_CHECK_AS(ShapeError, vocab_size >= 1, "Batcher: expected vocab_size >= 1, got ", vocab_size);
+    if (tokens_.empty()) return;  // random tokens
+    NT_CHECK_AS(ShapeError, tokens_.size() >= static_cast<uint64_t>(window), "Batcher: expected at least T + 1 = ",
+                window, " tokens for windows of T = ", T, " and their targets, got ", tokens_.size());
+    for (size_t i = 0; i < tokens_.size(); ++i)
+        NT_CHECK(tokens_[i] < static_cast<uint64_t>(vocab_size), "Batcher: expected token ids below vocab_size ",
+                 vocab_size, ", got ", tokens_[i], " at position ", i);
 }
 
 Batch Batcher::next() {
@@ -45,17 +56,17 @@ Batch Batcher::next() {
     int64_t* px = x.data_ptr<int64_t>();
     int64_t* py = y.data_ptr<int64_t>();
     for (int64_t b = 0; b < B_; ++b) {
-        if (text_.empty()) {
+        if (tokens_.empty()) {
             for (int64_t t = 0; t < T_; ++t) {
                 px[b * T_ + t] = static_cast<int64_t>(rng_() % static_cast<uint64_t>(V_));
                 py[b * T_ + t] = static_cast<int64_t>(rng_() % static_cast<uint64_t>(V_));
             }
             continue;
         }
-        uint64_t s = rng_() % (text_.size() - static_cast<uint64_t>(T_));
+        uint64_t s = rng_() % (tokens_.size() - static_cast<uint64_t>(T_));
         for (int64_t t = 0; t < T_; ++t) {
-            px[b * T_ + t] = static_cast<unsigned char>(text_[s + t]);
-            py[b * T_ + t] = static_cast<unsigned char>(text_[s + t + 1]);
+            px[b * T_ + t] = tokens_[s + t];
+            py[b * T_ + t] = tokens_[s + t + 1];
         }
     }
     if (device_.is_cuda()) {
