@@ -18,12 +18,6 @@ using namespace normtape;
 
 namespace {
 
-uint64_t fnv1a64(const std::string& s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-    return h;
-}
-
 std::string hex(uint64_t v) {
     char buf[20];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -32,11 +26,12 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
-nlohmann::json run_config(const Args& a, SavePolicy policy, const std::string& text) {
+nlohmann::json run_config(const Args& a, SavePolicy policy, const TrainData& data) {
     // The data file's absolute path, so that a run can be resumed from another directory.
-    std::string data =
+    std::string path =
         a.data == "random" ? a.data : std::filesystem::absolute(data_file(a)).lexically_normal().string();
-    return {{"data", data},       {"data_bytes", text.size()}, {"data_fnv1a64", hex(fnv1a64(text))},
+    return {{"data", path},       {"data_bytes", data.bytes}, {"data_fnv1a64", hex(data.fnv1a64)},
+            {"data-format", a.data_format},
             {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
             {"arch", a.arch},     {"kv-heads", a.kv_heads},    {"tie", a.tie},
             {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
@@ -145,12 +140,13 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     take_since("--tie", a.tie, std::string("off"));
     take_since("--optimizer", a.optimizer, std::string("adamw"));
     take_since("--muon-lr", a.muon_lr, 0.02);
+    take_since("--data-format", a.data_format, std::string("text"));
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);
 }
 
-void check_resume_data(const ResumeState& r, const std::string& text, const std::string& description) {
+void check_resume_data(const ResumeState& r, const TrainData& data) {
     const nlohmann::json bytes = r.config.value("data_bytes", nlohmann::json()),
                          hash = r.config.value("data_fnv1a64", nlohmann::json());
     if (!bytes.is_number_unsigned() || !hash.is_string())
@@ -158,8 +154,8 @@ void check_resume_data(const ResumeState& r, const std::string& text, const std:
                          " and data_fnv1a64 " + detail::json_excerpt(hash) + ", expected an integer and a string");
     const uint64_t want_bytes = bytes.get<uint64_t>();
     const std::string want_hash = hash.get<std::string>();
-    if (want_bytes != text.size() || want_hash != hex(fnv1a64(text)))
-        throw UsageError("--resume " + r.path + ": the data (" + description + ", " + std::to_string(text.size()) +
-                         " bytes, FNV-1a " + hex(fnv1a64(text)) + ") is not the checkpoint's run's (" +
+    if (want_bytes != data.bytes || want_hash != hex(data.fnv1a64))
+        throw UsageError("--resume " + r.path + ": the data (" + data.description + ", " + std::to_string(data.bytes) +
+                         " bytes, FNV-1a " + hex(data.fnv1a64) + ") is not the checkpoint's run's (" +
                          std::to_string(want_bytes) + " bytes, FNV-1a " + want_hash + ")");
 }

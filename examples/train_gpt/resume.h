@@ -43,14 +43,15 @@
 
 #include "normtape.h"
 #include "train_args.h"
+#include "train_data.h"
 
 namespace CLI {
 class App;
 }
 
 // The config that identifies a run, saved in its checkpoints: the flags above (--data as an
-// absolute path) and the size and FNV-1a hash of `text`, the data.
-nlohmann::json run_config(const Args& a, normtape::SavePolicy policy, const std::string& text);
+// absolute path) and the size and FNV-1a hash of the bytes `data` was read from.
+nlohmann::json run_config(const Args& a, normtape::SavePolicy policy, const TrainData& data);
 
 // A train_gpt checkpoint read for --resume: its tensors (dropped once loaded), metadata, config
 // and step.
@@ -76,6 +77,6 @@ ResumeState read_resume(const std::string& path);
 // --data is taken only when left out: the same bytes may have another path (check_resume_data).
 void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r);
 
-// Throws UsageError when `text` (described by `description`) is not the data of the checkpoint's
-// run: another size or FNV-1a hash.
-void check_resume_data(const ResumeState& r, const std::string& text, const std::string& description);
+// Throws UsageError when `data` is not the data of the checkpoint's run: bytes of another size or
+// FNV-1a hash.
+void check_resume_data(const ResumeState& r, const TrainData& data);

@@ -18,6 +18,7 @@
 
 #include "../common/checkpoint_checks.h"
 #include "normtape.h"
+#include "train_data.h"
 
 namespace fs = std::filesystem;
 
@@ -172,6 +173,7 @@ void check_args(const Args& a) {
         fail(a, "muon-lr", format_real(a.muon_lr), "a learning rate > 0 and <= 1e6");
     if (!(a.dropout >= 0 && a.dropout < 1))
         fail(a, "dropout", format_real(a.dropout), "a probability from 0 to 1 (exclusive)");
+    check_choice(a, "data-format", a.data_format, {"auto", "text", "llm.c", "raw"});
     check_choice(a, "arch", a.arch, {"gpt2", "nanochat", "llama"});
     check_choice(a, "optimizer", a.optimizer, {"adamw", "muon"});
     check_choice(a, "tie", a.tie, {"on", "off"});
@@ -207,9 +209,13 @@ void check_args(const Args& a) {
     if ((!a.memory_budget.empty() || a.memory_sweep) && (!a.resume.empty() || !a.save.empty()))
         throw UsageError(std::string(a.memory_sweep ? "--memory-sweep" : "--memory-budget") +
                          " trains runs of its own choosing: leave out --save and --resume");
-    if (a.data != "random" && a.vocab != 256)
+    if (a.data != "random" && !data_is_tokens(a) && a.vocab != 256)
         throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) +
-                         " needs --data random (text is read as 256 byte values)");
+                         " needs --data random or a token file (text is read as 256 byte values)");
+    if (a.data == "random" && a.data_format != "auto")
+        throw UsageError("--data-format " + a.data_format + " reads a file: --data random has none");
+    if (data_is_tokens(a) && a.sample > 0)
+        throw UsageError("--sample prints bytes: the model of a token file's ids has no tokenizer here to decode them");
     if (a.embd % a.heads != 0)
         throw UsageError(describe(a, "embd", std::to_string(a.embd)) + " is not divisible by " +
                          describe(a, "heads", std::to_string(a.heads)));

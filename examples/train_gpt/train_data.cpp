@@ -4,6 +4,7 @@
 #include "train_data.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -68,41 +69,111 @@ std::string read_whole(int fd, const struct stat& st, const std::string& what) {
 
 }  // namespace
 
-std::string load_text(const Args& a, std::string* description) {
-    std::string& desc = *description;
-    if (a.data == "random") {
-        desc = "random tokens in [0, " + std::to_string(a.vocab) + ")";
-        return "";
-    }
-    desc = data_file(a);
-    const std::string what = describe(a, "data", desc);
-    // A checkpoint's data path may be relative to the directory of the run that saved it.
-    const std::string hint = a.from_checkpoint.count("data") ? " (give --data FILE if the data is elsewhere now)" : "";
-    const int fd = ::open(desc.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw UsageError(what + ": cannot read the data file: " + std::strerror(errno) + hint);
-    struct Closer {
-        int fd;
-        ~Closer() { ::close(fd); }
-    } closer{fd};
-    struct stat st;
-    if (::fstat(fd, &st) != 0) throw UsageError(what + ": cannot read the data file: " + std::strerror(errno));
-    if (S_ISDIR(st.st_mode)) throw UsageError(what + ": is a directory, expected a text file");
-    std::string text = read_whole(fd, st, what);
-    if (static_cast<int64_t>(text.size()) < a.seq + 2)
-        throw UsageError(what + ": the data file has " + std::to_string(text.size()) + " bytes; " +
-                         describe(a, "seq", std::to_string(a.seq)) + " needs at least " + std::to_string(a.seq + 2));
-    return text;
+bool data_is_tokens(const Args& a) {
+    if (a.data == "random" || a.data_format == "text") return false;
+    if (a.data_format != "auto") return true;
+    const std::string file = data_file(a);
+    return file.size() > 4 && file.compare(file.size() - 4, 4, ".bin") == 0;
 }
 
-TextSplit split_text(const Args& a, const std::string& text) {
-    const auto n_val = static_cast<size_t>(std::floor(static_cast<double>(text.size()) * a.val_fraction));
-    TextSplit split{text.substr(0, text.size() - n_val), text.substr(text.size() - n_val)};
+namespace {
+
+// The files --data names: the file, or the files its glob pattern matches, sorted.
+std::vector<std::string> data_files(const Args& a, const std::string& what) {
+    const std::string file = data_file(a);
+    if (file.find_first_of("*?[") == std::string::npos) return {file};
+    glob_t g{};
+    const int status = ::glob(file.c_str(), 0, nullptr, &g);
+    std::vector<std::string> files(g.gl_pathv, g.gl_pathv + (status == 0 ? g.gl_pathc : 0));
+    ::globfree(&g);
+    if (status == GLOB_NOMATCH) throw UsageError(what + ": the pattern matches no file");
+    if (status != 0) throw UsageError(what + ": cannot expand the pattern (glob error " + std::to_string(status) + ")");
+    std::sort(files.begin(), files.end());
+    return files;
+}
+
+uint64_t fnv1a64(uint64_t h, const std::string& bytes) {
+    for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+    return h;
+}
+
+}  // namespace
+
+TrainData load_data(const Args& a) {
+    TrainData data;
+    data.fnv1a64 = 0xcbf29ce484222325ull;  // FNV-1a's offset basis: the hash of no bytes
+    if (a.data == "random") {
+        data.description = "random tokens in [0, " + std::to_string(a.vocab) + ")";
+        return data;
+    }
+    const std::string what = describe(a, "data", data_file(a));
+    // A checkpoint's data path may be relative to the directory of the run that saved it.
+    const std::string hint = a.from_checkpoint.count("data") ? " (give --data FILE if the data is elsewhere now)" : "";
+    const std::vector<std::string> files = data_files(a, what + hint);
+    const bool tokens = data_is_tokens(a);
+    const TokenFileFormat asked = a.data_format == "llm.c" ? TokenFileFormat::LlmC
+                                  : a.data_format == "raw" ? TokenFileFormat::Raw
+                                                           : TokenFileFormat::Auto;
+    std::vector<std::string> formats;  // of the token files, as found
+    for (const std::string& file : files) {
+        const std::string about = files.size() > 1 ? what + ": " + file : what;
+        const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) throw UsageError(about + ": cannot read the data file: " + std::strerror(errno) + hint);
+        struct Closer {
+            int fd;
+            ~Closer() { ::close(fd); }
+        } closer{fd};
+        struct stat st;
+        if (::fstat(fd, &st) != 0) throw UsageError(about + ": cannot read the data file: " + std::strerror(errno));
+        if (S_ISDIR(st.st_mode))
+            throw UsageError(about + ": is a directory, expected a " + (tokens ? "token" : "text") + " file");
+        const std::string bytes = read_whole(fd, st, about);
+        data.bytes += bytes.size();
+        data.fnv1a64 = fnv1a64(data.fnv1a64, bytes);
+        if (!tokens) {
+            data.tokens.insert(data.tokens.end(), reinterpret_cast<const unsigned char*>(bytes.data()),
+                               reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
+            continue;
+        }
+        TokenFileFormat format = TokenFileFormat::Auto;
+        std::vector<uint32_t> ids;
+        try {
+            ids = parse_token_file(bytes, file, asked, &format);
+        } catch (const FormatError& e) {
+            throw UsageError(describe(a, "data", data_file(a)) + ": " + e.what());
+        }
+        for (size_t i = 0; i < ids.size(); ++i)
+            if (ids[i] >= static_cast<uint64_t>(a.vocab))
+                throw UsageError(about + ": token " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                                 " is not below " + describe(a, "vocab", std::to_string(a.vocab)) +
+                                 " (these ids need a vocabulary of at least " + std::to_string(ids[i] + 1) + ")");
+        data.tokens.insert(data.tokens.end(), ids.begin(), ids.end());
+        const std::string name = token_file_format_name(format);
+        if (std::find(formats.begin(), formats.end(), name) == formats.end()) formats.push_back(name);
+    }
+    data.description = files.size() > 1 ? std::to_string(files.size()) + " files of " + data_file(a) : files[0];
+    if (tokens) {
+        std::string kinds;
+        for (const std::string& f : formats) kinds += (kinds.empty() ? "" : " and ") + f;
+        data.description += " (" + kinds + " token file" + (files.size() > 1 ? "s" : "") + ")";
+    }
+    if (static_cast<int64_t>(data.tokens.size()) < a.seq + 2)
+        throw UsageError(what + ": the data has " + std::to_string(data.tokens.size()) + (tokens ? " tokens; " : " bytes; ") +
+                         describe(a, "seq", std::to_string(a.seq)) + " needs at least " + std::to_string(a.seq + 2));
+    return data;
+}
+
+DataSplit split_data(const Args& a, const std::vector<uint32_t>& tokens) {
+    const auto n_val = static_cast<size_t>(std::floor(static_cast<double>(tokens.size()) * a.val_fraction));
+    const auto cut = tokens.end() - static_cast<std::ptrdiff_t>(n_val);
+    DataSplit split{std::vector<uint32_t>(tokens.begin(), cut), std::vector<uint32_t>(cut, tokens.end())};
     char fraction[32];
     std::snprintf(fraction, sizeof fraction, "%g", a.val_fraction);
     for (const auto& [part, what] : {std::pair{&split.train, "training part"}, {&split.val, "held-out tail"}})
         if (!part->empty() && static_cast<int64_t>(part->size()) < a.seq + 1)
             throw UsageError(describe(a, "val-fraction", fraction) + ": the " + what +
-                             " of the data has " + std::to_string(part->size()) + " bytes; " +
+                             " of the data has " + std::to_string(part->size()) +
+                             (data_is_tokens(a) ? " tokens; " : " bytes; ") +
                              describe(a, "seq", std::to_string(a.seq)) + " needs at least " +
                              std::to_string(a.seq + 1));
     return split;

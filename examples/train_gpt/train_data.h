@@ -1,5 +1,5 @@
-// examples/train_gpt/train_data.h: train_gpt's data: the text it trains on (a file, by default the project's
-// data/tinyshakespeare.txt, or none for random tokens), its held-out tail, and the validation
+// examples/train_gpt/train_data.h: train_gpt's data: the text or token files it trains on (by default the
+// project's data/tinyshakespeare.txt, or none for random tokens), its held-out tail, and the validation
 // loss measured on it. Not here: the batches drawn from it
 // (normtape::Batcher, nn/data/data.h), the training step that uses a batch (examples/train_gpt/train_gpt.cpp),
 // the checkpoint that saves the batcher's state (examples/train_gpt/resume.h).
@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "normtape.h"
 #include "train_args.h"
@@ -14,15 +15,31 @@
 // The text that --data names, by default kDefaultData.
 inline const char* const kDefaultData = NORMTAPE_SOURCE_DIR "/data/tinyshakespeare.txt";
 
-// The file --data names: kDefaultData without --data, "" for --data random.
+// The file --data names: kDefaultData without --data, "" for --data random (a glob pattern as given).
 std::string data_file(const Args& a);
 
-// The text `a` asks for: data_file(a)'s bytes, or "" for --data random. Sets `description` to what
-// was read (the file's path), for the report. Throws UsageError naming the file and the reason
-// when it cannot be read (a directory, missing, unreadable; a read that fails, or that ends before
-// or after the file's size, or bytes that do not fit in memory: with the bytes read and expected
-// and the system's error) or is shorter than --seq + 2 bytes.
-std::string load_text(const Args& a, std::string* description);
+// Whether --data is read as token ids rather than text: --data-format llm.c or raw, or auto and a
+// name ending in ".bin" (llm.c's and nanoGPT's token files, nn/data/token_file.h).
+bool data_is_tokens(const Args& a);
+
+// The data a run trains on.
+struct TrainData {
+    std::vector<uint32_t> tokens;  // a text's bytes, or a token file's ids; none for --data random
+    std::string description;       // the file or files read and their format, for the report
+    uint64_t bytes = 0;            // the bytes of the files read
+    uint64_t fnv1a64 = 0;          // FNV-1a (64-bit) of those bytes, file after file: the checkpoint's check
+};
+
+// The data `a` asks for: data_file(a)'s bytes as text, or its ids as a token file (data_is_tokens),
+// or none for --data random. A --data with *, ? or [ is a glob pattern: the files it matches, in
+// byte order of their names (as llm.c's loader reads its shards), one after the other. Throws
+// UsageError naming the file and the reason when: it cannot be read (a directory, missing,
+// unreadable; a read that fails, or that ends before or after the file's size, or bytes that do
+// not fit in memory: with the bytes read and expected and the system's error); a pattern matches
+// no file; a token file is not in its format (a header's magic number, version or token count, a
+// truncated file: nn/data/token_file.h); an id is not below --vocab (with its file and position);
+// the data holds fewer than --seq + 2 tokens.
+TrainData load_data(const Args& a);
 
 // Note [Held-out loss]
 // nanoGPT holds out the last 10% of its text and reports the mean loss over random batches of it.
@@ -33,13 +50,13 @@ std::string load_text(const Args& a, std::string* description);
 // --save-best writes the checkpoint at each new best instead of at the end. With --data random or
 // --val-fraction 0 nothing is held out and nothing is evaluated.
 
-// The text split as nanoGPT splits it: train, the first bytes; val, the last
-// floor(size * --val-fraction) bytes ("" with --val-fraction 0 or --data random). Throws UsageError
-// naming --val-fraction and --seq when a non-empty part is shorter than --seq + 1 bytes.
-struct TextSplit {
-    std::string train, val;
+// The tokens split as nanoGPT splits its text: train, the first tokens; val, the last
+// floor(size * --val-fraction) tokens (none with --val-fraction 0 or --data random). Throws
+// UsageError naming --val-fraction and --seq when a non-empty part is shorter than --seq + 1 tokens.
+struct DataSplit {
+    std::vector<uint32_t> train, val;
 };
-TextSplit split_text(const Args& a, const std::string& text);
+DataSplit split_data(const Args& a, const std::vector<uint32_t>& tokens);
 
 // The validation loss: the mean of model.loss over `batches` batches of `val` under NoGradGuard
 // and in evaluation mode (no dropout; the model is back in training mode on return), the same

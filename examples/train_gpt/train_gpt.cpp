@@ -1,11 +1,12 @@
-// examples/train_gpt/train_gpt.cpp: the main job. Trains a byte-level pre-LN GPT on a UTF-8 text file (its
-// last --val-fraction held out for the validation loss) or on random tokens and, with --policy
+// examples/train_gpt/train_gpt.cpp: the main job. Trains a pre-LN GPT on the bytes of a text file, on the ids
+// of token files (llm.c's shards, nanoGPT's uint16 files) or on random tokens (the data's last
+// --val-fraction held out for the validation loss) and, with --policy
 // both or all, trains it once per norm save policy (same seed, same batches), then prints the
 // memory each policy needed, side by side, with the savings the formulas predict. Runs on the cpu
 // or a CUDA GPU (the default when one is visible).
 //
 // Dimensions: B batch (--batch), T sequence (--seq), C width (--embd), NH heads (--heads),
-// L layers (--layers), V vocabulary (256 bytes; --vocab with --data random).
+// L layers (--layers), V vocabulary (256 bytes for text; --vocab with token files or --data random).
 //
 // Checkpoints: --save FILE writes the model, the optimizers' state, the step, the batch generator's state
 // and the run's config into one safetensors file (at the end, at --stop-at, and every
@@ -121,7 +122,7 @@ Tensor micro_rows(const Tensor& t, int64_t k, int64_t micro) {
 // batches of W B rows); rank 0 alone prints and writes files. A checkpoint holds the whole state as a one-process run's, with
 // the batch of W B rows: a resumed run on W' ranks trains W B / W' rows on each.
 
-RunResult train(const Args& a, const std::string& text, SavePolicy policy, ResumeState* resume, bool sample,
+RunResult train(const Args& a, const TrainData& data, SavePolicy policy, ResumeState* resume, bool sample,
                 ProcessGroup& group) {
     using clock = std::chrono::steady_clock;
     const Device dev = device_of(a);
@@ -133,7 +134,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
     Optimizers optimizer;
     std::optional<Optimizers> whole;
     if (!sharded) optimizer = make_optimizers(a, model);
-    TextSplit split = split_text(a, text);
+    DataSplit split = split_data(a, data.tokens);
     const int64_t global_batch = a.batch * a.world_size;  // Note [Training on several processes]
     Batcher batcher(std::move(split.train), global_batch, a.seq, a.vocab, a.seed, dev);
     // The held-out batches: the same ones at every evaluation (Note [Held-out loss] in train_data.h).
@@ -213,7 +214,7 @@ RunResult train(const Args& a, const std::string& text, SavePolicy policy, Resum
         std::map<std::string, std::string> metadata = {
             {"format", "normtape-gpt"},
             {"policy", policy_name(policy)},
-            {"train_gpt.config", run_config(config, policy, text).dump()},
+            {"train_gpt.config", run_config(config, policy, data).dump()},
             {"train_gpt.step", std::to_string(steps_done)},
             {"train_gpt.batcher", batcher.state()},
             {"train_gpt.philox", std::to_string(philox_state().seed) + " " + std::to_string(philox_state().offset)}};
@@ -393,9 +394,8 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
     const int64_t budget = a.memory_budget.empty()      ? 0
                            : a.memory_budget == "auto" ? memory_available_bytes(device_of(a))
                                                        : parse_budget(a.memory_budget);
-    std::string desc;
-    std::string text = load_text(a, &desc);
-    if (resume) check_resume_data(*resume, text, desc);
+    const TrainData data = load_data(a);
+    if (resume) check_resume_data(*resume, data);
     check_outputs(a, data_file(a));
     if (a.threads > 0) set_num_threads(static_cast<int>(a.threads));
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
@@ -407,7 +407,12 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
                 static_cast<long long>(a.steps), a.lr, a.dtype.c_str(),
                 a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
                                   : a.device.c_str());
-    std::printf("data: %s, %s bytes\n", desc.c_str(), with_commas(static_cast<int64_t>(text.size())).c_str());
+    if (data_is_tokens(a))
+        std::printf("data: %s, %s tokens in %s bytes\n", data.description.c_str(),
+                    with_commas(static_cast<int64_t>(data.tokens.size())).c_str(),
+                    with_commas(static_cast<int64_t>(data.bytes)).c_str());
+    else
+        std::printf("data: %s, %s bytes\n", data.description.c_str(), with_commas(static_cast<int64_t>(data.bytes)).c_str());
     if (a.world_size > 1)
         std::printf("data parallel: %d processes (%s), %lld rows each, %lld a step; optimizer state %s\n", a.world_size,
                     group.launcher().c_str(), static_cast<long long>(a.batch),
@@ -416,7 +421,7 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
 
     if (a.memory_sweep)
         return sweep(a, budget, [&](const Args& run, SavePolicy policy) {
-            return train(run, text, policy, nullptr, false, group);
+            return train(run, data, policy, nullptr, false, group);
         });
     if (budget > 0) plan_budget(a, budget);
 
@@ -427,7 +432,7 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
     if (a.policy == "all" || a.policy == "normalized") policies.push_back(SavePolicy::Normalized);
     std::vector<RunResult> runs;
     for (SavePolicy p : policies) {
-        runs.push_back(train(a, text, p, resume, p == policies.back(), group));
+        runs.push_back(train(a, data, p, resume, p == policies.back(), group));
         if (runs.back().nonfinite_step > 0 && a.on_nan == "stop") break;
     }
 
@@ -441,7 +446,7 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
     if (runs.size() < 2) print_saved_bytes(a, runs);  // with two or more, the table shows them
     const bool saved_ok = print_saved_prediction(a, runs);
     if (a.rank == 0) {  // Note [Training on several processes]: one writer
-        if (!a.json.empty()) write_json(a, runs, predicted, desc, params);
+        if (!a.json.empty()) write_json(a, runs, predicted, data.description, params);
         write_chart(a, runs);
     }
     const RunResult& last = runs.back();

@@ -1,0 +1,110 @@
+// tests/test_cli_data.cpp: train_gpt on token files as llm.c and nanoGPT write them: shards written by
+// a Python script here (the format's own writer, not normtape's) train, a glob of shards is read in
+// name order, nanoGPT's raw uint16 ids train, and a file that is not what its format says, or ids
+// past --vocab, are refused before training with exit 2.
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+using namespace normtape::testing;
+
+namespace {
+
+const std::string kTiny = "--batch 2 --seq 8 --layers 1 --heads 2 --embd 16 --policy input --steps 3 --log-every 1";
+
+// Writes, with Python (struct, as llm.c's dev/data/data_common.py lays a file out), the first
+// 6,000 bytes of tinyshakespeare as ids byte + 256 * (position % 2), in vocabulary 512: shard_0.bin
+// and shard_1.bin (halves, llm.c's uint16 kind), all.bin (both halves in one llm.c file) and
+// raw.bin (the same ids as nanoGPT's raw uint16, no header).
+void write_shards(const TempDir& dir) {
+    const std::string script = R"PY(
+import struct, sys
+out, text = sys.argv[1], open(sys.argv[2], "rb").read()[:6000]
+ids = [b + 256 * (i % 2) for i, b in enumerate(text)]
+def llmc(path, ids):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253)))
+        f.write(struct.pack("<%dH" % len(ids), *ids))
+llmc(out + "/shard_0.bin", ids[:3000])
+llmc(out + "/shard_1.bin", ids[3000:])
+llmc(out + "/all.bin", ids)
+with open(out + "/raw.bin", "wb") as f:
+    f.write(struct.pack("<%dH" % len(ids), *ids))
+)PY";
+    write_bytes(dir / "write_shards.py", script);
+    const std::string cmd = python() + " " + (dir / "write_shards.py") + " " + dir.path.string() + " " +
+                            NORMTAPE_SOURCE_DIR "/data/tinyshakespeare.txt";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+}
+
+std::vector<double> losses(const std::string& json_path) {
+    return nlohmann::json::parse(slurp(json_path))["runs"][0]["losses"].get<std::vector<double>>();
+}
+
+}  // namespace
+
+TEST_SUITE("train_gpt") {
+
+TEST_CASE("train_gpt: llm.c's shards written by a script train, a glob of them reads them in name order, and nanoGPT's raw ids train") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli_data");
+    write_shards(dir);
+    RunResult one = run_train_gpt(dir, kTiny + " --vocab 512 --data " + (dir / "all.bin") + " --json all.json");
+    CAPTURE(one.err);
+    REQUIRE(one.code == 0);
+    CHECK(one.out.find("all.bin (llm.c token file), 6,000 tokens in 13,024 bytes") != std::string::npos);
+    // The glob's two shards, in name order, are all.bin's ids: the same batches, the same losses.
+    RunResult glob = run_train_gpt(dir, kTiny + " --vocab 512 --data '" + (dir / "shard_*.bin") + "' --json glob.json");
+    CAPTURE(glob.err);
+    REQUIRE(glob.code == 0);
+    CHECK(glob.out.find("2 files of") != std::string::npos);
+    CHECK(glob.out.find("(llm.c token files), 6,000 tokens in 14,048 bytes") != std::string::npos);
+    CHECK(losses(dir / "glob.json") == losses(dir / "all.json"));
+    RunResult raw = run_train_gpt(dir, kTiny + " --vocab 512 --data " + (dir / "raw.bin") + " --json raw.json");
+    CAPTURE(raw.err);
+    REQUIRE(raw.code == 0);
+    CHECK(raw.out.find("raw.bin (raw token file), 6,000 tokens in 12,000 bytes") != std::string::npos);
+    CHECK(losses(dir / "raw.json") == losses(dir / "all.json"));
+    // The ids are not bytes: the first step's loss is about ln 512, not ln 256.
+    CHECK(losses(dir / "all.json")[0] == doctest::Approx(std::log(512.0)).epsilon(0.05));
+}
+
+TEST_CASE("train_gpt: a token file that is not what its format says, or ids past --vocab, are refused before training (exit 2)") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli_data_bad");
+    write_shards(dir);
+    const std::string all = slurp(dir / "all.bin");
+    auto with_int = [&](size_t at, uint32_t v) {
+        std::string b = all;
+        for (int i = 0; i < 4; ++i, v >>= 8) b[at + i] = static_cast<char>(v & 0xff);
+        return b;
+    };
+    write_bytes(dir / "version.bin", with_int(4, 2));
+    write_bytes(dir / "count.bin", with_int(8, 7000));
+    write_bytes(dir / "truncated.bin", all.substr(0, all.size() - 100));
+    write_bytes(dir / "magic.bin", with_int(0, 20240521));
+    write_bytes(dir / "odd.bin", slurp(dir / "raw.bin").substr(0, 1001));
+    struct Case {
+        std::string args, says;
+    };
+    for (const Case& c : {
+             Case{"--vocab 512 --data " + (dir / "version.bin"), "expected version 1 after magic number 20240520, got 2"},
+             Case{"--vocab 512 --data " + (dir / "count.bin"), "the header says 7000 ids of 2 bytes"},
+             Case{"--vocab 512 --data " + (dir / "truncated.bin"), "a wrong count or a truncated file"},
+             Case{"--vocab 512 --data-format llm.c --data " + (dir / "magic.bin"), "got 20240521"},
+             Case{"--vocab 512 --data " + (dir / "odd.bin"), "expected raw uint16 ids (an even number of bytes"},
+             Case{"--vocab 300 --data " + (dir / "all.bin"), "token 361 at position 1 is not below --vocab 300"},
+             Case{"--vocab 512 --data '" + (dir / "nothing_*.bin") + "'", "the pattern matches no file"},
+             Case{"--vocab 512 --sample 10 --data " + (dir / "all.bin"), "--sample prints bytes"},
+             Case{"--data random --data-format raw", "--data-format raw reads a file: --data random has none"},
+             Case{"--data-format bytes", "--data-format \"bytes\": expected auto or text or llm.c or raw"},
+             Case{"--vocab 512 --data-format text --data " + (dir / "all.bin"), "--vocab 512 needs --data random or a token file"},
+         }) {
+        CAPTURE(c.args);
+        check_refused(run_train_gpt(dir, kTiny + " " + c.args), {c.says});
+    }
+}
+
+}  // TEST_SUITE
