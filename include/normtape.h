@@ -38,6 +38,7 @@
 #include "core/version.h"
 #include "nn/data/data.h"
 #include "nn/data/token_file.h"
+#include "nn/data/tokenizer.h"
 #include "nn/formats/checkpoint.h"
 #include "nn/formats/hf.h"
 #include "nn/formats/safetensors.h"

@@ -28,7 +28,7 @@ install_packages() {
 # header only: the checksums of safetensors files), and OpenMPI (mpirun, and the collectives of cpu
 # tensors: core/distributed.h).
 install_build_deps() {
-    install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev \
+    install_packages g++ cmake make libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev \
         libopenmpi-dev openmpi-bin
 }
 

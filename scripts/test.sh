@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh: the test suite. Installs what is missing (including Debian's python3-torch for
-# the PyTorch cross-check), builds, and runs the tests through ctest, one ctest test per doctest
-# test case, on every core.
+# the PyTorch cross-check and nodejs for tiktoken, the tokenizer's reference, which
+# scripts/fetch_tiktoken.sh fetches into vocab/), builds, and runs the tests through ctest, one
+# ctest test per doctest test case, on every core.
 #   scripts/test.sh              build/ (Release; the CUDA backend too where nvcc is found)
 #   scripts/test.sh --fast       leaves out the tests labelled slow (ctest -LE slow: training on
 #                                real text, the PyTorch cross-check, the runs of train_gpt;
@@ -42,7 +43,10 @@ for arg in "$@"; do
 done
 CMAKE_ARGS+=(-DNORMTAPE_WERROR=$WERROR)
 install_build_deps
-install_packages python3 python3-torch
+install_packages python3 python3-torch nodejs
+# tiktoken's encodings and reference encoder for the tokenizer's tests, which skip where they are
+# absent (no route to the npm registry).
+bash "$ROOT/scripts/fetch_tiktoken.sh" || echo "normtape: tiktoken's encodings not fetched: the tokenizer's reference tests skip"
 configure_and_build
 cd "$BUILD"
 # ctest's JUnit report gives the counts (ctest's summary counts a skipped test as passed).

@@ -1,0 +1,191 @@
+// tests/test_tokenizer.cpp: the byte-level BPE tokenizer (nn/data/tokenizer.h): merges worked out by
+// hand on a small vocabulary, special tokens allowed and refused, every byte string decoded back to
+// itself, each malformed rank file's error; and, where scripts/fetch_tiktoken.sh has fetched them
+// (vocab/, or NORMTAPE_VOCAB_DIR) and node runs, the ids of OpenAI's tiktoken (its WASM build, the
+// reference) for gpt2, cl100k_base and o200k_base on tinyshakespeare and on a text of Unicode's
+// corners (tests/fixtures/tokenizer/unicode.txt).
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+using namespace normtape;
+using namespace normtape::testing;
+
+namespace {
+
+// The 256 single bytes (rank = the byte), then `merged`, ranks 256 on.
+std::vector<std::string> bytes_and(const std::vector<std::string>& merged) {
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+    tokens.insert(tokens.end(), merged.begin(), merged.end());
+    return tokens;
+}
+
+std::string vocab_dir() {
+    const char* dir = std::getenv("NORMTAPE_VOCAB_DIR");
+    return dir && *dir ? dir : std::string(NORMTAPE_SOURCE_DIR) + "/vocab";
+}
+
+// Skips the rest of the test case unless scripts/fetch_tiktoken.sh has fetched tiktoken's encodings
+// and node, which runs its reference encoder, is installed.
+#define REQUIRE_TIKTOKEN_OR_SKIP()                                                                        \
+    do {                                                                                                  \
+        if (!std::filesystem::exists(vocab_dir() + "/o200k_base.tiktoken") ||                              \
+            !std::filesystem::exists(vocab_dir() + "/tiktoken"))                                          \
+            SKIP_TEST("no tiktoken encodings in " << vocab_dir() << " (run scripts/fetch_tiktoken.sh)");  \
+        if (std::system("node --version > /dev/null 2>&1") != 0)                                          \
+            SKIP_TEST("node, which runs tiktoken's reference encoder, is not installed");                 \
+    } while (0)
+
+Tokenizer tiktoken_encoding(const std::string& name) {
+    const nlohmann::json meta = nlohmann::json::parse(slurp(vocab_dir() + "/" + name + ".json"));
+    return Tokenizer::from_tiktoken_file(vocab_dir() + "/" + name + ".tiktoken", meta["pat_str"].get<std::string>(),
+                                         meta["special_tokens"].get<std::map<std::string, uint32_t>>());
+}
+
+// tiktoken's ids for the file `input` (scripts/tiktoken_reference.mjs), special tokens allowed or not.
+std::vector<uint32_t> reference_ids(const TempDir& dir, const std::string& name, const std::string& input, bool special) {
+    const std::string out = dir / "ids.bin";
+    const std::string cmd = "node " + std::string(NORMTAPE_SOURCE_DIR) + "/scripts/tiktoken_reference.mjs encode " +
+                            shell_quote(vocab_dir()) + " " + name + " " + shell_quote(input) + " " + out +
+                            (special ? " --special" : "") + " > " + (dir / "node.log") + " 2>&1";
+    REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, slurp(dir / "node.log"));
+    const std::string bytes = slurp(out);
+    std::vector<uint32_t> ids(bytes.size() / 4);
+    for (size_t i = 0; i < ids.size(); ++i)
+        for (int k = 3; k >= 0; --k) ids[i] = (ids[i] << 8) | static_cast<unsigned char>(bytes[4 * i + k]);
+    return ids;
+}
+
+// The first position where a and b differ, for the failure's message.
+size_t first_difference(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+    size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    return i;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer: a piece is its token, or its bytes merged lowest rank first, the leftmost of equal ranks") {
+    // 256 "th", 257 "he", 258 "the", 259 " t", 260 " the", 261 "aa".
+    const Tokenizer tok(bytes_and({"th", "he", "the", " t", " the", "aa"}), kGPT2SplitPattern);
+    CHECK(tok.vocab_size() == 262);
+    // "the" and " the" are tokens: one id each, whatever merges would give.
+    CHECK(tok.encode_ordinary("the the") == std::vector<uint32_t>{258, 260});
+    // "then": t h e n -> "th" (256, lower than "he" 257) -> "the" (258) -> "the" n.
+    CHECK(tok.encode_ordinary("then") == std::vector<uint32_t>{258, 'n'});
+    // "hthe": h t h e: "th" (256) at 1 first, then "the" (258); "hthe" is no token.
+    CHECK(tok.encode_ordinary("hthe") == std::vector<uint32_t>{'h', 258});
+    // "aaa": the pairs at 0 and 1 are both "aa": the leftmost merges, leaving a.
+    CHECK(tok.encode_ordinary("aaa") == std::vector<uint32_t>{261, 'a'});
+    // GPT-2's pattern keeps a space with the word after it: " then" is " " t h e n; "th" (256)
+    // merges before " t" (259), then "the" (258), then " the" (260).
+    CHECK(tok.encode_ordinary(" then") == std::vector<uint32_t>{260, 'n'});
+    CHECK(tok.decode({260, 'n', 258}) == " thenthe");
+}
+
+TEST_CASE("tokenizer: special tokens are ids when allowed, an Error when not, and text under encode_ordinary") {
+    const Tokenizer tok(bytes_and({"ab"}), kGPT4SplitPattern, {{"<|end|>", 300}, {"<|end|>x", 301}}, "small");
+    CHECK(tok.vocab_size() == 302);
+    CHECK(tok.encode("ab<|end|>ab", {"<|end|>"}) == std::vector<uint32_t>{256, 300, 256});
+    // The longest of the special tokens that start at one place.
+    CHECK(tok.encode_with_special_tokens("<|end|>x<|end|>") == std::vector<uint32_t>{301, 300});
+    CHECK_THROWS_KIND_WITH(tok.encode("ab <|end|>"), Error, "Tokenizer small", "special token <|end|> at byte 3",
+                           "not allowed");
+    const std::vector<uint32_t> ordinary = tok.encode_ordinary("<|end|>");
+    CHECK(ordinary.size() > 1);
+    CHECK(tok.decode(ordinary) == "<|end|>");
+    CHECK(tok.decode({300, 256}) == "<|end|>ab");
+    CHECK_THROWS_KIND_WITH(tok.decode({256, 299}), Error, "Tokenizer small", "id 299 at position 1 is no token");
+    CHECK_THROWS_KIND_WITH(tok.decode({302}), Error, "id 302 at position 0");
+}
+
+TEST_CASE("tokenizer: every byte string decodes back to itself, invalid UTF-8 included") {
+    const Tokenizer tok(bytes_and({"ab", "\xc3\xa9", " \xe6\xbc\xa2"}), kGPT4oSplitPattern);
+    std::string all;
+    for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+    for (const std::string& text : {all + all, std::string("caf\xc3\xa9 \xe6\xbc\xa2\xe5\xad\x97 ab"),
+                                    std::string("\xff\xfe broken \xc3 UTF-8 \xe6\xbc"), std::string(), std::string("  \r\n\t ")}) {
+        CAPTURE(text.size());
+        CHECK(tok.decode(tok.encode_ordinary(text)) == text);
+    }
+    // Invalid bytes are pieces of their own: the valid text around them is split as without them.
+    const std::vector<uint32_t> ids = tok.encode_ordinary("ab\xff" "ab");
+    CHECK(ids == std::vector<uint32_t>{256, 0xff, 256});
+}
+
+TEST_CASE("tokenizer: a rank file round-trips, and a malformed one is a FormatError naming the file and the line") {
+    TempDir dir("tokenizer");
+    const Tokenizer tok(bytes_and({"ab", "\n\xff"}), kGPT2SplitPattern);
+    tok.save_tiktoken_file(dir / "small.tiktoken");
+    const std::string text = slurp(dir / "small.tiktoken");
+    CHECK(text.find("YWI= 256\n") != std::string::npos);  // "ab"
+    CHECK(text.find("Cv8= 257\n") != std::string::npos);  // "\n\xff"
+    const Tokenizer back = Tokenizer::from_tiktoken_file(dir / "small.tiktoken", kGPT2SplitPattern);
+    CHECK(back.tokens() == tok.tokens());
+    CHECK(back.name() == "small");
+    const std::string base = text.substr(0, text.find("YWI= 256\n"));  // the 256 bytes' lines
+    struct Case {
+        std::string body, says;
+    };
+    for (const Case& c : {
+             Case{base + "YWI=256\n", "line 257: expected \"BASE64 RANK\""},
+             Case{base + "YWI= 256 x\n", "line 257: expected \"BASE64 RANK\""},
+             Case{base + "YW!= 256\n", "line 257: malformed base64 \"YW!=\""},
+             Case{base + "YWJ= 256\n", "malformed base64"},  // bits past the last byte
+             Case{base + "YWI 256\n", "malformed base64"},
+             Case{base + "YWI= -1\n", "expected a rank from 0 to 2^31 - 1, got \"-1\""},
+             Case{base + "YWI= 2147483648\n", "got \"2147483648\""},
+             Case{base + "YWI= 255\n", "line 257: rank 255 appears twice"},
+             Case{base + "YWI= 258\n", "expected the ranks 0 to 258 each once, got none for rank 256"},
+             Case{base + "YWI= 256\nYWI= 257\n", "expected each token once, got the bytes of rank 256 again at rank 257"},
+             Case{"YWI= 0\n", "expected every single byte to be a token"},
+             Case{"", "expected ranks, got none"},
+         }) {
+        CAPTURE(c.says);
+        write_bytes(dir / "bad.tiktoken", c.body);
+        CHECK_THROWS_KIND_WITH(Tokenizer::from_tiktoken_file(dir / "bad.tiktoken", kGPT2SplitPattern), FormatError,
+                               "bad.tiktoken", c.says);
+    }
+    CHECK_THROWS_KIND_WITH(Tokenizer::from_tiktoken_file(dir / "missing.tiktoken", kGPT2SplitPattern), IOError,
+                           "missing.tiktoken");
+    CHECK_THROWS_KIND_WITH(Tokenizer(bytes_and({}), "(unclosed"), FormatError, "split pattern does not compile",
+                           "at offset");
+    CHECK_THROWS_KIND_WITH(Tokenizer(bytes_and({}), kGPT2SplitPattern, {{"<s>", 3}}), Error,
+                           "special token <s>'s id past the 256 ranks");
+    CHECK_THROWS_KIND_WITH(Tokenizer(bytes_and({}), kGPT2SplitPattern, {{"<s>", 300}, {"</s>", 300}}), Error,
+                           "expected distinct ids, got 300");
+}
+
+TEST_CASE("tokenizer: the ids of tiktoken for gpt2, cl100k_base and o200k_base on Shakespeare and on Unicode's corners") {
+    REQUIRE_TIKTOKEN_OR_SKIP();
+    TempDir dir("tokenizer_tiktoken");
+    const std::string unicode = std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/tokenizer/unicode.txt";
+    // A text with special tokens in it, for encode with them allowed.
+    write_bytes(dir / "special.txt", "First<|endoftext|>second <|endoftext|><|endofprompt|> end\n");
+    const std::map<std::string, const char*> patterns = {
+        {"gpt2", kGPT2SplitPattern}, {"cl100k_base", kGPT4SplitPattern}, {"o200k_base", kGPT4oSplitPattern}};
+    for (const auto& [name, pattern] : patterns) {
+        CAPTURE(name);
+        const Tokenizer tok = tiktoken_encoding(name);
+        CHECK(tok.pattern() == pattern);  // the constants are tiktoken's patterns
+        for (const std::string& input : {shakespeare_path(), unicode}) {
+            CAPTURE(input);
+            const std::string text = slurp(input);
+            const std::vector<uint32_t> ours = tok.encode_ordinary(text), theirs = reference_ids(dir, name, input, false);
+            CHECK_MESSAGE(ours == theirs, "first difference at id ", first_difference(ours, theirs), " of ",
+                          theirs.size());
+            CHECK(tok.decode(ours) == text);
+        }
+        if (name != "gpt2") {  // gpt2 has <|endoftext|> alone: the text's <|endofprompt|> is text there
+            const std::vector<uint32_t> ours = tok.encode_with_special_tokens(slurp(dir / "special.txt"));
+            CHECK(ours == reference_ids(dir, name, dir / "special.txt", true));
+        }
+    }
+}
