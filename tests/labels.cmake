@@ -10,7 +10,8 @@ set(normtape_slow_tests
   "^train_gpt: "
   "^checkpoint: train_gpt "
   "^distributed: train_gpt "
-  "^distributed: a checkpoint of 2 ranks ")
+  "^distributed: a checkpoint of 2 ranks "
+  "^train_tokenizer: ")
 foreach(test IN LISTS normtape_tests_TESTS)
   foreach(pattern IN LISTS normtape_slow_tests)
     if(test MATCHES "${pattern}")

@@ -189,3 +189,111 @@ TEST_CASE("tokenizer: the ids of tiktoken for gpt2, cl100k_base and o200k_base o
         }
     }
 }
+
+TEST_CASE("tokenizer: train_bpe's merges equal a plain Python implementation of the same rules, at any number of threads") {
+    TempDir dir("train_bpe");
+    // An ASCII form of GPT-2's pattern, which Python's re runs: the text is ASCII.
+    const std::string pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+)";
+    const std::string script = R"PY(
+import collections, re, sys
+text, pattern, merges = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read(), int(sys.argv[3])
+pieces = collections.Counter(re.findall(pattern, text))
+words = [[list(p), n] for p, n in pieces.items()]
+tokens = [bytes([b]) for b in range(256)]
+for _ in range(merges):
+    stats = collections.Counter()
+    for word, n in words:
+        for pair in zip(word, word[1:]):
+            stats[pair] += n
+    if not stats:
+        break
+    a, b = max(stats, key=lambda p: (stats[p], -p[0], -p[1]))
+    t = len(tokens)
+    tokens.append(tokens[a] + tokens[b])
+    for entry in words:
+        word, out, i = entry[0], [], 0
+        while i < len(word):
+            if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
+                out.append(t)
+                i += 2
+            else:
+                out.append(word[i])
+                i += 1
+        entry[0] = out
+print("\n".join(t.hex() for t in tokens[256:]))
+)PY";
+    write_bytes(dir / "train_bpe.py", script);
+    write_bytes(dir / "pattern.txt", pattern);
+    const std::string text = slurp(shakespeare_path());
+    const int threads_before = get_num_threads();
+    // The whole text (past 1 MB: counted in two parts), and a short one with merges enough for
+    // many pairs of equal counts.
+    for (const auto& [sample, merges] : {std::pair{text, 64}, std::pair{text.substr(0, 60000), 300}}) {
+        CAPTURE(sample.size());
+        write_bytes(dir / "text.txt", sample);
+        const std::string cmd = python() + " " + (dir / "train_bpe.py") + " " + (dir / "text.txt") + " " +
+                                (dir / "pattern.txt") + " " + std::to_string(merges) + " > " + (dir / "merges.txt");
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        const std::string expected = slurp(dir / "merges.txt");
+        for (int threads : {1, 3}) {
+            CAPTURE(threads);
+            set_num_threads(threads);
+            const Tokenizer tok = train_bpe(sample, 256 + merges, pattern);
+            std::string ours;
+            for (size_t r = 256; r < tok.tokens().size(); ++r) {
+                for (unsigned char c : tok.tokens()[r]) {
+                    static const char* const kHex = "0123456789abcdef";
+                    ours += kHex[c >> 4];
+                    ours += kHex[c & 15];
+                }
+                ours += '\n';
+            }
+            CHECK(ours == expected);
+            CHECK(tok.vocab_size() == 256 + merges);
+            const std::vector<uint32_t> ids = tok.encode_ordinary(sample);
+            CHECK(ids.size() < sample.size() * 3 / 4);  // 64 merges already shorten English by a quarter
+            CHECK(tok.decode(ids) == sample);
+        }
+    }
+    set_num_threads(threads_before);
+    CHECK_THROWS_KIND_WITH(train_bpe(text, 255), Error, "train_bpe", "vocab_size from 256", "got 255");
+    CHECK_THROWS_KIND_WITH(train_bpe(text, 300, "(["), FormatError, "train_bpe", "does not compile");
+    // A text too short for the vocabulary: "ab" and " ab" merge (a, b), then (" ", ab), and no
+    // piece has two tokens left.
+    const Tokenizer small = train_bpe("ab ab", 1000);
+    CHECK(small.vocab_size() == 258);
+    CHECK(small.tokens().back() == " ab");
+}
+
+TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved as a rank file that loads back; bad flags exit 2") {
+    if (std::string(NORMTAPE_TRAIN_TOKENIZER).empty()) SKIP_TEST("train_tokenizer was not built");
+    TempDir dir("train_tokenizer");
+    auto run = [&](const std::string& args) {
+        const std::string cmd = std::string(NORMTAPE_TRAIN_TOKENIZER) + " " + args + " > " + (dir / "out") + " 2> " +
+                                (dir / "err");
+        const int status = std::system(cmd.c_str());
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    };
+    REQUIRE(run("--data " + shell_quote(shakespeare_path()) + " --out " + (dir / "shakespeare")) == 0);
+    const std::string out = slurp(dir / "out");
+    CAPTURE(out);
+    CHECK(out.find("4096 tokens trained on 1003855 bytes") != std::string::npos);  // the first 90%
+    const nlohmann::json meta = nlohmann::json::parse(slurp(dir / "shakespeare.json"));
+    CHECK(meta["pat_str"] == kGPT4SplitPattern);
+    CHECK(meta["n_vocab"] == 4096);
+    const Tokenizer tok = Tokenizer::from_tiktoken_file(dir / "shakespeare.tiktoken", meta["pat_str"].get<std::string>());
+    const std::string text = slurp(shakespeare_path());
+    CHECK(tok.tokens() == train_bpe(std::string_view(text).substr(0, 1003855), 4096).tokens());
+    CHECK(tok.decode(tok.encode_ordinary(text)) == text);
+    for (const auto& [args, says] : std::initializer_list<std::pair<std::string, std::string>>{
+             {"--data /nonexistent --out x", "--data /nonexistent: cannot read the file"},
+             {"--data " + shell_quote(shakespeare_path()) + " --out x --vocab 100", "--vocab 100: expected 256"},
+             {"--data " + shell_quote(shakespeare_path()) + " --out x --pattern '(['", "--pattern: "},
+             {"--data " + shell_quote(shakespeare_path()) + " --out x --val-fraction 0.9", "--val-fraction"},
+             {"--out x", "--data is required"},
+         }) {
+        CAPTURE(args);
+        CHECK(run(args) == 2);
+        CHECK(slurp(dir / "err").find(says) != std::string::npos);
+    }
+}

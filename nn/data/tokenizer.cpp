@@ -11,11 +11,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
+#include <queue>
 #include <unordered_map>
 #include <utility>
 
 #include "core/check.h"
+#include "core/parallel.h"
 
 namespace normtape {
 
@@ -84,13 +85,61 @@ std::string base64_encode(std::string_view bytes) {
     return out;
 }
 
+// A split pattern compiled once (JIT-compiled where PCRE2 has its JIT), and the pieces it cuts a
+// text into (Note [Byte-level BPE], step 1).
+class SplitPattern {
+public:
+    // Throws FormatError, naming `what`, when the pattern does not compile.
+    SplitPattern(const std::string& pattern, const std::string& what) {
+        int code = 0;
+        PCRE2_SIZE offset = 0;
+        code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                              PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &offset, nullptr);
+        NT_CHECK_AS(FormatError, code_ != nullptr, what, "the split pattern does not compile: ", pcre2_message(code),
+                    " at offset ", offset);
+        jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+    }
+    ~SplitPattern() { pcre2_code_free(code_); }
+    SplitPattern(const SplitPattern&) = delete;
+    SplitPattern& operator=(const SplitPattern&) = delete;
+
+    // Calls piece(p) for each piece p of `text` in order: each match, and the bytes between matches
+    // (and after the last) that no match covers. Thread-safe.
+    template <class F>
+    void for_each_piece(std::string_view text, const std::string& what, F&& piece) const {
+        pcre2_match_data* match = pcre2_match_data_create_from_pattern(code_, nullptr);
+        NT_CHECK_AS(OutOfMemoryError, match != nullptr, what, "cannot allocate PCRE2's match data");
+        struct Free {
+            pcre2_match_data* m;
+            ~Free() { pcre2_match_data_free(m); }
+        } free_match{match};
+        const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+        size_t at = 0;  // the first byte not yet in a piece
+        while (at < text.size()) {
+            // PCRE2_NOTEMPTY: a pattern that could match nothing moves on to its next non-empty match.
+            const int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), at, PCRE2_NOTEMPTY, match, nullptr)
+                                : pcre2_match(code_, subject, text.size(), at, PCRE2_NOTEMPTY, match, nullptr);
+            if (rc == PCRE2_ERROR_NOMATCH) break;
+            NT_CHECK(rc >= 0, what, "matching the split pattern failed at byte ", at, ": ", pcre2_message(rc));
+            const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
+            const size_t start = ov[0], end = ov[1];
+            if (start > at) piece(text.substr(at, start - at));  // bytes no match covers
+            piece(text.substr(start, end - start));
+            at = end;
+        }
+        if (at < text.size()) piece(text.substr(at));
+    }
+
+private:
+    pcre2_code* code_ = nullptr;
+    bool jit_ = false;
+};
+
 }  // namespace
 
-// The split pattern compiled once, JIT-compiled where PCRE2 has its JIT.
 struct Tokenizer::Regex {
-    pcre2_code* code = nullptr;
-    bool jit = false;
-    ~Regex() { pcre2_code_free(code); }
+    SplitPattern split;
+    Regex(const std::string& pattern, const std::string& what) : split(pattern, what) {}
 };
 
 struct Tokenizer::Ranks {
@@ -107,7 +156,6 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, const std::string& pattern
       special_(std::move(special_tokens)),
       pattern_(pattern),
       name_(std::move(name)),
-      regex_(std::make_unique<Regex>()),
       ranks_(std::make_unique<Ranks>()) {
     const std::string what = "Tokenizer " + name_ + ": ";
     NT_CHECK(tokens_.size() < kMaxIds, what, "expected fewer than 2^31 tokens, got ", tokens_.size());
@@ -134,13 +182,7 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, const std::string& pattern
                  " and for ", *by_id_[id]);
         by_id_[id] = &text;
     }
-    int code = 0;
-    PCRE2_SIZE offset = 0;
-    regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
-                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &offset, nullptr);
-    NT_CHECK_AS(FormatError, regex_->code != nullptr, what, "the split pattern does not compile: ", pcre2_message(code),
-                " at offset ", offset);
-    regex_->jit = pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE) == 0;
+    regex_ = std::make_unique<Regex>(pattern_, what);
 }
 
 Tokenizer::~Tokenizer() = default;
@@ -233,29 +275,7 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& out)
 
 std::vector<uint32_t> Tokenizer::encode_ordinary(std::string_view text) const {
     std::vector<uint32_t> ids;
-    pcre2_match_data* match = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
-    NT_CHECK_AS(OutOfMemoryError, match != nullptr, "Tokenizer ", name_, ": cannot allocate PCRE2's match data");
-    struct Free {
-        pcre2_match_data* m;
-        ~Free() { pcre2_match_data_free(m); }
-    } free_match{match};
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    size_t at = 0;  // the first byte not yet encoded
-    while (at < text.size()) {
-        // PCRE2_NOTEMPTY: a pattern that could match nothing moves on to its next non-empty match.
-        const int rc = regex_->jit
-                           ? pcre2_jit_match(regex_->code, subject, text.size(), at, PCRE2_NOTEMPTY, match, nullptr)
-                           : pcre2_match(regex_->code, subject, text.size(), at, PCRE2_NOTEMPTY, match, nullptr);
-        if (rc == PCRE2_ERROR_NOMATCH) break;
-        NT_CHECK(rc >= 0, "Tokenizer ", name_, ": matching the split pattern failed at byte ", at, ": ",
-                 pcre2_message(rc));
-        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
-        const size_t start = ov[0], end = ov[1];
-        if (start > at) encode_piece(text.substr(at, start - at), ids);  // bytes no match covers
-        encode_piece(text.substr(start, end - start), ids);
-        at = end;
-    }
-    if (at < text.size()) encode_piece(text.substr(at), ids);
+    regex_->split.for_each_piece(text, "Tokenizer " + name_ + ": ", [&](std::string_view piece) { encode_piece(piece, ids); });
     return ids;
 }
 
@@ -303,6 +323,136 @@ std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
         out += *by_id_[ids[i]];
     }
     return out;
+}
+
+}  // namespace normtape
+
+namespace normtape {
+
+namespace {
+
+// A pair of adjacent tokens as one key: left rank in the high 32 bits.
+uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
+
+// Where text may be cut for counting in parallel: after a newline followed by an ASCII letter or
+// digit (Note [Training a BPE]), about every `part` bytes.
+std::vector<size_t> count_cuts(std::string_view text, size_t part) {
+    std::vector<size_t> cuts = {0};
+    auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
+    for (size_t at = part; at < text.size();) {
+        size_t p = text.find('\n', at);
+        while (p != std::string_view::npos && p + 1 < text.size() && !alnum(text[p + 1])) p = text.find('\n', p + 1);
+        if (p == std::string_view::npos || p + 1 >= text.size()) break;
+        cuts.push_back(p + 1);
+        at = p + 1 + part;
+    }
+    cuts.push_back(text.size());
+    return cuts;
+}
+
+}  // namespace
+
+Tokenizer train_bpe(std::string_view text, int64_t vocab_size, const std::string& pattern, std::string name) {
+    const std::string what = "train_bpe: ";
+    NT_CHECK(vocab_size >= 256 && static_cast<uint64_t>(vocab_size) < kMaxIds, what,
+             "expected a vocab_size from 256 (the single bytes) to 2^31 - 1, got ", vocab_size);
+    const SplitPattern split(pattern, what);
+
+    // The distinct pieces and how often each occurs, counted over parts of the text in parallel.
+    const std::vector<size_t> cuts = count_cuts(text, size_t{1} << 20);
+    const auto parts = static_cast<int64_t>(cuts.size() - 1);
+    std::vector<std::unordered_map<std::string_view, int64_t>> part_counts(static_cast<size_t>(parts));
+    detail::parallel_for(0, parts, 1, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k)
+            split.for_each_piece(text.substr(cuts[k], cuts[k + 1] - cuts[k]), what,
+                                 [&](std::string_view piece) { ++part_counts[k][piece]; });
+    });
+    std::unordered_map<std::string_view, int64_t> piece_counts = std::move(part_counts[0]);
+    for (int64_t k = 1; k < parts; ++k)
+        for (const auto& [piece, n] : part_counts[k]) piece_counts[piece] += n;
+
+    // Each distinct piece as a word of token ranks, with its count, in a fixed order.
+    std::vector<std::pair<std::string_view, int64_t>> sorted(piece_counts.begin(), piece_counts.end());
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<std::vector<uint32_t>> words;
+    std::vector<int64_t> counts;
+    for (const auto& [piece, n] : sorted) {
+        if (piece.size() < 2) continue;  // no pair in it, ever
+        words.emplace_back(piece.begin(), piece.end());
+        for (uint32_t& t : words.back()) t &= 0xff;  // the bytes, as ranks 0 to 255
+        counts.push_back(n);
+    }
+
+    // Pair counts, and the words each pair occurs in (stale entries are skipped when read).
+    std::unordered_map<uint64_t, int64_t> pair_counts;
+    std::unordered_map<uint64_t, std::vector<uint32_t>> where;
+    auto add_pairs = [&](uint32_t w, int64_t sign, std::vector<uint64_t>* touched) {
+        const std::vector<uint32_t>& word = words[w];
+        for (size_t i = 0; i + 1 < word.size(); ++i) {
+            const uint64_t key = pair_key(word[i], word[i + 1]);
+            pair_counts[key] += sign * counts[w];
+            if (sign > 0) {
+                std::vector<uint32_t>& in = where[key];
+                if (in.empty() || in.back() != w) in.push_back(w);
+                if (touched) touched->push_back(key);
+            }
+        }
+    };
+    for (uint32_t w = 0; w < words.size(); ++w) add_pairs(w, +1, nullptr);
+
+    // The most frequent pair first; of equal counts, the lower (left, right) ranks.
+    struct Candidate {
+        int64_t count;
+        uint64_t pair;
+        bool operator<(const Candidate& o) const { return count != o.count ? count < o.count : pair > o.pair; }
+    };
+    std::priority_queue<Candidate> heap;
+    for (const auto& [key, n] : pair_counts)
+        if (n > 0) heap.push({n, key});
+
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+    std::vector<uint32_t> merged_at(words.size(), kNoRank);  // the merge that last rewrote each word
+    while (static_cast<int64_t>(tokens.size()) < vocab_size && !heap.empty()) {
+        const Candidate top = heap.top();
+        heap.pop();
+        const int64_t actual = pair_counts[top.pair];
+        if (actual != top.count) {  // stale: a lower count is pushed back; a higher one is queued already
+            if (actual > 0 && actual < top.count) heap.push({actual, top.pair});
+            continue;
+        }
+        const auto a = static_cast<uint32_t>(top.pair >> 32), b = static_cast<uint32_t>(top.pair & 0xffffffffu);
+        const auto t = static_cast<uint32_t>(tokens.size());
+        tokens.push_back(tokens[a] + tokens[b]);
+        std::vector<uint64_t> touched;
+        std::vector<uint32_t> in = std::move(where[top.pair]);
+        where.erase(top.pair);
+        for (uint32_t w : in) {
+            if (merged_at[w] == t) continue;  // listed twice
+            std::vector<uint32_t>& word = words[w];
+            bool has = false;
+            for (size_t i = 0; i + 1 < word.size() && !has; ++i) has = word[i] == a && word[i + 1] == b;
+            if (!has) continue;  // stale: an earlier merge took the pair apart
+            merged_at[w] = t;
+            add_pairs(w, -1, nullptr);
+            size_t out = 0;
+            for (size_t i = 0; i < word.size(); ++out) {
+                if (i + 1 < word.size() && word[i] == a && word[i + 1] == b) {
+                    word[out] = t;
+                    i += 2;
+                } else {
+                    word[out] = word[i++];
+                }
+            }
+            word.resize(out);
+            add_pairs(w, +1, &touched);
+        }
+        std::sort(touched.begin(), touched.end());
+        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+        for (uint64_t key : touched)
+            if (const int64_t n = pair_counts[key]; n > 0) heap.push({n, key});
+    }
+    return Tokenizer(std::move(tokens), pattern, {}, std::move(name));
 }
 
 }  // namespace normtape

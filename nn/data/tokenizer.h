@@ -94,4 +94,22 @@ private:
     void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
 };
 
+// Note [Training a BPE]
+// train_bpe learns a vocabulary from a text as minbpe and nanochat's rustbpe do: the text is split
+// by `pattern` into pieces (as encoding splits it), and the distinct pieces are counted. Starting
+// from the 256 single bytes, each step merges the adjacent pair of tokens that occurs most often
+// within the pieces (a pair inside a piece that occurs n times counts n; overlapping pairs, as in
+// "aaa", count each), the new token taking the next rank; ties go to the pair whose left token,
+// then right token, has the lower rank. Merging a pair in a piece replaces its occurrences left to
+// right. Training stops at `vocab_size` tokens, or earlier when no piece has two tokens left.
+// Counting runs on the cpu threads (core/parallel.h) over parts of the text cut after a newline
+// that precedes a non-whitespace byte, a match boundary of GPT-2's, GPT-4's and GPT-4o's patterns:
+// for them the result does not depend on the number of threads.
+
+// A tokenizer trained on `text` with `vocab_size` tokens (Note [Training a BPE]), no special
+// tokens, named `name`. Throws Error unless 256 <= vocab_size < 2^31, and FormatError for a
+// pattern that does not compile.
+Tokenizer train_bpe(std::string_view text, int64_t vocab_size, const std::string& pattern = kGPT4SplitPattern,
+                    std::string name = "bpe");
+
 }  // namespace normtape
