@@ -265,7 +265,7 @@ print("\n".join(t.hex() for t in tokens[256:]))
     CHECK(small.tokens().back() == " ab");
 }
 
-TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved as a rank file that loads back; bad flags exit 2") {
+TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved as a rank file that loads back, and bad flags exit 2") {
     if (std::string(NORMTAPE_TRAIN_TOKENIZER).empty()) SKIP_TEST("train_tokenizer was not built");
     TempDir dir("train_tokenizer");
     auto run = [&](const std::string& args) {
