@@ -2,7 +2,10 @@
 // a Python script here (the format's own writer, not normtape's) train, a glob of shards is read in
 // name order, nanoGPT's raw uint16 ids train, and a file that is not what its format says, or ids
 // past --vocab, are refused before training with exit 2.
+#include <cmath>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -97,13 +100,67 @@ TEST_CASE("train_gpt: a token file that is not what its format says, or ids past
              Case{"--vocab 512 --data " + (dir / "odd.bin"), "expected raw uint16 ids (an even number of bytes"},
              Case{"--vocab 300 --data " + (dir / "all.bin"), "token 361 at position 1 is not below --vocab 300"},
              Case{"--vocab 512 --data '" + (dir / "nothing_*.bin") + "'", "the pattern matches no file"},
-             Case{"--vocab 512 --sample 10 --data " + (dir / "all.bin"), "--sample prints bytes"},
+             Case{"--vocab 512 --sample 10 --data " + (dir / "all.bin"), "--sample prints bytes: a model of token ids"},
              Case{"--data random --data-format raw", "--data-format raw reads a file: --data random has none"},
              Case{"--data-format bytes", "--data-format \"bytes\": expected auto or text or llm.c or raw"},
-             Case{"--vocab 512 --data-format text --data " + (dir / "all.bin"), "--vocab 512 needs --data random or a token file"},
+             Case{"--vocab 512 --data-format text --data " + (dir / "all.bin"), "--vocab 512 needs --data random, a token file or --tokenizer"},
          }) {
         CAPTURE(c.args);
         check_refused(run_train_gpt(dir, kTiny + " " + c.args), {c.says});
+    }
+}
+
+TEST_CASE("train_gpt: --tokenizer encodes a text before training, and the held-out loss is reported in bits per byte") {
+    REQUIRE_TRAIN_GPT_OR_SKIP();
+    TempDir dir("cli_tokenizer");
+    const std::string text = slurp(shakespeare_path());
+    // A tokenizer of 512 ids trained on 200,000 bytes from `at`, saved as train_tokenizer saves one.
+    auto save = [&](const std::string& name, size_t at) {
+        normtape::Tokenizer tok = normtape::train_bpe(std::string_view(text).substr(at, 200000), 512);
+        tok.save_tiktoken_file(dir / (name + ".tiktoken"));
+        write_bytes(dir / (name + ".json"), nlohmann::json({{"pat_str", tok.pattern()}}).dump());
+        return tok;
+    };
+    const normtape::Tokenizer tok = save("small", 0);
+    save("other", 400000);  // the same size, other merges
+    const std::string run = kTiny + " --data " + shell_quote(shakespeare_path()) + " --eval-every 3 --eval-batches 2";
+    RunResult r = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --json tok.json --save ck.safetensors --stop-at 2");
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("V=512") != std::string::npos);  // --vocab: the tokenizer's
+    const size_t n = tok.encode_ordinary(text).size();
+    const std::string digits = std::to_string(n);
+    std::string count;  // with commas, as train_gpt prints it
+    for (size_t i = 0; i < digits.size(); ++i) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) count += ',';
+        count += digits[i];
+    }
+    CHECK(r.out.find("encoded by small, " + count + " tokens in 1,115,394 bytes") != std::string::npos);
+    CHECK(r.out.find("bits per byte") != std::string::npos);
+    const nlohmann::json tokenized = nlohmann::json::parse(slurp(dir / "tok.json"))["runs"][0];
+    // The held-out tail's bytes per token: its ids' bytes over its ids.
+    const std::vector<uint32_t> ids = tok.encode_ordinary(text);
+    const std::vector<uint32_t> val(ids.end() - static_cast<std::ptrdiff_t>(ids.size() / 10), ids.end());
+    const double bytes_per_token = static_cast<double>(tok.decode(val).size()) / static_cast<double>(val.size());
+    CHECK(tokenized["val_bytes_per_token"].get<double>() == doctest::Approx(bytes_per_token));
+    CHECK(tokenized["val_bpb"][0].get<double>() ==
+          doctest::Approx(tokenized["val_losses"][0].get<double>() / (std::log(2.0) * bytes_per_token)));
+    // Bytes as tokens: one byte a token.
+    REQUIRE(run_train_gpt(dir, run + " --json bytes.json").code == 0);
+    const nlohmann::json bytes = nlohmann::json::parse(slurp(dir / "bytes.json"))["runs"][0];
+    CHECK(bytes["val_bpb"][0].get<double>() == doctest::Approx(bytes["val_losses"][0].get<double>() / std::log(2.0)));
+    for (const auto& [args, says] : std::initializer_list<std::pair<std::string, std::string>>{
+             {"--data random --tokenizer " + (dir / "small.tiktoken"), "--tokenizer encodes a text --data: --data random"},
+             {"--data " + (dir / "small.tiktoken") + ".bin --tokenizer " + (dir / "small.tiktoken"),
+              "a token file holds ids already"},
+             {"--data " + shell_quote(shakespeare_path()) + " --vocab 300 --tokenizer " + (dir / "small.tiktoken"),
+              "--vocab 300 is smaller than --tokenizer"},
+             {"--data " + shell_quote(shakespeare_path()) + " --tokenizer " + (dir / "missing.tiktoken"), "cannot read"},
+             {"--resume ck.safetensors --tokenizer " + (dir / "other.tiktoken"),
+              "is not the checkpoint's run's"},
+         }) {
+        CAPTURE(args);
+        check_refused(run_train_gpt(dir, args), {says});
     }
 }
 

@@ -298,6 +298,15 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
                               {"phase_timing", r.phase_timing}, {"val_steps", r.val_steps},
                               {"val_losses", r.val_losses}, {"best_val_loss", r.best_val_loss},
                               {"best_val_step", r.best_val_step}};
+        // The held-out losses in bits per byte, where the data's bytes per token are known.
+        if (std::isfinite(r.val_bytes_per_token)) {
+            std::vector<double> bpb;
+            for (double v : r.val_losses) bpb.push_back(v / (std::log(2.0) * r.val_bytes_per_token));
+            run["val_bytes_per_token"] = r.val_bytes_per_token;
+            run["val_bpb"] = bpb;
+            run["best_val_bpb"] = std::isnan(r.best_val_loss) ? nlohmann::json()
+                                                              : nlohmann::json(r.best_val_loss / (std::log(2.0) * r.val_bytes_per_token));
+        }
         run["saved_bytes_on_device"] = r.saved_on_device_bytes;
         run["step_peak"] = step_peak(r.memory_trace);
         run["predicted_saved_bytes"] = r.predicted_saved_bytes;

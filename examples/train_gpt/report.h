@@ -64,6 +64,9 @@ struct RunResult {
     std::vector<double> val_losses;
     double best_val_loss = std::numeric_limits<double>::quiet_NaN();
     int64_t best_val_step = 0;
+    // The held-out part's bytes per token (bytes_per_token, examples/train_gpt/train_data.h; NaN
+    // for a token file): its losses in bits per byte are val_losses / (ln 2 * this).
+    double val_bytes_per_token = std::numeric_limits<double>::quiet_NaN();
 };
 
 // What each memory mechanism is predicted to save, in bytes (nn/model/gpt.h), in the forward of one

@@ -32,6 +32,8 @@ nlohmann::json run_config(const Args& a, SavePolicy policy, const TrainData& dat
         a.data == "random" ? a.data : std::filesystem::absolute(data_file(a)).lexically_normal().string();
     return {{"data", path},       {"data_bytes", data.bytes}, {"data_fnv1a64", hex(data.fnv1a64)},
             {"data-format", a.data_format},
+            {"tokenizer", a.tokenizer.empty() ? "" : std::filesystem::absolute(a.tokenizer).lexically_normal().string()},
+            {"tokenizer_fnv1a64", data.tokenizer ? hex(data.tokenizer_fnv1a64) : ""},
             {"steps", a.steps},   {"batch", a.batch},          {"seq", a.seq},
             {"arch", a.arch},     {"kv-heads", a.kv_heads},    {"tie", a.tie},
             {"layers", a.layers}, {"heads", a.heads},          {"embd", a.embd},
@@ -105,6 +107,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     take("--heads", a.heads);
     take("--embd", a.embd);
     take("--vocab", a.vocab);
+    a.vocab_given = true;  // the checkpoint's model's
     take("--norm", a.norm);
     take("--policy", a.policy);
     take("--dtype", a.dtype);
@@ -144,6 +147,7 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);
+    if (app.count("--tokenizer") == 0 && r.config.contains("tokenizer")) take("--tokenizer", a.tokenizer);
 }
 
 void check_resume_data(const ResumeState& r, const TrainData& data) {
@@ -154,6 +158,11 @@ void check_resume_data(const ResumeState& r, const TrainData& data) {
                          " and data_fnv1a64 " + detail::json_excerpt(hash) + ", expected an integer and a string");
     const uint64_t want_bytes = bytes.get<uint64_t>();
     const std::string want_hash = hash.get<std::string>();
+    const std::string tokenizer_hash = data.tokenizer ? hex(data.tokenizer_fnv1a64) : "";
+    if (const std::string want = r.config.value("tokenizer_fnv1a64", std::string()); want != tokenizer_hash)
+        throw UsageError("--resume " + r.path + ": the tokenizer (" + (tokenizer_hash.empty() ? "none" : tokenizer_hash) +
+                         ", FNV-1a of its rank file and JSON) is not the checkpoint's run's (" +
+                         (want.empty() ? "none" : want) + ")");
     if (want_bytes != data.bytes || want_hash != hex(data.fnv1a64))
         throw UsageError("--resume " + r.path + ": the data (" + data.description + ", " + std::to_string(data.bytes) +
                          " bytes, FNV-1a " + hex(data.fnv1a64) + ") is not the checkpoint's run's (" +

@@ -209,13 +209,16 @@ void check_args(const Args& a) {
     if ((!a.memory_budget.empty() || a.memory_sweep) && (!a.resume.empty() || !a.save.empty()))
         throw UsageError(std::string(a.memory_sweep ? "--memory-sweep" : "--memory-budget") +
                          " trains runs of its own choosing: leave out --save and --resume");
-    if (a.data != "random" && !data_is_tokens(a) && a.vocab != 256)
+    if (a.data != "random" && !data_is_tokens(a) && a.tokenizer.empty() && a.vocab != 256)
         throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) +
-                         " needs --data random or a token file (text is read as 256 byte values)");
+                         " needs --data random, a token file or --tokenizer (text is read as 256 byte values)");
+    if (!a.tokenizer.empty() && (a.data == "random" || data_is_tokens(a)))
+        throw UsageError("--tokenizer encodes a text --data: " +
+                         std::string(a.data == "random" ? "--data random has none" : "a token file holds ids already"));
     if (a.data == "random" && a.data_format != "auto")
         throw UsageError("--data-format " + a.data_format + " reads a file: --data random has none");
-    if (data_is_tokens(a) && a.sample > 0)
-        throw UsageError("--sample prints bytes: the model of a token file's ids has no tokenizer here to decode them");
+    if ((data_is_tokens(a) || !a.tokenizer.empty()) && a.sample > 0)
+        throw UsageError("--sample prints bytes: a model of token ids (a token file, --tokenizer) is not sampled here");
     if (a.embd % a.heads != 0)
         throw UsageError(describe(a, "embd", std::to_string(a.embd)) + " is not divisible by " +
                          describe(a, "heads", std::to_string(a.heads)));

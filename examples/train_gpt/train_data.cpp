@@ -13,9 +13,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 using namespace normtape;
 
@@ -97,6 +104,34 @@ uint64_t fnv1a64(uint64_t h, const std::string& bytes) {
     return h;
 }
 
+// --tokenizer's rank file and, beside it, its JSON (the rank file's path with the extension .json):
+// "pat_str" and, if any, "special_tokens". Sets `hash` to FNV-1a of the two files' bytes.
+std::shared_ptr<const Tokenizer> load_tokenizer(const Args& a, uint64_t* hash) {
+    const std::string what = describe(a, "tokenizer", a.tokenizer);
+    const std::string json_path = std::filesystem::path(a.tokenizer).replace_extension(".json").string();
+    auto read = [&](const std::string& path) {
+        std::ifstream f(path, std::ios::binary);
+        if (!f) throw UsageError(what + ": cannot read " + path + ": " + std::strerror(errno));
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return ss.str();
+    };
+    const std::string ranks = read(a.tokenizer), meta_text = read(json_path);
+    *hash = fnv1a64(fnv1a64(0xcbf29ce484222325ull, ranks), meta_text);
+    try {
+        const nlohmann::json meta = nlohmann::json::parse(meta_text);
+        std::map<std::string, uint32_t> special;
+        if (meta.contains("special_tokens")) special = meta.at("special_tokens").get<std::map<std::string, uint32_t>>();
+        return std::make_shared<const Tokenizer>(
+            Tokenizer::from_tiktoken_file(a.tokenizer, meta.at("pat_str").get<std::string>(), std::move(special)));
+    } catch (const nlohmann::json::exception& e) {
+        throw UsageError(what + ": " + json_path + ": expected a JSON object with the string \"pat_str\" and an "
+                         "object \"special_tokens\" of ids: " + e.what());
+    } catch (const Error& e) {
+        throw UsageError(what + ": " + e.what());
+    }
+}
+
 }  // namespace
 
 TrainData load_data(const Args& a) {
@@ -110,7 +145,7 @@ TrainData load_data(const Args& a) {
     // A checkpoint's data path may be relative to the directory of the run that saved it.
     const std::string hint = a.from_checkpoint.count("data") ? " (give --data FILE if the data is elsewhere now)" : "";
     const std::vector<std::string> files = data_files(a, what + hint);
-    const bool tokens = data_is_tokens(a);
+    const bool tokens = data.token_files = data_is_tokens(a);
     const TokenFileFormat asked = a.data_format == "llm.c" ? TokenFileFormat::LlmC
                                   : a.data_format == "raw" ? TokenFileFormat::Raw
                                                            : TokenFileFormat::Auto;
@@ -152,6 +187,16 @@ TrainData load_data(const Args& a) {
         if (std::find(formats.begin(), formats.end(), name) == formats.end()) formats.push_back(name);
     }
     data.description = files.size() > 1 ? std::to_string(files.size()) + " files of " + data_file(a) : files[0];
+    if (!a.tokenizer.empty()) {  // the text's bytes become the tokenizer's ids, special tokens as text
+        data.tokenizer = load_tokenizer(a, &data.tokenizer_fnv1a64);
+        const int64_t size = data.tokenizer->vocab_size();
+        if (a.vocab_given && a.vocab < size)
+            throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) + " is smaller than " +
+                             describe(a, "tokenizer", a.tokenizer) + "'s " + std::to_string(size) + " ids");
+        std::string text(data.tokens.begin(), data.tokens.end());
+        data.tokens = data.tokenizer->encode_ordinary(text);
+        data.description += ", encoded by " + data.tokenizer->name();
+    }
     if (tokens) {
         std::string kinds;
         for (const std::string& f : formats) kinds += (kinds.empty() ? "" : " and ") + f;
@@ -161,6 +206,14 @@ TrainData load_data(const Args& a) {
         throw UsageError(what + ": the data has " + std::to_string(data.tokens.size()) + (tokens ? " tokens; " : " bytes; ") +
                          describe(a, "seq", std::to_string(a.seq)) + " needs at least " + std::to_string(a.seq + 2));
     return data;
+}
+
+double bytes_per_token(const TrainData& data, const std::vector<uint32_t>& tokens) {
+    if (tokens.empty()) return std::numeric_limits<double>::quiet_NaN();
+    if (!data.tokenizer) return data.token_files ? std::numeric_limits<double>::quiet_NaN() : 1.0;
+    double bytes = 0;
+    for (uint32_t id : tokens) bytes += static_cast<double>(data.tokenizer->tokens()[id].size());
+    return bytes / static_cast<double>(tokens.size());
 }
 
 DataSplit split_data(const Args& a, const std::vector<uint32_t>& tokens) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,20 @@ bool data_is_tokens(const Args& a);
 
 // The data a run trains on.
 struct TrainData {
-    std::vector<uint32_t> tokens;  // a text's bytes, or a token file's ids; none for --data random
+    std::vector<uint32_t> tokens;  // a text's bytes or its --tokenizer ids, or a token file's ids; none for random
     std::string description;       // the file or files read and their format, for the report
     uint64_t bytes = 0;            // the bytes of the files read
     uint64_t fnv1a64 = 0;          // FNV-1a (64-bit) of those bytes, file after file: the checkpoint's check
+    bool token_files = false;      // read as token files (data_is_tokens)
+    // With --tokenizer: it, and FNV-1a of its two files (the ranks, then the JSON).
+    std::shared_ptr<const normtape::Tokenizer> tokenizer;
+    uint64_t tokenizer_fnv1a64 = 0;
 };
+
+// The bytes a token of `data` stands for, on average over `tokens`: 1 for a text's bytes, the
+// tokenizer's bytes per token with --tokenizer, NaN for a token file (its text is unknown). Bits per
+// byte = nats per token / (ln 2 * bytes per token).
+double bytes_per_token(const TrainData& data, const std::vector<uint32_t>& tokens);
 
 // The data `a` asks for: data_file(a)'s bytes as text, or its ids as a token file (data_is_tokens),
 // or none for --data random. A --data with *, ? or [ is a glob pattern: the files it matches, in
@@ -38,7 +48,8 @@ struct TrainData {
 // not fit in memory: with the bytes read and expected and the system's error); a pattern matches
 // no file; a token file is not in its format (a header's magic number, version or token count, a
 // truncated file: nn/data/token_file.h); an id is not below --vocab (with its file and position);
-// the data holds fewer than --seq + 2 tokens.
+// --tokenizer cannot be read (a rank file's error, a JSON without "pat_str") or has more tokens than
+// a --vocab given; the data holds fewer than --seq + 2 tokens.
 TrainData load_data(const Args& a);
 
 // Note [Held-out loss]

@@ -20,6 +20,12 @@ void add_flags(CLI::App& app, Args& a) {
                    "how --data is read: text (each byte a token), llm.c (a 1024-byte header, then uint16 or uint32 "
                    "ids), raw (uint16 ids), or auto (a .bin file is llm.c's when it starts with llm.c's magic "
                    "number, else raw; any other file is text)");
+    app.add_option("--tokenizer", a.tokenizer,
+                   "a tiktoken rank file (NAME.tiktoken beside NAME.json, its split pattern and special tokens, as "
+                   "scripts/fetch_tiktoken.sh and train_tokenizer write them) that encodes a text --data before "
+                   "training; --vocab defaults to its size (default: none)")
+        ->check(kFileName)
+        ->type_name("FILE");
     app.add_option("--steps", a.steps, "training steps per policy, 1 to 2^40")->check(integer);
     app.add_option("--batch", a.batch, "sequences per batch (B), 1 to 2^20")->check(integer);
     app.add_option("--micro-batch", a.micro_batch,
@@ -110,7 +116,7 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--seed", a.seed, "seed for initialization and batches, 0 to 2^64 - 1")->check(seed);
     app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible, else cpu)");
     app.add_option("--dtype", a.dtype, "f32 or bf16 (default: bf16 on cuda, f32 on cpu)");
-    app.add_option("--vocab", a.vocab, "vocabulary size with --data random or a token file, 2 to 2^24 (text is read as 256 bytes)")
+    app.add_option("--vocab", a.vocab, "vocabulary size with --data random, a token file or --tokenizer, 2 to 2^24 (text is read as 256 bytes)")
         ->check(integer);
     app.add_option("--preset", a.preset,
                    "gpt2-medium-ish: V=32768 T=1024 C=1024 NH=16 L=12 B=16 on random tokens (default: none)");

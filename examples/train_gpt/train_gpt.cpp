@@ -135,6 +135,7 @@ RunResult train(const Args& a, const TrainData& data, SavePolicy policy, ResumeS
     std::optional<Optimizers> whole;
     if (!sharded) optimizer = make_optimizers(a, model);
     DataSplit split = split_data(a, data.tokens);
+    const double val_bytes_per_token = bytes_per_token(data, split.val);  // the held-out loss in bits per byte
     const int64_t global_batch = a.batch * a.world_size;  // Note [Training on several processes]
     Batcher batcher(std::move(split.train), global_batch, a.seq, a.vocab, a.seed, dev);
     // The held-out batches: the same ones at every evaluation (Note [Held-out loss] in train_data.h).
@@ -143,6 +144,7 @@ RunResult train(const Args& a, const TrainData& data, SavePolicy policy, ResumeS
     const std::string val_start = val ? val->state() : "";
     const WarmupCosineLR schedule = lr_schedule(a);
     RunResult r;
+    r.val_bytes_per_token = val_bytes_per_token;
     int64_t start = 0;
     if (resume) {  // Note [Resuming a run]
         Optimizers& loaded = sharded ? whole.emplace(make_optimizers(a, model)) : optimizer;
@@ -348,8 +350,11 @@ RunResult train(const Args& a, const TrainData& data, SavePolicy policy, ResumeS
                 r.best_val_loss = v;
                 r.best_val_step = step + 1;
             }
-            std::printf("[%-6s] step %5lld/%lld | val loss %.4f%s\n", policy_name(policy),
-                        static_cast<long long>(step + 1), static_cast<long long>(a.steps), v, best ? " (best)" : "");
+            char bpb[48] = "";
+            if (std::isfinite(r.val_bytes_per_token))
+                std::snprintf(bpb, sizeof bpb, " (%.4f bits per byte)", v / (std::log(2.0) * r.val_bytes_per_token));
+            std::printf("[%-6s] step %5lld/%lld | val loss %.4f%s%s\n", policy_name(policy),
+                        static_cast<long long>(step + 1), static_cast<long long>(a.steps), v, bpb, best ? " (best)" : "");
             if (best && a.save_best && r.nonfinite_step == 0) save(step + 1);
         }
         if (save_now || (stop && !a.save.empty())) save(step + 1);  // after a non-finite step: says it did not
@@ -396,6 +401,7 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
                                                        : parse_budget(a.memory_budget);
     const TrainData data = load_data(a);
     if (resume) check_resume_data(*resume, data);
+    if (data.tokenizer && !a.vocab_given) a.vocab = data.tokenizer->vocab_size();
     check_outputs(a, data_file(a));
     if (a.threads > 0) set_num_threads(static_cast<int>(a.threads));
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
@@ -407,7 +413,7 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
                 static_cast<long long>(a.steps), a.lr, a.dtype.c_str(),
                 a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
                                   : a.device.c_str());
-    if (data_is_tokens(a))
+    if (data_is_tokens(a) || data.tokenizer)
         std::printf("data: %s, %s tokens in %s bytes\n", data.description.c_str(),
                     with_commas(static_cast<int64_t>(data.tokens.size())).c_str(),
                     with_commas(static_cast<int64_t>(data.bytes)).c_str());
@@ -542,6 +548,9 @@ int main(int argc, char** argv) {
             a.batch /= a.world_size;
         }
         apply_preset(app, a);
+        // With --tokenizer, --vocab defaults to the tokenizer's size unless given (by the flag, a
+        // checkpoint or a preset).
+        a.vocab_given = a.vocab_given || app.count("--vocab") > 0 || !a.preset.empty();
         if (a.optimizer == "muon" && app.count("--beta2"))
             throw UsageError("--beta2 is the adamw run's: --optimizer muon gives AdamW nanochat's betas (0.8, 0.95); "
                              "leave it out");
