@@ -12,7 +12,7 @@
 # and charts go to $GPU_OUT (default gpu_out/); a short summary is printed last. Exits 1 if a test,
 # a sanitizer run, a benchmark or a training run fails.
 #   scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|
-#                         muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets]
+#                         muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets|bpe]
 #     tests: the tests only (GPU_TESTS=REGEX: only the ctest tests it matches); ptx80: the tests
 #     from build-ptx80/ only (GPU_TESTS too; it does not build build-gpu/); sanitize: the
 #     sanitizers only (SANITIZE_RUNS=NAME... picks some of its runs, SANITIZE_SHARDS=K splits each;
@@ -56,14 +56,17 @@
 #     else built: graph's 100-step curves; bench_attention beside SDPA; bench_muon (eager and as
 #     CUDA graphs); the preset's step with --cuda-graph off and on beside PyTorch eager's and
 #     torch.compile's; with LLMC_SRC and CUDNN_FRONTEND, GPT-2 124M beside llm.c (bench_llmc.sh).
+#     bpe: nanoGPT's Shakespeare GPU configuration on the text's bytes and on the ids of a 4,096-token
+#     BPE that train_tokenizer trains on the training split in the same call, the same steps and
+#     schedule; their held-out losses in bits per byte side by side.
 # Needs the CUDA toolkit and the build dependencies that scripts/common.sh installs (Eigen, doctest,
 # CLI11, nlohmann-json, xxHash's header); CMake also looks for them under $CMAKE_PREFIX_PATH.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_OUT="$(mkdir -p "${GPU_OUT:-$ROOT/gpu_out}" && cd "${GPU_OUT:-$ROOT/gpu_out}" && pwd)"
 MODE="${1:-all}"
-case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets) ;;
-    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets]" >&2
+case "$MODE" in all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets|bpe) ;;
+    *) echo "usage: scripts/gpu_check.sh [all|tests|ptx80|bench|sanitize|attention|step|profile|nanogpt|decoders|memory|budget|sweep|muon|muon-shakespeare|distributed|dryrun|fused-norm|baseline|graph|targets|bpe]" >&2
        exit 2;; esac
 cd "$ROOT"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
@@ -87,6 +90,7 @@ build() {
 [ "$MODE" = fused-norm ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests bench_norms}"
 [ "$MODE" = graph ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape normtape_tests train_gpt}"
 [ "$MODE" = targets ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape train_gpt bench_attention bench_muon}"
+[ "$MODE" = bpe ] && BUILD_TARGETS="${BUILD_TARGETS:-normtape train_gpt train_tokenizer}"
 if [ "$MODE" = baseline ]; then
     [ -f "${BASELINE_SRC:-}/CMakeLists.txt" ] || { echo "baseline: BASELINE_SRC must name a source tree" >&2; exit 2; }
     BUILD_TARGETS="${BUILD_TARGETS:-train_gpt}"
@@ -718,6 +722,30 @@ for f in sorted(glob.glob(sys.argv[1] + "/graph_*_o*_[12].json")):
     print("%-28s median step %8.2f ms  peak allocated %6.0f MiB  reserved %6.0f MiB  MFU %s" % (
         f.split("/")[-1][:-5], r["step_ms_median"], r["peak_allocated_bytes"] / 2**20, r["peak_reserved_bytes"] / 2**20, mfu))
 PY
+fi
+
+# nanoGPT's Shakespeare run on bytes and on a BPE's ids (4,096 tokens trained on the training split).
+if [ "$MODE" = bpe ]; then
+    step "train_tokenizer" ./build-gpu/train_tokenizer --data data/tinyshakespeare.txt --out "$GPU_OUT/shakespeare4096" \
+        --vocab 4096 > "$GPU_OUT/train_tokenizer.log" 2>&1
+    for run in bytes bpe; do
+        step "nanoGPT GPU config, $run" ./build-gpu/train_gpt --device cuda --dtype bf16 --layers 6 --heads 6 \
+            --embd 384 --seq 256 --batch 64 --steps 5000 --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 --dropout 0.2 \
+            --policy input --eval-every 250 --eval-batches 100 --log-every 250 \
+            $([ $run = bpe ] && echo --tokenizer "$GPU_OUT/shakespeare4096.tiktoken") \
+            --json "$GPU_OUT/shakespeare_$run.json" --chart "$GPU_OUT/shakespeare_$run.svg" > "$GPU_OUT/shakespeare_$run.log" 2>&1
+        summary+=("$run: $(grep -E 'validation: best loss' "$GPU_OUT/shakespeare_$run.log")")
+    done
+    python3 - "$GPU_OUT" > "$GPU_OUT/bpe.txt" <<'PY'
+import json, sys
+for run in ("bytes", "bpe"):
+    r = json.load(open(f"{sys.argv[1]}/shakespeare_{run}.json"))["runs"][0]
+    best = min(range(len(r["val_bpb"])), key=lambda i: r["val_bpb"][i])
+    print(f"{run:5}: best held-out {r['val_bpb'][best]:.4f} bits per byte ({r['val_losses'][best]:.4f} nats per token, "
+          f"{r['val_bytes_per_token']:.3f} bytes per token) at step {r['val_steps'][best]}; last {r['val_bpb'][-1]:.4f}; "
+          f"{r['train_seconds']:.1f} s")
+PY
+    cat "$GPU_OUT/train_tokenizer.log" "$GPU_OUT/bpe.txt"
 fi
 
 # The step's speed targets, each measured beside its reference in this call.
