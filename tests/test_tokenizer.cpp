@@ -142,8 +142,10 @@ TEST_CASE("tokenizer: a rank file round-trips, and a malformed one is a FormatEr
              Case{base + "YWI 256\n", "malformed base64"},
              Case{base + "YWI= -1\n", "expected a rank from 0 to 2^31 - 1, got \"-1\""},
              Case{base + "YWI= 2147483648\n", "got \"2147483648\""},
-             Case{base + "YWI= 255\n", "line 257: rank 255 appears twice"},
-             Case{base + "YWI= 258\n", "expected the ranks 0 to 258 each once, got none for rank 256"},
+             Case{base + "YWI= 255\n", "rank 255 appears twice"},
+             Case{base + "YWI= 258\n", "expected the ranks 0 to 256 each once, got none for rank 256"},
+             // A rank far past the others: a gap, found without making room for two billion tokens.
+             Case{base + "YWI= 2000000000\n", "got none for rank 256"},
              Case{base + "YWI= 256\nYWI= 257\n", "expected each token once, got the bytes of rank 256 again at rank 257"},
              Case{"YWI= 0\n", "expected every single byte to be a token"},
              Case{"", "expected ranks, got none"},

@@ -168,19 +168,15 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, const std::string& pattern
     for (int b = 0; b < 256; ++b)
         NT_CHECK(ranks_->find(std::string(1, static_cast<char>(b))) != kNoRank, what,
                  "expected every single byte to be a token (a byte-level BPE), got none for byte ", b);
-    uint64_t size = tokens_.size();
+    vocab_size_ = static_cast<int64_t>(tokens_.size());
     for (const auto& [text, id] : special_) {
         NT_CHECK(!text.empty(), what, "expected special tokens of at least one byte, got an empty one");
         NT_CHECK(id >= tokens_.size() && id < kMaxIds, what, "expected special token ", text, "'s id past the ",
                  tokens_.size(), " ranks and below 2^31, got ", id);
-        size = std::max<uint64_t>(size, uint64_t{id} + 1);
-    }
-    by_id_.assign(size, nullptr);
-    for (size_t r = 0; r < tokens_.size(); ++r) by_id_[r] = &tokens_[r];
-    for (const auto& [text, id] : special_) {
-        NT_CHECK(by_id_[id] == nullptr, what, "expected distinct ids, got ", id, " for special token ", text,
-                 " and for ", *by_id_[id]);
-        by_id_[id] = &text;
+        auto [it, inserted] = special_by_id_.emplace(id, &text);
+        NT_CHECK(inserted, what, "expected distinct ids, got ", id, " for special token ", text, " and for ",
+                 *it->second);
+        vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
     }
     regex_ = std::make_unique<Regex>(pattern_, what);
 }
@@ -193,8 +189,7 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::stri
                                         std::map<std::string, uint32_t> special_tokens, std::string name) {
     std::ifstream f(path, std::ios::binary);
     if (!f) throw IOError("Tokenizer: cannot read the rank file " + path + ": " + std::strerror(errno));
-    std::vector<std::string> tokens;
-    std::vector<bool> seen;
+    std::vector<std::pair<uint32_t, std::string>> ranked;  // as read; sorted and checked below
     std::string line, bytes;
     int64_t number = 0;
     auto fail = [&](const std::string& why) {
@@ -212,15 +207,22 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::stri
         for (char c : digits) ok = ok && c >= '0' && c <= '9', rank = rank * 10 + static_cast<uint64_t>(c - '0');
         if (!ok || rank >= kMaxIds)
             throw fail("expected a rank from 0 to 2^31 - 1, got \"" + std::string(digits.substr(0, 20)) + "\"");
-        if (rank >= tokens.size()) tokens.resize(rank + 1), seen.resize(rank + 1, false);
-        if (seen[rank]) throw fail("rank " + std::to_string(rank) + " appears twice");
-        seen[rank] = true;
-        tokens[rank] = bytes;
+        ranked.emplace_back(static_cast<uint32_t>(rank), bytes);
     }
     if (f.bad()) throw IOError("Tokenizer: cannot read the rank file " + path + ": " + std::strerror(errno));
-    if (auto gap = std::find(seen.begin(), seen.end(), false); gap != seen.end())
-        throw FormatError("Tokenizer: rank file " + path + ": expected the ranks 0 to " + std::to_string(seen.size() - 1) +
-                          " each once, got none for rank " + std::to_string(gap - seen.begin()));
+    // The ranks must be 0, 1, ..., n - 1, each once (a line's position does not matter).
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<std::string> tokens;
+    tokens.reserve(ranked.size());
+    for (size_t r = 0; r < ranked.size(); ++r) {
+        if (ranked[r].first < r)
+            throw FormatError("Tokenizer: rank file " + path + ": rank " + std::to_string(ranked[r].first) +
+                              " appears twice");
+        if (ranked[r].first > r)
+            throw FormatError("Tokenizer: rank file " + path + ": expected the ranks 0 to " +
+                              std::to_string(ranked.size() - 1) + " each once, got none for rank " + std::to_string(r));
+        tokens.push_back(std::move(ranked[r].second));
+    }
     NT_CHECK_AS(FormatError, !tokens.empty(), "Tokenizer: rank file ", path, ": expected ranks, got none");
     if (name.empty()) name = std::filesystem::path(path).stem().string();
     try {
@@ -318,9 +320,14 @@ std::vector<uint32_t> Tokenizer::encode_with_special_tokens(std::string_view tex
 std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
     std::string out;
     for (size_t i = 0; i < ids.size(); ++i) {
-        NT_CHECK(ids[i] < by_id_.size() && by_id_[ids[i]] != nullptr, "Tokenizer ", name_, ": id ", ids[i],
-                 " at position ", i, " is no token (the vocabulary has ", by_id_.size(), " ids)");
-        out += *by_id_[ids[i]];
+        if (ids[i] < tokens_.size()) {
+            out += tokens_[ids[i]];
+            continue;
+        }
+        auto it = special_by_id_.find(ids[i]);
+        NT_CHECK(it != special_by_id_.end(), "Tokenizer ", name_, ": id ", ids[i], " at position ", i,
+                 " is no token (the vocabulary has ", vocab_size_, " ids)");
+        out += *it->second;
     }
     return out;
 }

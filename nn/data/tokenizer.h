@@ -73,7 +73,7 @@ public:
     std::string decode(const std::vector<uint32_t>& ids) const;
 
     // The number of ids: one past the largest rank or special token id.
-    int64_t vocab_size() const { return static_cast<int64_t>(by_id_.size()); }
+    int64_t vocab_size() const { return vocab_size_; }
     // The ordinary tokens (ranks), their bytes in rank order.
     const std::vector<std::string>& tokens() const { return tokens_; }
     const std::map<std::string, uint32_t>& special_tokens() const { return special_; }
@@ -84,7 +84,8 @@ private:
     struct Regex;  // the compiled split pattern (PCRE2)
     std::vector<std::string> tokens_;  // by rank
     std::map<std::string, uint32_t> special_;
-    std::vector<const std::string*> by_id_;  // every id's bytes (null: no token has the id)
+    std::map<uint32_t, const std::string*> special_by_id_;  // each special token's id -> its text
+    int64_t vocab_size_ = 0;
     std::string pattern_, name_;
     std::unique_ptr<Regex> regex_;
     struct Ranks;  // bytes -> rank
