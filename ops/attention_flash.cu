@@ -473,7 +473,9 @@ bool flash_attention_applies(const AttentionLayout& layout, bool backward, int d
     // The device's shared memory a block may opt in to, or 0 where the kernels cannot run on it:
     // the code this GPU runs must come from sm_80 or later (mma.sync, ldmatrix, cp.async), not on
     // an earlier GPU, nor from a build whose code for this GPU is an earlier architecture's PTX.
-    // Asked once per device.
+    // Asked once per device. The device is made current on every call, as the launches that follow
+    // set the kernels' attributes on the current device.
+    (void)cuda::stream(device);
     static std::mutex mutex;
     static std::vector<std::pair<int, int>> usable_shared;  // (device, bytes)
     std::lock_guard<std::mutex> lock(mutex);
@@ -481,7 +483,6 @@ bool flash_attention_applies(const AttentionLayout& layout, bool backward, int d
     if (it == usable_shared.end()) {
         int shared_optin = 0;
         CUDA_CHECK(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        (void)cuda::stream(device);  // makes `device` current for the kernel's attributes
         cudaFuncAttributes attributes{};
         CUDA_CHECK(cudaFuncGetAttributes(&attributes, flash_forward_kernel<64, false>));
         it = usable_shared.insert(usable_shared.end(), {device, attributes.ptxVersion >= 80 ? shared_optin : 0});

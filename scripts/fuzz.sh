@@ -16,7 +16,7 @@ source "$ROOT/scripts/common.sh"
 SECONDS_TO_RUN="${1:-60}"
 FUZZ_BUILD="${NORMTAPE_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 
-install_packages clang cmake make libeigen3-dev nlohmann-json3-dev libxxhash-dev
+install_packages clang cmake make libeigen3-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
 # libFuzzer and the sanitizer runtimes: Debian and Ubuntu ship them in libclang-rt-<major>-dev,
 # which clang only recommends.
 CLANG_MAJOR="$(clang++ -dumpversion | cut -d. -f1)"

@@ -260,6 +260,11 @@ print("\n".join(t.hex() for t in tokens[256:]))
     set_num_threads(threads_before);
     CHECK_THROWS_KIND_WITH(train_bpe(text, 255), Error, "train_bpe", "vocab_size from 256", "got 255");
     CHECK_THROWS_KIND_WITH(train_bpe(text, 300, "(["), FormatError, "train_bpe", "does not compile");
+    // Past 1 MiB, where counting cuts the text: "q \n" repeated is "q", " " and "\n" under GPT-2's
+    // pattern (its lookahead sees the "q" after each newline), pieces of one byte: nothing to merge.
+    std::string spaced;
+    for (int i = 0; i < 400000; ++i) spaced += "q \n";
+    CHECK(train_bpe(spaced + "q", 300, kGPT2SplitPattern).vocab_size() == 256);
     // A text too short for the vocabulary: "ab" and " ab" merge (a, b), then (" ", ab), and no
     // piece has two tokens left.
     const Tokenizer small = train_bpe("ab ab", 1000);
@@ -288,7 +293,9 @@ TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved 
     CHECK(tok.tokens() == train_bpe(std::string_view(text).substr(0, 1003855), 4096).tokens());
     CHECK(tok.decode(tok.encode_ordinary(text)) == text);
     for (const auto& [args, says] : std::initializer_list<std::pair<std::string, std::string>>{
-             {"--data /nonexistent --out x", "--data /nonexistent: cannot read the file"},
+             {"--data /nonexistent --out x", "--data /nonexistent: expected a text file, got no such file"},
+             {"--data " + dir.path.string() + " --out x", "expected a text file, got something else"},
+             {"--data /dev/null --out x", "expected a text file"},
              {"--data " + shell_quote(shakespeare_path()) + " --out x --vocab 100", "--vocab 100: expected 256"},
              {"--data " + shell_quote(shakespeare_path()) + " --out x --pattern '(['", "--pattern: "},
              {"--data " + shell_quote(shakespeare_path()) + " --out x --val-fraction 0.9", "--val-fraction"},

@@ -4,7 +4,7 @@
 // host's time to queue each phase (on a GPU: where the host takes as long as the device, the device
 // waits on it between kernels). A step of
 // micro-batches (--micro-batch) alternates forwards and backwards: each phase's time is the sum of
-// its parts. Not here: the step itself (examples/train_gpt/train_gpt.cpp), the report
+// its parts. Not here: the step itself (examples/train_gpt/step_runner.h), the report
 // (examples/train_gpt/report.h).
 #pragma once
 

@@ -143,7 +143,8 @@ void apply_resume_config(const CLI::App& app, Args& a, const ResumeState& r) {
     take_since("--tie", a.tie, std::string("off"));
     take_since("--optimizer", a.optimizer, std::string("adamw"));
     take_since("--muon-lr", a.muon_lr, 0.02);
-    take_since("--data-format", a.data_format, std::string("text"));
+    // Before --data-format a file was read as text, whatever its name.
+    take_since("--data-format", a.data_format, std::string(r.config.value("data", "") == "random" ? "auto" : "text"));
     // --data may name the same bytes by another path: check_resume_data compares the bytes' size
     // and hash.
     if (app.count("--data") == 0) take("--data", a.data);

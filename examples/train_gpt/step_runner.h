@@ -23,8 +23,9 @@
 // 2, examples/train_gpt/train_args.cpp): dropout (a replay would draw the same masks), offload (its
 // copies wait for another stream), the fused loss (it counts its targets on the host), several
 // processes (collectives), --detect-anomaly (it reads values on the host), a memory budget or
-// sweep, the cpu. The batches' ids are checked when the data is read (bytes, or random ids below
-// --vocab), since a capture checks no value.
+// sweep, the cpu. The batches' ids are checked when the data is read (a text's bytes or its
+// tokenizer's ids, a token file's ids against --vocab, random ids below it), since a capture checks
+// no value.
 class StepRunner {
 public:
     static constexpr int64_t kGraphWarmup = 2;

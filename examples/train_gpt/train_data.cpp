@@ -1,6 +1,6 @@
-// examples/train_gpt/train_data.cpp: train_gpt's data (examples/train_gpt/train_data.h): reading the text, holding out
-// its tail, and the validation loss. Not here: the batches (nn/data/data.h), the training step
-// (examples/train_gpt/train_gpt.cpp).
+// examples/train_gpt/train_data.cpp: train_gpt's data (examples/train_gpt/train_data.h): reading the text or
+// the token files (a text encoded by --tokenizer), holding out its tail, and the validation loss.
+// Not here: the batches (nn/data/data.h), the training step (examples/train_gpt/step_runner.h).
 #include "train_data.h"
 
 #include <fcntl.h>
@@ -88,7 +88,8 @@ namespace {
 // The files --data names: the file, or the files its glob pattern matches, sorted.
 std::vector<std::string> data_files(const Args& a, const std::string& what) {
     const std::string file = data_file(a);
-    if (file.find_first_of("*?[") == std::string::npos) return {file};
+    std::error_code ec;  // a file whose name holds *, ? or [ is read as itself
+    if (file.find_first_of("*?[") == std::string::npos || std::filesystem::exists(file, ec)) return {file};
     glob_t g{};
     const int status = ::glob(file.c_str(), 0, nullptr, &g);
     std::vector<std::string> files(g.gl_pathv, g.gl_pathv + (status == 0 ? g.gl_pathc : 0));

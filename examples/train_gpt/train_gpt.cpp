@@ -531,7 +531,7 @@ int main(int argc, char** argv) {
     a.world_size = group->world_size();
     a.rank = group->rank();
     a.device_index = group->device_index();
-    CLI::App app{"train_gpt: train a byte-level pre-LN GPT and compare the memory of the two norm save policies"};
+    CLI::App app{"train_gpt: train a pre-LN GPT on bytes or tokens and compare the memory of the norm save policies"};
     app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     add_flags(app, a);
     try {

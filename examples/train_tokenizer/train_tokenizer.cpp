@@ -14,7 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -34,12 +36,16 @@ struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// The bytes of a non-empty regular file; UsageError naming it and the reason otherwise.
 std::string read_text(const std::string& path) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec))
+        throw UsageError("--data " + path + ": expected a text file, got " +
+                         (std::filesystem::exists(path, ec) ? "something else (a directory?)" : "no such file"));
     std::ifstream f(path, std::ios::binary);
-    if (!f) throw UsageError("--data " + path + ": cannot read the file");
     std::stringstream ss;
-    ss << f.rdbuf();
-    if (!f && !f.eof()) throw UsageError("--data " + path + ": a read failed");
+    if (!(f && ss << f.rdbuf())) throw UsageError("--data " + path + ": cannot read the file: " + std::strerror(errno));
+    if (ss.str().empty()) throw UsageError("--data " + path + ": the file is empty");
     return ss.str();
 }
 
@@ -69,7 +75,7 @@ int main(int argc, char** argv) {
         if (vocab < 256 || vocab >= (int64_t{1} << 31))
             throw UsageError("--vocab " + std::to_string(vocab) + ": expected 256 to 2^31 - 1 tokens");
         if (!(val_fraction >= 0 && val_fraction <= 0.5))
-            throw UsageError("--val-fraction: expected a fraction from 0 to 0.5");
+            throw UsageError("--val-fraction " + std::to_string(val_fraction) + ": expected a fraction from 0 to 0.5");
         const std::string text = read_text(data);
         const auto held = static_cast<size_t>(std::floor(static_cast<double>(text.size()) * val_fraction));
         const std::string_view train(text.data(), text.size() - held), val(text.data() + text.size() - held, held);

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/check.h"
+
 namespace normtape {
 
 enum class TokenFileFormat {

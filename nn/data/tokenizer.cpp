@@ -341,14 +341,16 @@ namespace {
 // A pair of adjacent tokens as one key: left rank in the high 32 bits.
 uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
 
-// Where text may be cut for counting in parallel: after a newline followed by an ASCII letter or
-// digit (Note [Training a BPE]), about every `part` bytes.
+// Where text may be cut for counting in parallel: after a newline between a visible ASCII character
+// and an ASCII letter or digit (Note [Training a BPE]), about every `part` bytes.
 std::vector<size_t> count_cuts(std::string_view text, size_t part) {
     std::vector<size_t> cuts = {0};
     auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
+    auto visible = [](char c) { return c > ' ' && c < 127; };
+    auto cut_after = [&](size_t p) { return p > 0 && p + 1 < text.size() && visible(text[p - 1]) && alnum(text[p + 1]); };
     for (size_t at = part; at < text.size();) {
         size_t p = text.find('\n', at);
-        while (p != std::string_view::npos && p + 1 < text.size() && !alnum(text[p + 1])) p = text.find('\n', p + 1);
+        while (p != std::string_view::npos && p + 1 < text.size() && !cut_after(p)) p = text.find('\n', p + 1);
         if (p == std::string_view::npos || p + 1 >= text.size()) break;
         cuts.push_back(p + 1);
         at = p + 1 + part;

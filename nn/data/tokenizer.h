@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/check.h"
+
 namespace normtape {
 
 // The split patterns of tiktoken's encodings (PCRE2 syntax): GPT-2's (r50k_base, gpt2), GPT-4's
@@ -96,16 +98,18 @@ private:
 };
 
 // Note [Training a BPE]
-// train_bpe learns a vocabulary from a text as minbpe and nanochat's rustbpe do: the text is split
+// train_bpe learns a vocabulary from a text by minbpe's and nanochat's rustbpe's algorithm: the text is split
 // by `pattern` into pieces (as encoding splits it), and the distinct pieces are counted. Starting
 // from the 256 single bytes, each step merges the adjacent pair of tokens that occurs most often
 // within the pieces (a pair inside a piece that occurs n times counts n; overlapping pairs, as in
 // "aaa", count each), the new token taking the next rank; ties go to the pair whose left token,
 // then right token, has the lower rank. Merging a pair in a piece replaces its occurrences left to
-// right. Training stops at `vocab_size` tokens, or earlier when no piece has two tokens left.
-// Counting runs on the cpu threads (core/parallel.h) over parts of the text cut after a newline
-// that precedes a non-whitespace byte, a match boundary of GPT-2's, GPT-4's and GPT-4o's patterns:
-// for them the result does not depend on the number of threads.
+// right (rustbpe breaks ties so; minbpe takes the pair it saw first). Training stops at `vocab_size`
+// tokens, or earlier when no piece has two tokens left.
+// Counting runs on the cpu threads (core/parallel.h) over parts of about 1 MiB, cut after a newline
+// that follows a visible ASCII character and precedes an ASCII letter or digit: a boundary of GPT-2's,
+// GPT-4's and GPT-4o's patterns that their lookahead does not see past, so that for them the counts
+// are those of the whole text, at any number of threads.
 
 // A tokenizer trained on `text` with `vocab_size` tokens (Note [Training a BPE]), no special
 // tokens, named `name`. Throws Error unless 256 <= vocab_size < 2^31, and FormatError for a
