@@ -274,6 +274,12 @@ TEST_CASE("train_gpt: --resume takes --optimizer from the checkpoint, refuses an
         check_refused(run_train_gpt(dir, "--resume " + old_ck + " --optimizer " + optimizer),
                       {"the checkpoint's config has no \"optimizer\" (its run used the default): leave --optimizer out"});
     }
+    // A checkpoint of random tokens written before --data-format existed resumes as one of random
+    // tokens (the format of a file it never read is auto).
+    rewrite(adamw_ck, old_ck, [](NamedTensors&, nlohmann::json& j) { j.erase("data-format"); });
+    r = run_train_gpt(dir, "--resume " + old_ck);
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
 }
 
 TEST_CASE("train_gpt: a data file that cannot be read whole is refused before training, exit 2, with the bytes read") {
