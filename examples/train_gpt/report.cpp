@@ -62,6 +62,23 @@ void print_phase_times(const RunResult& r) {
                     policy_name(r.policy), r.host_ms_median[0], r.host_ms_median[1], r.host_ms_median[2]);
 }
 
+double bits_per_byte(const RunResult& r, double nats) { return nats / (std::log(2.0) * r.val_bytes_per_token); }
+
+bool record_val_loss(RunResult& r, int64_t step, int64_t steps, double v) {
+    r.val_steps.push_back(step);
+    r.val_losses.push_back(v);
+    const bool best = std::isfinite(v) && (std::isnan(r.best_val_loss) || v < r.best_val_loss);
+    if (best) {
+        r.best_val_loss = v;
+        r.best_val_step = step;
+    }
+    char bpb[48] = "";
+    if (std::isfinite(r.val_bytes_per_token)) std::snprintf(bpb, sizeof bpb, " (%.4f bits per byte)", bits_per_byte(r, v));
+    std::printf("[%-6s] step %5lld/%lld | val loss %.4f%s%s\n", policy_name(r.policy), static_cast<long long>(step),
+                static_cast<long long>(steps), v, bpb, best ? " (best)" : "");
+    return best;
+}
+
 void print_optimizer_state(const RunResult& r, const Muon* muon) {
     std::printf("[%-6s] optimizer state: AdamW moments %s bytes, Muon momentum %s bytes, f32 masters %s bytes "
                 "(predicted %s and %s: %s)\n",
@@ -301,11 +318,11 @@ void write_json(const Args& a, const std::vector<RunResult>& runs, const Predict
         // The held-out losses in bits per byte, where the data's bytes per token are known.
         if (std::isfinite(r.val_bytes_per_token)) {
             std::vector<double> bpb;
-            for (double v : r.val_losses) bpb.push_back(v / (std::log(2.0) * r.val_bytes_per_token));
+            for (double v : r.val_losses) bpb.push_back(bits_per_byte(r, v));
             run["val_bytes_per_token"] = r.val_bytes_per_token;
             run["val_bpb"] = bpb;
             run["best_val_bpb"] = std::isnan(r.best_val_loss) ? nlohmann::json()
-                                                              : nlohmann::json(r.best_val_loss / (std::log(2.0) * r.val_bytes_per_token));
+                                                              : nlohmann::json(bits_per_byte(r, r.best_val_loss));
         }
         run["saved_bytes_on_device"] = r.saved_on_device_bytes;
         run["step_peak"] = step_peak(r.memory_trace);

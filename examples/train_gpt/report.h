@@ -124,6 +124,12 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs);
 void write_json(const Args& a, const std::vector<RunResult>& runs, const Predicted& predicted,
                 const std::string& data_desc, int64_t params);
 
+// Records the held-out loss `v` (nats per token) after step `step` of `steps` in r (val_steps,
+// val_losses, the best), and prints it, in bits per byte too where r.val_bytes_per_token is known.
+// Returns whether it is the best so far.
+bool record_val_loss(RunResult& r, int64_t step, int64_t steps, double v);
+// `nats` per token in bits per byte of the held-out part: nats / (ln 2 * r.val_bytes_per_token).
+double bits_per_byte(const RunResult& r, double nats);
 // Two lines: the optimizer state measured beside its prediction (AdamW's moments, Muon's momentum,
 // the f32 masters, in bytes) and, with `muon`, Muon's momentum beside the moments AdamW would keep
 // for the same matrices.

@@ -343,18 +343,7 @@ RunResult train(const Args& a, const TrainData& data, SavePolicy policy, ResumeS
                 group.all_reduce(sum);
                 v = sum.item<double>() / a.world_size;
             }
-            r.val_steps.push_back(step + 1);
-            r.val_losses.push_back(v);
-            const bool best = std::isfinite(v) && (std::isnan(r.best_val_loss) || v < r.best_val_loss);
-            if (best) {
-                r.best_val_loss = v;
-                r.best_val_step = step + 1;
-            }
-            char bpb[48] = "";
-            if (std::isfinite(r.val_bytes_per_token))
-                std::snprintf(bpb, sizeof bpb, " (%.4f bits per byte)", v / (std::log(2.0) * r.val_bytes_per_token));
-            std::printf("[%-6s] step %5lld/%lld | val loss %.4f%s%s\n", policy_name(policy),
-                        static_cast<long long>(step + 1), static_cast<long long>(a.steps), v, bpb, best ? " (best)" : "");
+            const bool best = record_val_loss(r, step + 1, a.steps, v);
             if (best && a.save_best && r.nonfinite_step == 0) save(step + 1);
         }
         if (save_now || (stop && !a.save.empty())) save(step + 1);  // after a non-finite step: says it did not
