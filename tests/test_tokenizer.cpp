@@ -6,8 +6,10 @@
 // corners (tests/fixtures/tokenizer/unicode.txt).
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -165,6 +167,197 @@ TEST_CASE("tokenizer: a rank file round-trips, and a malformed one is a FormatEr
                            "expected distinct ids, got 300");
 }
 
+TEST_CASE("tokenizer: Hugging Face's rule merges only the listed pairs, by their place in the list") {
+    // 256 "ab", 257 "bc", 258 "abc"; tokenizers' list: (b, c), then (a, b), and neither (ab, c) nor (a, bc).
+    const std::vector<std::pair<uint32_t, uint32_t>> merges = {{'b', 'c'}, {'a', 'b'}};
+    const Tokenizer by_list(bytes_and({"ab", "bc", "abc"}), merges, false, kGPT2SplitPattern);
+    const Tokenizer by_rank(bytes_and({"ab", "bc", "abc"}), kGPT2SplitPattern);
+    CHECK(by_list.merges_by_list());
+    CHECK(!by_rank.merges_by_list());
+    // "xabc": by the list, (b, c) is first and (a, bc) is not listed; by rank, "ab" (256) merges
+    // before "bc" (257), then "abc" is a token.
+    CHECK(by_list.encode_ordinary("xabc") == std::vector<uint32_t>{'x', 'a', 257});
+    CHECK(by_rank.encode_ordinary("xabc") == std::vector<uint32_t>{'x', 258});
+    // A piece that is a token: its id under ignore_merges (and tiktoken's rule), merged otherwise.
+    CHECK(by_list.encode_ordinary("abc") == std::vector<uint32_t>{'a', 257});
+    const Tokenizer ignoring(bytes_and({"ab", "bc", "abc"}), merges, true, kGPT2SplitPattern);
+    CHECK(ignoring.encode_ordinary("abc") == std::vector<uint32_t>{258});
+    CHECK(ignoring.encode_ordinary("xabc") == std::vector<uint32_t>{'x', 'a', 257});
+    // Ids need not follow the merges, and special tokens may sit between them: the bytes at 1 and 2,
+    // a special token at 0.
+    std::vector<std::string> tokens = bytes_and({"ab"});
+    std::swap(tokens[0], tokens[256]);  // "ab" at 0, byte 0 at 256
+    tokens.push_back(std::exchange(tokens[0], ""));  // "ab" at 257, none at 0
+    const Tokenizer moved(tokens, {{'a', 'b'}}, false, kGPT2SplitPattern, {{"<s>", 0}});
+    CHECK(moved.vocab_size() == 258);
+    CHECK(moved.encode_with_special_tokens("<s>abab") == std::vector<uint32_t>{0, 257, 257});
+    CHECK(moved.decode({0, 257, 256}) == std::string("<s>ab") + '\0');
+    TempDir dir("tokenizer_rule");
+    CHECK_THROWS_KIND_WITH(by_list.save_tiktoken_file(dir / "x.tiktoken"), Error, "Hugging Face's list",
+                           "save_tokenizer_json");
+    CHECK_THROWS_KIND_WITH(Tokenizer(bytes_and({"ab"}), {{'a', 'b'}, {'a', 'b'}}, false, kGPT2SplitPattern), Error,
+                           "merge 1 (97, 98) is listed twice, first as merge 0");
+    CHECK_THROWS_KIND_WITH(Tokenizer(bytes_and({"ab"}), {{'a', 'c'}}, false, kGPT2SplitPattern), Error,
+                           "merge 0 (97, 99) makes bytes that are no token");
+    CHECK_THROWS_KIND_WITH(Tokenizer(bytes_and({"ab"}), {{'a', 400}}, false, kGPT2SplitPattern), Error,
+                           "names an id that is no ordinary token");
+    CHECK_THROWS_KIND_WITH(Tokenizer(bytes_and({"ab"}), {{'a', 'b'}}, false, kGPT2SplitPattern, {{"<s>", 'a'}}),
+                           Error, "special token <s>'s id past the 257 ranks or at an id with no ordinary token");
+}
+
+TEST_CASE("tokenizer: a tokenizer.json round-trips in tokenizers' form, and a malformed one is a FormatError naming the file") {
+    TempDir dir("tokenizer_json");
+    const Tokenizer tok(bytes_and({" t", "he", " the", "\n\n", "\xe6\xbc"}), kGPT4SplitPattern, {{"<|end|>", 262}}, "small");
+    tok.save_tokenizer_json(dir / "small.tokenizer.json");
+    const nlohmann::json j = nlohmann::json::parse(slurp(dir / "small.tokenizer.json"));
+    // GPT-2's byte-to-unicode map: a space is U+0120, a newline U+010A, 0xE6 itself (U+00E6).
+    CHECK(j["model"]["vocab"]["\xc4\xa0t"] == 256);
+    CHECK(j["model"]["vocab"]["\xc4\x8a\xc4\x8a"] == 259);
+    CHECK(j["model"]["vocab"]["\xc3\xa6\xc2\xbc"] == 260);
+    CHECK(j["model"]["vocab"]["<|end|>"] == 262);
+    CHECK(j["model"]["ignore_merges"] == true);
+    // Every split of each token into two tokens, in the tokens' rank order: " the" is " t" + "he"
+    // alone ("the" is no token).
+    const std::vector<std::string> merges = j["model"]["merges"].get<std::vector<std::string>>();
+    CHECK(merges == std::vector<std::string>{"\xc4\xa0 t", "h e", "\xc4\xa0t he", "\xc4\x8a \xc4\x8a", "\xc3\xa6 \xc2\xbc"});
+    CHECK(j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == kGPT4SplitPattern);
+    CHECK(j["added_tokens"][0]["content"] == "<|end|>");
+    const Tokenizer back = Tokenizer::from_tokenizer_json(dir / "small.tokenizer.json");
+    CHECK(back.name() == "small");
+    CHECK(back.merges_by_list());
+    CHECK(back.vocab_size() == 263);
+    CHECK(back.special_tokens() == tok.special_tokens());
+    for (const std::string& text : {std::string(" the then\n\n\n\xe6\xbc\xa2<|end|>he"), slurp(shakespeare_path()).substr(0, 5000)})
+        CHECK(back.encode_with_special_tokens(text) == tok.encode_with_special_tokens(text));
+    // GPT-2's pattern is ByteLevel's own; written back, the list of the loaded one as it is.
+    const Tokenizer gpt2_like(bytes_and({"ab"}), kGPT2SplitPattern);
+    std::filesystem::create_directories(dir / "gpt2");
+    gpt2_like.save_tokenizer_json(dir / "gpt2/tokenizer.json");
+    const Tokenizer gpt2_back = Tokenizer::load(dir / "gpt2/tokenizer.json");
+    CHECK(gpt2_back.name() == "gpt2");  // a directory's tokenizer.json is named by the directory
+    CHECK(gpt2_back.pattern() == kGPT2SplitPattern);
+    back.save_tokenizer_json(dir / "again.json");
+    CHECK(nlohmann::json::parse(slurp(dir / "again.json")) == j);
+
+    // Each malformed file: a FormatError naming it and what is wrong.
+    auto with = [&](const std::function<void(nlohmann::json&)>& change) {
+        nlohmann::json bad = j;
+        change(bad);
+        write_bytes(dir / "bad.json", bad.dump());
+    };
+    struct Case {
+        std::function<void(nlohmann::json&)> change;
+        std::string says;
+    };
+    for (const Case& c : std::vector<Case>{
+             {[](nlohmann::json& b) { b["model"]["type"] = "WordPiece"; }, "expected \"model\" of \"type\" \"BPE\""},
+             {[](nlohmann::json& b) { b["model"]["unk_token"] = "<unk>"; }, "\"unk_token\" is not supported"},
+             {[](nlohmann::json& b) { b["model"]["dropout"] = 0.1; }, "\"dropout\" is not supported"},
+             {[](nlohmann::json& b) { b["model"]["byte_fallback"] = true; }, "\"byte_fallback\" is not supported"},
+             {[](nlohmann::json& b) { b["normalizer"] = {{"type", "NFC"}}; }, "\"normalizer\" is not supported"},
+             {[](nlohmann::json& b) { b["decoder"] = {{"type", "Metaspace"}}; }, "decoder\" of \"type\" \"ByteLevel\""},
+             {[](nlohmann::json& b) { b.erase("pre_tokenizer"); }, "expected a \"pre_tokenizer\""},
+             {[](nlohmann::json& b) { b["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
+              "add_prefix_space is not supported"},
+             {[](nlohmann::json& b) { b["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true; },
+              "expected ByteLevel's \"use_regex\" false"},
+             {[](nlohmann::json& b) { b["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
+              "expected a Split on a \"Regex\""},
+             {[](nlohmann::json& b) { b["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "expected a ByteLevel"},
+             {[](nlohmann::json& b) { b["pre_tokenizer"] = {{"type", "ByteLevel"}, {"use_regex", false}}; },
+              "expected ByteLevel's \"use_regex\" true"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["a b"] = 300; }, "token a b holds a character"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["\xe6\xbc\xa2"] = 300; }, "holds a character"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["xy"] = 256; }, "id 256 is given twice"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["xy"] = -1; }, "has id -1"},
+             {[](nlohmann::json& b) { b["model"]["vocab"].erase("a"); }, "none for byte 97"},
+             {[](nlohmann::json& b) { b["model"]["merges"].push_back("x yz"); }, "merges\" 5: yz is not in the vocabulary"},
+             {[](nlohmann::json& b) { b["model"]["merges"].push_back("xyz"); }, "expected \"left right\", got \"xyz\""},
+             {[](nlohmann::json& b) { b["model"]["merges"].push_back("h e"); }, "merge 5 (104, 101) is listed twice"},
+             {[](nlohmann::json& b) { b["model"].erase("merges"); }, "not a byte-level BPE tokenizer.json"},
+             {[](nlohmann::json& b) { b["added_tokens"][0]["lstrip"] = true; }, "<|end|>'s \"lstrip\" is not supported"},
+             {[](nlohmann::json& b) { b["added_tokens"][0]["id"] = 263; }, "<|end|> has id 263, the vocabulary 262"},
+             {[](nlohmann::json& b) { b["added_tokens"].push_back({{"id", 256}, {"content", "<|new|>"}}); },
+              "id 256 is \xc4\xa0t and the added token <|new|>"},
+         }) {
+        CAPTURE(c.says);
+        with(c.change);
+        CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "bad.json"), FormatError, "bad.json", c.says);
+    }
+    write_bytes(dir / "bad.json", "{\"model\": ");
+    CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "bad.json"), FormatError, "bad.json: not JSON");
+    CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "missing.json"), IOError, "missing.json");
+    // A rank file's JSON: "pat_str" is needed; a missing one is an IOError.
+    tok.save_tiktoken_file(dir / "ranks.tiktoken");
+    CHECK_THROWS_KIND_WITH(Tokenizer::load(dir / "ranks.tiktoken"), IOError, "ranks.json");
+    write_bytes(dir / "ranks.json", "{\"special_tokens\": {}}");
+    CHECK_THROWS_KIND_WITH(Tokenizer::load(dir / "ranks.tiktoken"), FormatError, "ranks.json", "\"pat_str\"");
+    write_bytes(dir / "ranks.json", nlohmann::json{{"pat_str", kGPT4SplitPattern}, {"special_tokens", {{"<|end|>", 262}}}}.dump());
+    CHECK(Tokenizer::load(dir / "ranks.tiktoken").encode_with_special_tokens("he<|end|>") == std::vector<uint32_t>{257, 262});
+}
+
+TEST_CASE("tokenizer: the ids of Hugging Face's tokenizers for two tokenizer.json files it trained") {
+    // scripts/tokenizer_reference.py fixtures wrote these, tokenizers 0.23: a Split on GPT-4's pattern
+    // with two special tokens at ids 0 and 1 (merges by the list), and ByteLevel's own pattern with
+    // ignore_merges; the ids of encode(text, add_special_tokens=False) for three texts.
+    const std::string fixtures = std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/tokenizer/";
+    const nlohmann::json expected = nlohmann::json::parse(slurp(fixtures + "hf_ids.json"));
+    const std::string shakespeare = slurp(shakespeare_path());
+    const std::map<std::string, std::string> texts = {
+        {"unicode.txt", slurp(fixtures + "unicode.txt")},
+        {"shakespeare_tail", shakespeare.substr(shakespeare.size() - 4000)},
+        {"special", "First<|endoftext|>second <|pad|><|endoftext|> end<|endofprompt|>\n"}};
+    for (const std::string kind : {"split", "byte_level"}) {
+        CAPTURE(kind);
+        const Tokenizer tok = Tokenizer::load(fixtures + "hf_" + kind + ".tokenizer.json");
+        CHECK(tok.merges_by_list());
+        CHECK(tok.special_tokens().size() == (kind == "split" ? 2u : 0u));
+        for (const auto& [name, text] : texts) {
+            CAPTURE(name);
+            const std::vector<uint32_t> ours = tok.encode_with_special_tokens(text);
+            const auto theirs = expected[kind][name].get<std::vector<uint32_t>>();
+            CHECK_MESSAGE(ours == theirs, "first difference at id ", first_difference(ours, theirs), " of ", theirs.size());
+            CHECK(tok.decode(ours) == text);
+        }
+    }
+}
+
+TEST_CASE("tokenizer: invalid UTF-8 is pieces of its own bytes, between valid text that tiktoken encodes") {
+    REQUIRE_TIKTOKEN_OR_SKIP();
+    // scripts/tokenizer_reference.py invalid wrote the ids with Python's tiktoken 0.14: each valid run
+    // by encode_ordinary, each run of invalid bytes by _encode_single_piece.
+    const std::string fixtures = std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/tokenizer/";
+    const nlohmann::json expected = nlohmann::json::parse(slurp(fixtures + "invalid_utf8.ids.json"));
+    const std::string text = slurp(fixtures + "invalid_utf8.txt");
+    for (const std::string name : {"gpt2", "cl100k_base", "o200k_base"}) {
+        CAPTURE(name);
+        const Tokenizer tok = tiktoken_encoding(name);
+        const std::vector<uint32_t> ours = tok.encode_ordinary(text);
+        const auto theirs = expected[name].get<std::vector<uint32_t>>();
+        CHECK_MESSAGE(ours == theirs, "first difference at id ", first_difference(ours, theirs), " of ", theirs.size());
+        CHECK(tok.decode(ours) == text);
+    }
+}
+
+TEST_CASE("tokenizer: gpt2, cl100k_base and o200k_base written as tokenizer.json read back to tiktoken's ids") {
+    // tokenizers itself reads these files to tiktoken's ids (scripts/tokenizer_reference.py compare,
+    // docs/GPU_TESTS.md); here our reader of them meets our rank files.
+    REQUIRE_TIKTOKEN_OR_SKIP();
+    TempDir dir("tokenizer_json_real");
+    const std::string text = slurp(shakespeare_path()).substr(0, 200000) +
+                             slurp(std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/tokenizer/unicode.txt");
+    for (const std::string name : {"gpt2", "cl100k_base", "o200k_base"}) {
+        CAPTURE(name);
+        const Tokenizer tok = tiktoken_encoding(name);
+        tok.save_tokenizer_json(dir / (name + ".json"));
+        const Tokenizer back = Tokenizer::from_tokenizer_json(dir / (name + ".json"));
+        CHECK(back.vocab_size() == tok.vocab_size());
+        CHECK(back.special_tokens() == tok.special_tokens());
+        const std::vector<uint32_t> ours = back.encode_ordinary(text), theirs = tok.encode_ordinary(text);
+        CHECK_MESSAGE(ours == theirs, "first difference at id ", first_difference(ours, theirs), " of ", theirs.size());
+    }
+}
+
 TEST_CASE("tokenizer: the ids of tiktoken for gpt2, cl100k_base and o200k_base on Shakespeare and on Unicode's corners") {
     REQUIRE_TIKTOKEN_OR_SKIP();
     TempDir dir("tokenizer_tiktoken");
@@ -272,7 +465,7 @@ print("\n".join(t.hex() for t in tokens[256:]))
     CHECK(small.tokens().back() == " ab");
 }
 
-TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved as a rank file that loads back, and bad flags exit 2") {
+TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved as a rank file and a tokenizer.json that load back, and bad flags exit 2") {
     if (std::string(NORMTAPE_TRAIN_TOKENIZER).empty()) SKIP_TEST("train_tokenizer was not built");
     TempDir dir("train_tokenizer");
     auto run = [&](const std::string& args) {
@@ -292,6 +485,15 @@ TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved 
     const std::string text = slurp(shakespeare_path());
     CHECK(tok.tokens() == train_bpe(std::string_view(text).substr(0, 1003855), 4096).tokens());
     CHECK(tok.decode(tok.encode_ordinary(text)) == text);
+    // Its tokenizer.json, written beside, converts back to the same ids (tokenizers' list rule).
+    const Tokenizer from_json = Tokenizer::from_tokenizer_json(dir / "shakespeare.tokenizer.json");
+    CHECK(from_json.merges_by_list());
+    CHECK(from_json.encode_ordinary(text) == tok.encode_ordinary(text));
+    REQUIRE(run("--from " + (dir / "shakespeare.tokenizer.json") + " --data " + shell_quote(shakespeare_path()) +
+                " --out " + (dir / "again")) == 0);
+    CHECK(slurp(dir / "out").find("held-out part: 111539 bytes") != std::string::npos);
+    CHECK(std::filesystem::exists(dir / "again.tokenizer.json"));
+    CHECK(!std::filesystem::exists(dir / "again.tiktoken"));  // a list of merges is no rank file
     for (const auto& [args, says] : std::initializer_list<std::pair<std::string, std::string>>{
              {"--data /nonexistent --out x", "--data /nonexistent: expected a text file, got no such file"},
              {"--data " + dir.path.string() + " --out x", "expected a text file, got something else"},
@@ -299,7 +501,9 @@ TEST_CASE("train_tokenizer: 4,096 tokens on Shakespeare's training split, saved 
              {"--data " + shell_quote(shakespeare_path()) + " --out x --vocab 100", "--vocab 100: expected 256"},
              {"--data " + shell_quote(shakespeare_path()) + " --out x --pattern '(['", "--pattern: "},
              {"--data " + shell_quote(shakespeare_path()) + " --out x --val-fraction 0.9", "--val-fraction"},
-             {"--out x", "--data is required"},
+             {"--out x", "give --data to train on, or --from a tokenizer to convert"},
+             {"--from " + (dir / "shakespeare.tiktoken") + " --out x --vocab 300", "excludes"},
+             {"--from /nonexistent.json --out x", "--from /nonexistent.json: Tokenizer: cannot read"},
          }) {
         CAPTURE(args);
         CHECK(run(args) == 2);

@@ -34,6 +34,9 @@ namespace {
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
 constexpr uint64_t kMaxIds = uint64_t{1} << 31;
 
+// A pair of adjacent tokens as one key: the left id in the high 32 bits.
+uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
+
 // PCRE2's message for `code`.
 std::string pcre2_message(int code) {
     PCRE2_UCHAR buffer[256];
@@ -143,40 +146,73 @@ struct Tokenizer::Regex {
 };
 
 struct Tokenizer::Ranks {
-    std::unordered_map<std::string_view, uint32_t> of;  // keys view tokens_'s strings
+    std::unordered_map<std::string_view, uint32_t> id_of;  // the ordinary tokens' bytes (keys view tokens_)
+    // Hugging Face's rule: a pair of ids (pair_key) -> its merge's rank and the id it makes.
+    std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merge_of;
+    uint32_t byte_id[256] = {};  // each single byte's id
     uint32_t find(std::string_view bytes) const {
-        auto it = of.find(bytes);
-        return it == of.end() ? kNoRank : it->second;
+        auto it = id_of.find(bytes);
+        return it == id_of.end() ? kNoRank : it->second;
     }
 };
 
 Tokenizer::Tokenizer(std::vector<std::string> tokens, const std::string& pattern,
                      std::map<std::string, uint32_t> special_tokens, std::string name)
+    : tokens_(std::move(tokens)), special_(std::move(special_tokens)), pattern_(pattern), name_(std::move(name)) {
+    init();
+}
+
+Tokenizer::Tokenizer(std::vector<std::string> tokens, const std::vector<std::pair<uint32_t, uint32_t>>& merges,
+                     bool ignore_merges, const std::string& pattern, std::map<std::string, uint32_t> special_tokens,
+                     std::string name)
     : tokens_(std::move(tokens)),
+      by_list_(true),
+      merge_list_(merges),
+      ignore_merges_(ignore_merges),
       special_(std::move(special_tokens)),
       pattern_(pattern),
-      name_(std::move(name)),
-      ranks_(std::make_unique<Ranks>()) {
+      name_(std::move(name)) {
+    init();
+}
+
+void Tokenizer::init() {
     const std::string what = "Tokenizer " + name_ + ": ";
+    const bool by_list = merges_by_list();
+    ranks_ = std::make_unique<Ranks>();
     NT_CHECK(tokens_.size() < kMaxIds, what, "expected fewer than 2^31 tokens, got ", tokens_.size());
-    ranks_->of.reserve(tokens_.size());
+    ranks_->id_of.reserve(tokens_.size());
     for (size_t r = 0; r < tokens_.size(); ++r) {
+        if (tokens_[r].empty() && by_list) continue;  // an id that is no ordinary token
         NT_CHECK(!tokens_[r].empty(), what, "expected a token of at least one byte, got an empty one at rank ", r);
-        auto [it, inserted] = ranks_->of.emplace(tokens_[r], static_cast<uint32_t>(r));
-        NT_CHECK(inserted, what, "expected each token once, got the bytes of rank ", it->second, " again at rank ", r);
+        auto [it, inserted] = ranks_->id_of.emplace(tokens_[r], static_cast<uint32_t>(r));
+        NT_CHECK(inserted, what, "expected each token once, got the bytes of ", by_list ? "id " : "rank ", it->second,
+                 " again at ", by_list ? "id " : "rank ", r);
     }
-    for (int b = 0; b < 256; ++b)
-        NT_CHECK(ranks_->find(std::string(1, static_cast<char>(b))) != kNoRank, what,
+    for (int b = 0; b < 256; ++b) {
+        ranks_->byte_id[b] = ranks_->find(std::string(1, static_cast<char>(b)));
+        NT_CHECK(ranks_->byte_id[b] != kNoRank, what,
                  "expected every single byte to be a token (a byte-level BPE), got none for byte ", b);
+    }
     vocab_size_ = static_cast<int64_t>(tokens_.size());
     for (const auto& [text, id] : special_) {
         NT_CHECK(!text.empty(), what, "expected special tokens of at least one byte, got an empty one");
-        NT_CHECK(id >= tokens_.size() && id < kMaxIds, what, "expected special token ", text, "'s id past the ",
-                 tokens_.size(), " ranks and below 2^31, got ", id);
+        NT_CHECK((id >= tokens_.size() || tokens_[id].empty()) && id < kMaxIds, what, "expected special token ", text,
+                 "'s id past the ", tokens_.size(), " ranks", by_list ? " or at an id with no ordinary token" : "",
+                 " and below 2^31, got ", id);
         auto [it, inserted] = special_by_id_.emplace(id, &text);
         NT_CHECK(inserted, what, "expected distinct ids, got ", id, " for special token ", text, " and for ",
                  *it->second);
         vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
+    }
+    ranks_->merge_of.reserve(merge_list_.size());
+    for (size_t m = 0; m < merge_list_.size(); ++m) {
+        const auto [a, b] = merge_list_[m];
+        NT_CHECK(a < tokens_.size() && b < tokens_.size() && !tokens_[a].empty() && !tokens_[b].empty(), what,
+                 "merge ", m, " (", a, ", ", b, ") names an id that is no ordinary token");
+        const uint32_t id = ranks_->find(tokens_[a] + tokens_[b]);
+        NT_CHECK(id != kNoRank, what, "merge ", m, " (", a, ", ", b, ") makes bytes that are no token");
+        auto [it, inserted] = ranks_->merge_of.emplace(pair_key(a, b), std::pair{static_cast<uint32_t>(m), id});
+        NT_CHECK(inserted, what, "merge ", m, " (", a, ", ", b, ") is listed twice, first as merge ", it->second.first);
     }
     regex_ = std::make_unique<Regex>(pattern_, what);
 }
@@ -235,6 +271,8 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::stri
 }
 
 void Tokenizer::save_tiktoken_file(const std::string& path) const {
+    NT_CHECK(!merges_by_list(), "Tokenizer::save_tiktoken_file: ", name_, " merges by Hugging Face's list of pairs, "
+             "which a rank file cannot hold: save it with save_tokenizer_json");
     std::string text;
     for (size_t r = 0; r < tokens_.size(); ++r) text += base64_encode(tokens_[r]) + " " + std::to_string(r) + "\n";
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -244,35 +282,46 @@ void Tokenizer::save_tiktoken_file(const std::string& path) const {
 }
 
 void Tokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& out) const {
-    if (const uint32_t rank = ranks_->find(piece); rank != kNoRank) {
-        out.push_back(rank);
-        return;
+    if (ignore_merges_) {
+        if (const uint32_t id = ranks_->find(piece); id != kNoRank) {
+            out.push_back(id);
+            return;
+        }
     }
-    // parts[i].start: where part i begins; parts[i].rank: the rank of part i joined with part i + 1
-    // (kNoRank: not a token). One sentinel part at the end.
+    // parts[i]: where part i begins and its id, and the rank of merging it with part i + 1 (kNoRank:
+    // no merge) and the id that makes. One sentinel part at the end.
     struct Part {
         size_t start;
-        uint32_t rank;
+        uint32_t id, rank, merged;
     };
     std::vector<Part> parts(piece.size() + 1);
-    for (size_t i = 0; i < parts.size(); ++i) parts[i] = {i, kNoRank};
-    auto pair_rank = [&](size_t i) {  // parts i and i + 1 joined, where part i + 1 exists
-        return i + 2 < parts.size() ? ranks_->find(piece.substr(parts[i].start, parts[i + 2].start - parts[i].start))
-                                    : kNoRank;
+    for (size_t i = 0; i < parts.size(); ++i)
+        parts[i] = {i, i < piece.size() ? ranks_->byte_id[static_cast<unsigned char>(piece[i])] : kNoRank, kNoRank, 0};
+    const bool by_list = merges_by_list();
+    auto rank_pair = [&](size_t i) {  // parts i and i + 1, where part i + 1 exists
+        Part& p = parts[i];
+        p.rank = kNoRank;
+        if (i + 2 >= parts.size()) return;
+        if (by_list) {
+            if (auto it = ranks_->merge_of.find(pair_key(p.id, parts[i + 1].id)); it != ranks_->merge_of.end())
+                p.rank = it->second.first, p.merged = it->second.second;
+        } else {
+            p.rank = p.merged = ranks_->find(piece.substr(p.start, parts[i + 2].start - p.start));
+        }
     };
-    for (size_t i = 0; i + 1 < parts.size(); ++i) parts[i].rank = pair_rank(i);
+    for (size_t i = 0; i + 1 < parts.size(); ++i) rank_pair(i);
     for (;;) {
         size_t best = 0;
         uint32_t best_rank = kNoRank;
         for (size_t i = 0; i + 1 < parts.size(); ++i)
             if (parts[i].rank < best_rank) best_rank = parts[i].rank, best = i;
         if (best_rank == kNoRank) break;
+        parts[best].id = parts[best].merged;
         parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
-        parts[best].rank = pair_rank(best);
-        if (best > 0) parts[best - 1].rank = pair_rank(best - 1);
+        rank_pair(best);
+        if (best > 0) rank_pair(best - 1);
     }
-    for (size_t i = 0; i + 1 < parts.size(); ++i)
-        out.push_back(ranks_->find(piece.substr(parts[i].start, parts[i + 1].start - parts[i].start)));
+    for (size_t i = 0; i + 1 < parts.size(); ++i) out.push_back(parts[i].id);
 }
 
 std::vector<uint32_t> Tokenizer::encode_ordinary(std::string_view text) const {
@@ -320,7 +369,7 @@ std::vector<uint32_t> Tokenizer::encode_with_special_tokens(std::string_view tex
 std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
     std::string out;
     for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] < tokens_.size()) {
+        if (ids[i] < tokens_.size() && !tokens_[ids[i]].empty()) {
             out += tokens_[ids[i]];
             continue;
         }
@@ -337,9 +386,6 @@ std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
 namespace normtape {
 
 namespace {
-
-// A pair of adjacent tokens as one key: left rank in the high 32 bits.
-uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
 
 // Where text may be cut for counting in parallel: after a newline between a visible ASCII character
 // and an ASCII letter or digit (Note [Training a BPE]), about every `part` bytes.

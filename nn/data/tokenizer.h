@@ -1,21 +1,46 @@
 // nn/data/tokenizer.h: a byte-level BPE tokenizer that encodes as OpenAI's tiktoken does (GPT-2's
-// r50k, cl100k_base, o200k_base), read from and written to tiktoken's rank files. Not here: the
-// token files its ids are stored in (nn/data/token_file.h), the batches (nn/data/data.h).
+// r50k, cl100k_base, o200k_base) and as Hugging Face's tokenizers does a byte-level BPE, read from
+// and written to tiktoken's rank files and Hugging Face's tokenizer.json. Not here: the token files
+// its ids are stored in (nn/data/token_file.h), the batches (nn/data/data.h).
 //
 // Note [Byte-level BPE]
-// A vocabulary is a list of byte strings, each with its rank (its id); every single byte is one of
-// them. Encoding a text:
+// A vocabulary is a list of byte strings, each with its id; every single byte is one of them.
+// Encoding a text:
 //  1. The text is split into pieces by a regular expression, the encoding's split pattern (e.g.
 //     cl100k_base's: contractions, words with one leading non-letter, numbers of up to 3 digits,
 //     runs of punctuation, whitespace), run by PCRE2 with Unicode properties. Each match is a
-//     piece; bytes no match covers (invalid UTF-8, which no pattern item matches) are pieces too.
+//     piece; so is each run of bytes that no match covers: invalid UTF-8, which no pattern item
+//     matches and no lookahead sees past, so that the valid text around it is split as it would be
+//     alone (tiktoken's private _encode_bytes, by contrast, merges all bytes from the first invalid
+//     one on as a single piece).
 //  2. A piece that is a token is its id. Otherwise it starts as its single bytes and, repeatedly,
-//     the adjacent pair whose concatenation has the lowest rank is merged (the leftmost among
-//     equals), until no adjacent pair's concatenation is a token; each part is then its id
-//     (tiktoken's byte_pair_merge, Sennrich et al. 2016 applied to bytes as GPT-2 did).
-// Special tokens (e.g. "<|endoftext|>") are ids outside the ranks, matched as literal strings
+//     the adjacent pair of lowest merge rank is merged (the leftmost among equals), until no
+//     adjacent pair has a rank; each part is then its id (Sennrich et al. 2016, applied to bytes
+//     as GPT-2 did). The rank of a pair is, by tiktoken's rule, the rank (id) of its concatenation
+//     when that is a token (tiktoken's byte_pair_merge). By Hugging Face's rule (a tokenizer.json's
+//     BPE model) it is the pair's position in the model's list of merges, and pairs not listed never
+//     merge; a piece that is a token is its id only when the model says "ignore_merges".
+// Special tokens (e.g. "<|endoftext|>") are ids outside the merges, matched as literal strings
 // before the split when allowed. Decoding concatenates the ids' bytes: decode(encode(t)) == t for
 // every byte string t, valid UTF-8 or not.
+//
+// Note [tokenizer.json]
+// Hugging Face's tokenizers stores a byte-level BPE as JSON: "model" {"type": "BPE", "vocab":
+// {token: id}, "merges": ["left right", ...] or [["left", "right"], ...], "ignore_merges"}, whose
+// token strings spell each byte as one character by GPT-2's byte-to-unicode map (the printable
+// bytes ! to ~, 0xA1 to 0xAC and 0xAE to 0xFF as themselves, the other 68 as U+0100 on in byte
+// order); "pre_tokenizer" ByteLevel with use_regex (GPT-2's pattern), or a Sequence of a Split on a
+// Regex (behavior Isolated) and a ByteLevel without use_regex; "added_tokens", the special tokens,
+// matched as text. normtape reads exactly that: add_prefix_space, a normalizer, BPE dropout, an unk
+// token, subword prefixes or suffixes, byte fallback, added tokens that strip or match single words,
+// and a decoder other than ByteLevel are refused (FormatError), since they would change the ids. A
+// post_processor (e.g. TemplateProcessing's BOS) is not applied: encode's ids are those of
+// tokenizers' encode(text, add_special_tokens=False). Saving writes that form. A tokenizer of
+// tiktoken's rule is written with "ignore_merges" and, as transformers' TikTokenConverter does,
+// every pair of tokens whose concatenation is a token, ordered by the concatenation's rank, then the
+// left's, then the right's. tokenizers' list cannot give pairs equal ranks, so the two rules can
+// differ on a piece where two different pairs that make the same token overlap (as "ab" "a" "ba");
+// the tests compare the ids on real text.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +48,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -37,13 +63,22 @@ extern const char* const kGPT4oSplitPattern;
 
 class Tokenizer {
 public:
-    // A tokenizer of the byte strings `tokens` (tokens[r] has rank and id r), splitting by `pattern`,
-    // with `special_tokens` (string -> id, each id >= tokens.size()). `name` names it in messages
-    // and checkpoints. Throws Error naming the tokenizer when a token is empty or appears twice, a
-    // single byte is not a token, a special token's id collides with another id or the ids reach
-    // 2^31, or (FormatError) the pattern does not compile (PCRE2's message and offset).
+    // A tokenizer of tiktoken's rule (Note [Byte-level BPE]): the byte strings `tokens` (tokens[r]
+    // has rank and id r), splitting by `pattern`, with `special_tokens` (string -> id, each id >=
+    // tokens.size()). `name` names it in messages and checkpoints. Throws Error naming the tokenizer
+    // when a token is empty or appears twice, a single byte is not a token, a special token's id
+    // collides with another id or the ids reach 2^31, or (FormatError) the pattern does not compile
+    // (PCRE2's message and offset).
     Tokenizer(std::vector<std::string> tokens, const std::string& pattern,
               std::map<std::string, uint32_t> special_tokens = {}, std::string name = "bpe");
+    // A tokenizer of Hugging Face's rule: `tokens` by id (an empty string where an id is not an
+    // ordinary token, e.g. a special token's), `merges` the pairs of ids that merge, highest
+    // priority first, each pair's concatenation a token; with `ignore_merges` a piece that is a
+    // token is its id at once. Throws as the constructor above, and Error naming the merge when a
+    // pair is listed twice, names an id that is no ordinary token, or its concatenation is no token.
+    Tokenizer(std::vector<std::string> tokens, const std::vector<std::pair<uint32_t, uint32_t>>& merges,
+              bool ignore_merges, const std::string& pattern, std::map<std::string, uint32_t> special_tokens = {},
+              std::string name = "bpe");
     ~Tokenizer();
     Tokenizer(Tokenizer&&) noexcept;
     Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -57,8 +92,24 @@ public:
     static Tokenizer from_tiktoken_file(const std::string& path, const std::string& pattern,
                                         std::map<std::string, uint32_t> special_tokens = {}, std::string name = "");
     // Writes the ranks as tiktoken's rank file (base64 with padding, in rank order), replacing
-    // `path`; IOError when it cannot be written.
+    // `path`. Throws Error for a tokenizer of Hugging Face's rule (its merges are not ranks: save it
+    // with save_tokenizer_json), IOError when the file cannot be written.
     void save_tiktoken_file(const std::string& path) const;
+
+    // Reads Hugging Face's tokenizer.json `path` (Note [tokenizer.json]), named by the file's stem
+    // unless given ("gpt2" for gpt2/tokenizer.json and gpt2.tokenizer.json). Throws IOError when the file cannot
+    // be read; FormatError naming the file and the key when it is not JSON, not a byte-level BPE of
+    // the form the Note describes, a token holds a character outside the byte-to-unicode map, or a
+    // merge names a string that is not in the vocabulary; and the constructors' errors.
+    static Tokenizer from_tokenizer_json(const std::string& path, std::string name = "");
+    // Writes Hugging Face's tokenizer.json (Note [tokenizer.json]), replacing `path`; IOError when it
+    // cannot be written.
+    void save_tokenizer_json(const std::string& path) const;
+    // Reads either file: a name ending in ".json" as tokenizer.json, any other as a rank file beside
+    // its JSON (the path with the extension .json, as scripts/fetch_tiktoken.sh and train_tokenizer
+    // write it: "pat_str" and, if any, "special_tokens" {string: id}). Throws as the readers do, and
+    // FormatError naming the JSON when it lacks "pat_str" or its special tokens are not ids.
+    static Tokenizer load(const std::string& path);
 
     // The ids of `text` (any bytes), its special tokens encoded as ordinary text (tiktoken's
     // encode_ordinary). Thread-safe: each call uses match data of its own.
@@ -68,31 +119,39 @@ public:
     // a special token not allowed (tiktoken's encode with disallowed_special "all"): encode it as
     // text with encode_ordinary, or allow it.
     std::vector<uint32_t> encode(std::string_view text, const std::vector<std::string>& allowed_special = {}) const;
-    // encode with every special token allowed.
+    // encode with every special token allowed (tokenizers' encode without its post-processor).
     std::vector<uint32_t> encode_with_special_tokens(std::string_view text) const;
     // The bytes of `ids`, concatenated. Throws Error naming the id and its position for an id that is
     // no token.
     std::string decode(const std::vector<uint32_t>& ids) const;
 
-    // The number of ids: one past the largest rank or special token id.
+    // The number of ids: one past the largest ordinary or special token id.
     int64_t vocab_size() const { return vocab_size_; }
-    // The ordinary tokens (ranks), their bytes in rank order.
+    // The ordinary tokens' bytes by id (an empty string where an id is not an ordinary token); in
+    // rank order for tiktoken's rule.
     const std::vector<std::string>& tokens() const { return tokens_; }
     const std::map<std::string, uint32_t>& special_tokens() const { return special_; }
     const std::string& pattern() const { return pattern_; }
     const std::string& name() const { return name_; }
+    // Whether pairs merge by Hugging Face's list (the second constructor) rather than by rank.
+    bool merges_by_list() const { return by_list_; }
 
 private:
     struct Regex;  // the compiled split pattern (PCRE2)
-    std::vector<std::string> tokens_;  // by rank
+    struct Ranks;  // bytes -> id, and pair -> merge, for encoding
+    std::vector<std::string> tokens_;  // by id
+    bool by_list_ = false;  // Hugging Face's rule
+    std::vector<std::pair<uint32_t, uint32_t>> merge_list_;  // its merges, in order
+    bool ignore_merges_ = true;
     std::map<std::string, uint32_t> special_;
     std::map<uint32_t, const std::string*> special_by_id_;  // each special token's id -> its text
     int64_t vocab_size_ = 0;
     std::string pattern_, name_;
     std::unique_ptr<Regex> regex_;
-    struct Ranks;  // bytes -> rank
     std::unique_ptr<Ranks> ranks_;
 
+    // Checks and indexes the tokens, merges and special tokens; compiles the pattern.
+    void init();
     // Appends the ids of one piece (step 2 of Note [Byte-level BPE]).
     void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
 };
