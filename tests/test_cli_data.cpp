@@ -3,6 +3,7 @@
 // name order, nanoGPT's raw uint16 ids train, and a file that is not what its format says, or ids
 // past --vocab, are refused before training with exit 2.
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -100,7 +101,7 @@ TEST_CASE("train_gpt: a token file that is not what its format says, or ids past
              Case{"--vocab 512 --data " + (dir / "odd.bin"), "expected raw uint16 ids (an even number of bytes"},
              Case{"--vocab 300 --data " + (dir / "all.bin"), "token 361 at position 1 is not below --vocab 300"},
              Case{"--vocab 512 --data '" + (dir / "nothing_*.bin") + "'", "the pattern matches no file"},
-             Case{"--vocab 512 --sample 10 --data " + (dir / "all.bin"), "--sample prints bytes: a model of token ids"},
+             Case{"--vocab 512 --sample 10 --data " + (dir / "all.bin"), "--sample prints text: a token file's ids have no tokenizer"},
              Case{"--data random --data-format raw", "--data-format raw reads a file: --data random has none"},
              Case{"--data-format bytes", "--data-format \"bytes\": expected auto or text or llm.c or raw"},
              Case{"--vocab 512 --data-format text --data " + (dir / "all.bin"), "--vocab 512 needs --data random, a token file or --tokenizer"},
@@ -110,10 +111,11 @@ TEST_CASE("train_gpt: a token file that is not what its format says, or ids past
     }
 }
 
-TEST_CASE("train_gpt: --tokenizer encodes a text before training, and the held-out loss is reported in bits per byte") {
+TEST_CASE("train_gpt: --tokenizer encodes a text before training, once, and the held-out loss is reported in bits per byte") {
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("cli_tokenizer");
     const std::string text = slurp(shakespeare_path());
+    write_bytes(dir / "input.txt", text);  // the encoded text is cached beside it
     // A tokenizer of 512 ids trained on 200,000 bytes from `at`, saved as train_tokenizer saves one.
     auto save = [&](const std::string& name, size_t at) {
         normtape::Tokenizer tok = normtape::train_bpe(std::string_view(text).substr(at, 200000), 512);
@@ -123,10 +125,28 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, and the held-o
     };
     const normtape::Tokenizer tok = save("small", 0);
     save("other", 400000);  // the same size, other merges
-    const std::string run = kTiny + " --data " + shell_quote(shakespeare_path()) + " --eval-every 3 --eval-batches 2";
-    RunResult r = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --json tok.json --save ck.safetensors --stop-at 2");
+    const std::string run = kTiny + " --data input.txt --eval-every 3 --eval-batches 2";
+    RunResult r = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --json tok.json --save ck.safetensors --stop-at 2 --chart c.svg");
     CAPTURE(r.err);
     REQUIRE(r.code == 0);
+    CHECK(slurp(dir / "c.svg").find("bits per byte") != std::string::npos);
+    // The ids, cached beside the text as an llm.c token file, and read from there by the next run.
+    std::vector<std::string> caches;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path))
+        if (e.path().filename().string().starts_with("input.txt.small.")) caches.push_back(e.path().string());
+    REQUIRE(caches.size() == 1);
+    const std::string cache_name = std::filesystem::path(caches[0]).filename().string();  // --data is relative
+    CHECK(r.out.find("(cached in " + cache_name + ")") != std::string::npos);
+    CHECK(normtape::read_token_file(caches[0]) == tok.encode_ordinary(text));
+    RunResult again = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --json again.json --stop-at 2");
+    CHECK(again.out.find("(read from the cache " + cache_name + ")") != std::string::npos);
+    CHECK(nlohmann::json::parse(slurp(dir / "again.json"))["runs"][0]["val_losses"] ==
+          nlohmann::json::parse(slurp(dir / "tok.json"))["runs"][0]["val_losses"]);
+    write_bytes(caches[0], slurp(caches[0]).substr(0, 2000));  // truncated: encoded again, with a warning
+    RunResult truncated = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --stop-at 1");
+    CHECK(truncated.code == 0);
+    CHECK(truncated.err.find("is unreadable, encoding again") != std::string::npos);
+    CHECK(normtape::read_token_file(caches[0]) == tok.encode_ordinary(text));
     CHECK(r.out.find("V=512") != std::string::npos);  // --vocab: the tokenizer's
     const size_t n = tok.encode_ordinary(text).size();
     const std::string digits = std::to_string(n);
@@ -136,6 +156,12 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, and the held-o
         count += digits[i];
     }
     CHECK(r.out.find("encoded by small, " + count + " tokens in 1,115,394 bytes") != std::string::npos);
+    // The same tokenizer as a tokenizer.json: the same ids.
+    tok.save_tokenizer_json(dir / "small.tokenizer.json");
+    RunResult json = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tokenizer.json") + " --sample 20");
+    CHECK(json.code == 0);
+    CHECK(json.out.find("encoded by small, " + count + " tokens") != std::string::npos);
+    CHECK(json.out.find("a sample of 20 tokens") != std::string::npos);
     CHECK(r.out.find("bits per byte") != std::string::npos);
     const nlohmann::json tokenized = nlohmann::json::parse(slurp(dir / "tok.json"))["runs"][0];
     // The held-out tail's bytes per token: its ids' bytes over its ids.
@@ -149,6 +175,26 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, and the held-o
     REQUIRE(run_train_gpt(dir, run + " --json bytes.json").code == 0);
     const nlohmann::json bytes = nlohmann::json::parse(slurp(dir / "bytes.json"))["runs"][0];
     CHECK(bytes["val_bpb"][0].get<double>() == doctest::Approx(bytes["val_losses"][0].get<double>() / std::log(2.0)));
+    // generate decodes with the checkpoint's tokenizer, and refuses another.
+    if (!std::string(NORMTAPE_GENERATE).empty()) {
+        const std::string gen = "ck.safetensors --prompt 'ROMEO:' --tokens 10 --device cpu --temperature 0";
+        RunResult g = run_generate(dir, gen);
+        CAPTURE(g.err);
+        CHECK(g.code == 0);
+        CHECK(!g.out.empty());
+        CHECK(run_generate(dir, gen + " --tokenizer " + (dir / "small.tiktoken")).out == g.out);
+        RunResult other = run_generate(dir, gen + " --tokenizer " + (dir / "other.tiktoken"));
+        CHECK(other.code == 2);
+        CHECK(other.err.find("not the tokenizer the model was trained with") != std::string::npos);
+        std::filesystem::rename(dir / "small.tiktoken", dir / "moved.tiktoken");
+        std::filesystem::rename(dir / "small.json", dir / "moved.json");
+        RunResult moved = run_generate(dir, gen);
+        CHECK(moved.code == 2);
+        CHECK(moved.err.find("give --tokenizer FILE if it has moved") != std::string::npos);
+        CHECK(run_generate(dir, gen + " --tokenizer " + (dir / "moved.tiktoken")).out == g.out);
+        std::filesystem::rename(dir / "moved.tiktoken", dir / "small.tiktoken");
+        std::filesystem::rename(dir / "moved.json", dir / "small.json");
+    }
     for (const auto& [args, says] : std::initializer_list<std::pair<std::string, std::string>>{
              {"--data random --tokenizer " + (dir / "small.tiktoken"), "--tokenizer encodes a text --data: --data random"},
              {"--data " + (dir / "small.tiktoken") + ".bin --tokenizer " + (dir / "small.tiktoken"),

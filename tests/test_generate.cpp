@@ -67,16 +67,6 @@ SamplingOptions sampling(double temperature, int64_t top_k, uint64_t seed, bool 
     return o;
 }
 
-// Runs the generate binary that this build made (NORMTAPE_GENERATE) with `args` in `dir`, after
-// the shell commands `before` (e.g. a ulimit).
-RunResult run_generate(const TempDir& dir, const std::string& args, const std::string& before = "") {
-    std::string out = dir / "gen_stdout", err = dir / "gen_stderr";
-    std::string cmd = (before.empty() ? "" : before + " && ") + "cd " + dir.path.string() + " && " +
-                      std::string(NORMTAPE_GENERATE) + " " + args + " > " + out + " 2> " + err;
-    int status = std::system(cmd.c_str());
-    return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
-
 // Writes the checkpoint `from` to `to` with its config's `key` set to `value` (checksums rewritten).
 void set_config(const std::string& from, const std::string& to, const char* key, const nlohmann::json& value) {
     std::map<std::string, std::string> meta;

@@ -429,6 +429,21 @@ TEST_SUITE("hf") {
         CHECK(cpu_allocated() == before);
     }
 
+    TEST_CASE("hf: save_hf writes the tokenizer's tokenizer.json beside the model, and refuses one past its vocabulary") {
+        TempDir dir("hf_tokenizer");
+        GPTConfig c = small_config("llama", true);
+        c.vocab_size = 300;
+        const Tokenizer tok = train_bpe("the cat sat on the mat, the cat ate the rat", 270);
+        save_hf(GPT(c), dir / "model", &tok);
+        const Tokenizer back = Tokenizer::load(dir / "model/tokenizer.json");
+        CHECK(back.name() == "model");
+        CHECK(back.encode_ordinary("the rat sat") == tok.encode_ordinary("the rat sat"));
+        c.vocab_size = 260;  // fewer than the tokenizer's 270 ids
+        CHECK_THROWS_KIND_WITH(save_hf(GPT(c), dir / "small", &tok), Error, "save_hf", "270 ids",
+                               "model's vocabulary of 260");
+        CHECK(!std::filesystem::exists(dir / "small"));
+    }
+
     TEST_CASE("hf: save_hf refuses architectures transformers' Llama and GPT-2 do not compute, writing nothing") {
         TempDir dir("hf_save_bad");
         CHECK_THROWS_KIND_WITH(save_hf(GPT(small_config("nanochat", false)), dir / "nanochat"), Error, "save_hf", "nanochat",

@@ -501,6 +501,15 @@ inline RunResult run_train_gpt(const TempDir& dir, const std::string& args, cons
     return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
 }
 
+// Runs the generate that this build made (NORMTAPE_GENERATE) as run_train_gpt runs train_gpt.
+inline RunResult run_generate(const TempDir& dir, const std::string& args, const std::string& before = "") {
+    std::string out = dir / "gen_stdout", err = dir / "gen_stderr";
+    std::string cmd = (before.empty() ? "" : before + " && ") + "cd " + dir.path.string() + " && " +
+                      std::string(NORMTAPE_GENERATE) + " " + args + " > " + out + " 2> " + err;
+    int status = std::system(cmd.c_str());
+    return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
 // A run that train_gpt refused before training: exit code 2, one line on stderr holding each of
 // `says`, and no training step on stdout.
 inline void check_refused(const RunResult& r, std::initializer_list<std::string> says) {

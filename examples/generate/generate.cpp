@@ -1,9 +1,15 @@
 // examples/generate/generate.cpp: samples text from a checkpoint that train_gpt --save wrote, as nanoGPT's
-// sample.py: generate CHECKPOINT --prompt TEXT --tokens N prints the N bytes that the model draws
+// sample.py: generate CHECKPOINT --prompt TEXT --tokens N prints the N tokens that the model draws
 // after the prompt (the continuation only) to standard output, as they are drawn.
 //
-// The vocabulary is bytes: the prompt's bytes are its tokens, and each token drawn is written as
-// one byte (a checkpoint of more than 256 tokens, trained on --data random --vocab, is refused).
+// The text is bytes, or a tokenizer's ids. Without a tokenizer the prompt's bytes are its tokens
+// and each token drawn is written as one byte (a model of more than 256 tokens is refused). With
+// one (nn/data/tokenizer.h), the prompt is encoded (encode_ordinary, as train_gpt encodes its text)
+// and each token drawn is written as its bytes; an id that is no token of it (a vocabulary padded
+// past the tokenizer's) writes nothing, and their count is a warning at the end. The tokenizer is
+// --tokenizer FILE, else the one train_gpt --tokenizer recorded in the checkpoint (its path and
+// checksum: --tokenizer must be the same files, examples/common/checksums.h), else a Hugging Face
+// directory's tokenizer.json.
 // The model is rebuilt from the checkpoint's metadata entry "train_gpt.config" (layers, heads,
 // embd, vocab, seq as block_size, norm, dtype; the sizes in train_gpt's ranges, the model no larger
 // than the parameters the file holds) and its parameters are loaded from its tensors
@@ -14,11 +20,11 @@
 //
 // CHECKPOINT may also be a Hugging Face model directory (one holding config.json, as
 // transformers' save_pretrained or nn/formats/hf.h's save_hf writes it) of a LlamaForCausalLM or a
-// GPT2LMHeadModel: it is read with load_hf (nn/formats/hf.h), in f32, and its vocabulary must be bytes too
-// (at most 256 tokens: a model trained by normtape and exported, not a tokenized Hub model).
+// GPT2LMHeadModel: it is read with load_hf (nn/formats/hf.h), in f32, with its tokenizer.json if it
+// has one (save_hf writes it when given the tokenizer).
 //
-// Exit status: 0; 2 for a bad flag, prompt or checkpoint, with one line on stderr before anything
-// is printed; 1 for an error while sampling (out of memory, a device error), with its message.
+// Exit status: 0; 2 for a bad flag, prompt, tokenizer or checkpoint, with one line on stderr before
+// anything is printed; 1 for an error while sampling (out of memory, a device error), with its message.
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -35,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/checkpoint_checks.h"
+#include "../common/checksums.h"
 #include "../common/flag_syntax.h"
 #include "nn/formats/json_read.h"
 #include "normtape.h"
@@ -49,7 +56,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct GenerateArgs {
-    std::string checkpoint, prompt, prompt_file, device;
+    std::string checkpoint, prompt, prompt_file, device, tokenizer;
     int64_t tokens = 500;  // nanoGPT's max_new_tokens
     double temperature = 0.8;
     int64_t top_k = 200;
@@ -74,8 +81,13 @@ std::string read_file(const std::string& path) {
 
 // The GPT of the checkpoint's "train_gpt.config" (see examples/train_gpt/resume.h), on `device`:
 // its sizes within train_gpt's ranges, and no more parameters than the file's `tensors` hold.
+// The tokenizer a checkpoint records (train_gpt --tokenizer): its path and checksum, "" for none.
+struct RecordedTokenizer {
+    std::string path, fnv1a64;
+};
+
 GPTConfig checkpoint_config(const std::string& path, const std::map<std::string, std::string>& metadata,
-                            const NamedTensors& tensors, Device device) {
+                            const NamedTensors& tensors, Device device, RecordedTokenizer& recorded) {
     auto entry = metadata.find("train_gpt.config");
     if (entry == metadata.end())
         throw UsageError(path + ": not a train_gpt checkpoint (one written by train_gpt --save): no \"train_gpt.config\" "
@@ -133,9 +145,12 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
     } catch (const Error& e) {
         throw UsageError(path + ": the checkpoint's train_gpt.config: " + e.what());
     }
-    if (g.vocab_size > 256)
-        throw UsageError(path + ": the checkpoint's model has a vocabulary of " + std::to_string(g.vocab_size) +
-                         " tokens; generate reads and writes bytes (at most 256)");
+    // Checkpoints written before --tokenizer existed record none.
+    const nlohmann::json tok_path = c.value("tokenizer", nlohmann::json("")), tok_hash = c.value("tokenizer_fnv1a64", nlohmann::json(""));
+    if (!tok_path.is_string() || !tok_hash.is_string())
+        throw UsageError(path + ": the checkpoint's train_gpt.config has tokenizer " + detail::json_excerpt(tok_path) +
+                         " and tokenizer_fnv1a64 " + detail::json_excerpt(tok_hash) + ", expected strings");
+    recorded = {tok_path.get<std::string>(), tok_hash.get<std::string>()};
     if (std::string why = model_larger_than_file(g, tensors); !why.empty()) throw UsageError(path + ": " + why);
     return g;
 }
@@ -159,12 +174,12 @@ auto bad_file_is_usage_error(F&& fn) -> decltype(fn()) {
 
 // The model of a train_gpt checkpoint, on `device`: its config checked (checkpoint_config) before
 // the model is built, then its parameters loaded.
-std::unique_ptr<GPT> checkpoint_model(const std::string& path, Device device) {
+std::unique_ptr<GPT> checkpoint_model(const std::string& path, Device device, RecordedTokenizer& recorded) {
     std::map<std::string, std::string> metadata;
     bool checksummed = false;
     NamedTensors tensors = bad_file_is_usage_error([&] { return load_safetensors(path, &metadata, &checksummed); });
     if (!checksummed) warn_unverified("generate", path);
-    auto model = std::make_unique<GPT>(checkpoint_config(path, metadata, tensors, device));
+    auto model = std::make_unique<GPT>(checkpoint_config(path, metadata, tensors, device, recorded));
     bad_file_is_usage_error([&] { load_checkpoint(path, tensors, metadata, *model); });
     return model;
 }
@@ -175,18 +190,32 @@ bool is_hf_directory(const std::string& path) {
     return std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "config.json", ec);
 }
 
-// The model of a Hugging Face directory (nn/formats/hf.h), in f32 on `device`; its vocabulary must be bytes.
-std::unique_ptr<GPT> hf_model(const std::string& dir, Device device) {
-    std::unique_ptr<GPT> model = bad_file_is_usage_error([&] { return load_hf(dir, device, DType::F32); });
-    if (model->config().vocab_size > 256)
-        throw UsageError(dir + ": the model has a vocabulary of " + std::to_string(model->config().vocab_size) +
-                         " tokens; generate reads and writes bytes (at most 256)");
-    return model;
+// The tokenizer of the run (see the top of this file), or none: --tokenizer, else the recorded one
+// (for a Hugging Face directory: its tokenizer.json). UsageError when it cannot be read, is not the
+// recorded one (another checksum), or has more ids than the model's vocabulary.
+std::unique_ptr<Tokenizer> run_tokenizer(const GenerateArgs& a, const RecordedTokenizer& recorded, int64_t vocab_size) {
+    const std::string path = a.tokenizer.empty() ? recorded.path : a.tokenizer;
+    if (path.empty()) return nullptr;
+    const std::string what = a.tokenizer.empty() ? "the checkpoint's tokenizer " + path : "--tokenizer " + path;
+    std::unique_ptr<Tokenizer> tok;
+    try {
+        const std::string hash = hex(tokenizer_fnv1a64(path));
+        if (!recorded.fnv1a64.empty() && hash != recorded.fnv1a64)
+            throw UsageError(what + ": not the tokenizer the model was trained with (checksum " + hash +
+                             ", the checkpoint's " + recorded.fnv1a64 + ")");
+        tok = std::make_unique<Tokenizer>(Tokenizer::load(path));
+    } catch (const Error& e) {
+        throw UsageError(what + ": " + e.what() + (a.tokenizer.empty() ? " (give --tokenizer FILE if it has moved)" : ""));
+    }
+    if (tok->vocab_size() > vocab_size)
+        throw UsageError(what + " has " + std::to_string(tok->vocab_size()) + " ids, more than the model's vocabulary of " +
+                         std::to_string(vocab_size));
+    return tok;
 }
 
 int run(const GenerateArgs& a) {
-    // Everything a user can get wrong is checked before the model is built, but the prompt's bytes,
-    // which are checked against its vocabulary.
+    // Everything a user can get wrong is checked before the model is built, but the prompt's bytes
+    // and the tokenizer, which are checked against its vocabulary.
     if (!std::isfinite(a.temperature) || a.temperature < 0)
         throw UsageError("--temperature " + number_text(a.temperature) + ": expected a finite number >= 0 (0: greedy)");
     if (a.top_k < 0) throw UsageError("--top-k " + std::to_string(a.top_k) + ": expected an integer >= 0 (0: all)");
@@ -202,17 +231,34 @@ int run(const GenerateArgs& a) {
                                          : "--device cuda: this build of normtape has no CUDA backend");
 
     const Device dev = device == "cuda" ? Device::CUDA : Device::CPU;
-    const std::unique_ptr<GPT> model =
-        is_hf_directory(a.checkpoint) ? hf_model(a.checkpoint, dev) : checkpoint_model(a.checkpoint, dev);
+    RecordedTokenizer recorded;
+    std::unique_ptr<GPT> model;
+    if (is_hf_directory(a.checkpoint)) {
+        model = bad_file_is_usage_error([&] { return load_hf(a.checkpoint, dev, DType::F32); });
+        std::error_code ec;
+        const std::string json = (std::filesystem::path(a.checkpoint) / "tokenizer.json").string();
+        if (std::filesystem::exists(json, ec)) recorded.path = json;
+    } else {
+        model = checkpoint_model(a.checkpoint, dev, recorded);
+    }
     const GPTConfig& config = model->config();
+    const std::unique_ptr<Tokenizer> tok = run_tokenizer(a, recorded, config.vocab_size);
+    if (!tok && config.vocab_size > 256)
+        throw UsageError(a.checkpoint + ": the model has a vocabulary of " + std::to_string(config.vocab_size) +
+                         " tokens and no tokenizer: give --tokenizer FILE (without one, generate reads and writes "
+                         "bytes, at most 256)");
     std::vector<int64_t> prompt;
-    for (size_t i = 0; i < text.size(); ++i) {
-        const int64_t byte = static_cast<unsigned char>(text[i]);
-        if (byte >= config.vocab_size)
-            throw UsageError("the prompt's byte " + std::to_string(byte) + " at offset " + std::to_string(i) +
-                             " is outside the checkpoint's vocabulary of " + std::to_string(config.vocab_size) +
-                             " tokens");
-        prompt.push_back(byte);
+    if (tok) {
+        for (uint32_t id : tok->encode_ordinary(text)) prompt.push_back(id);
+    } else {
+        for (size_t i = 0; i < text.size(); ++i) {
+            const int64_t byte = static_cast<unsigned char>(text[i]);
+            if (byte >= config.vocab_size)
+                throw UsageError("the prompt's byte " + std::to_string(byte) + " at offset " + std::to_string(i) +
+                                 " is outside the checkpoint's vocabulary of " + std::to_string(config.vocab_size) +
+                                 " tokens");
+            prompt.push_back(byte);
+        }
     }
     model->eval();  // sampling is inference
 
@@ -221,11 +267,24 @@ int run(const GenerateArgs& a) {
     o.top_k = a.top_k;
     o.seed = a.seed;
     o.use_cache = !a.no_cache;
-    generate(*model, prompt, a.tokens, o, [](int64_t token) {
-        std::fputc(static_cast<int>(token), stdout);
-        std::fflush(stdout);  // each byte as it is drawn
+    int64_t no_token = 0;  // ids drawn that are no token of the tokenizer
+    generate(*model, prompt, a.tokens, o, [&](int64_t token) {
+        if (!tok) {
+            std::fputc(static_cast<int>(token), stdout);
+        } else {
+            try {
+                const std::string bytes = tok->decode({static_cast<uint32_t>(token)});
+                std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+            } catch (const Error&) {
+                ++no_token;
+            }
+        }
+        std::fflush(stdout);  // each token as it is drawn
     });
     if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw std::runtime_error("cannot write to standard output");
+    if (no_token > 0)
+        std::fprintf(stderr, "generate: warning: %lld of the ids drawn are no token of %s (nothing was written for them)\n",
+                     static_cast<long long>(no_token), tok->name().c_str());
     return 0;
 }
 
@@ -233,25 +292,30 @@ int run(const GenerateArgs& a) {
 
 int main(int argc, char** argv) {
     GenerateArgs a;
-    CLI::App app{"generate: sample bytes from a train_gpt checkpoint (nanoGPT's sample.py, with a key/value cache)"};
+    CLI::App app{"generate: sample text from a train_gpt checkpoint (nanoGPT's sample.py, with a key/value cache)"};
     app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app.add_option("checkpoint", a.checkpoint,
                    "a checkpoint written by train_gpt --save, or a Hugging Face model directory (config.json, "
-                   "model.safetensors) of a Llama or GPT-2 with at most 256 tokens")->required()->type_name("PATH");
+                   "model.safetensors, tokenizer.json if any) of a Llama or GPT-2")->required()->type_name("PATH");
     auto* prompt = app.add_option("--prompt", a.prompt, "the text to continue (at least one byte)")->type_name("TEXT");
     auto* prompt_file =
         app.add_option("--prompt-file", a.prompt_file, "read the text to continue from this file")->type_name("FILE");
     prompt->excludes(prompt_file);
-    app.add_option("--tokens", a.tokens, "bytes to generate, 0 or more")->check(number<int64_t>("an integer"));
-    app.add_option("--temperature", a.temperature, "divides the logits; 0: always the most likely byte (greedy)")
+    app.add_option("--tokens", a.tokens, "tokens to generate, 0 or more")->check(number<int64_t>("an integer"));
+    app.add_option("--tokenizer", a.tokenizer,
+                   "encode the prompt and decode the tokens with this tokenizer (a rank file beside its .json, or a "
+                   "tokenizer.json) (default: the one the checkpoint records, a directory's tokenizer.json, or "
+                   "none: bytes)")
+        ->type_name("FILE");
+    app.add_option("--temperature", a.temperature, "divides the logits; 0: always the most likely token (greedy)")
         ->check(number<double>("a number"));
-    app.add_option("--top-k", a.top_k, "draw among the k most likely bytes only (0: all)")
+    app.add_option("--top-k", a.top_k, "draw among the k most likely tokens only (0: all)")
         ->check(number<int64_t>("an integer"));
     app.add_option("--seed", a.seed, "the sampler's seed, 0 to 2^64 - 1")
         ->check(number<uint64_t>("an integer from 0 to 2^64 - 1"));
     app.add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is visible, else cpu)");
     app.add_flag("--no-cache", a.no_cache,
-                 "run the whole context through the model for every byte (the reference; slower) instead of the "
+                 "run the whole context through the model for every token (the reference; slower) instead of the "
                  "key/value cache");
     try {
         app.parse(argc, argv);

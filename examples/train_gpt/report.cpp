@@ -228,6 +228,8 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
     ChartPanel loss{"Training and validation loss", "step", "loss (nats)", {}, {}};
     ChartPanel mem{"Allocated memory during one training step", "tensors allocated so far in the step", "allocated MiB",
                    {}, {}};
+    // The held-out loss in bits per byte, comparable across vocabularies (not for a token file's ids).
+    ChartPanel bpb{"Held-out loss in bits per byte", "step", "bits per byte", {}, {}};
     const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c"};  // by SavePolicy: input, output, normalized
     for (size_t k = 0; k < runs.size(); ++k) {
         const RunResult& r = runs[k];
@@ -248,6 +250,11 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
                 vs.y.push_back(r.val_losses[i]);
             }
             loss.series.push_back(vs);
+            if (std::isfinite(r.val_bytes_per_token)) {
+                for (double& y : vs.y) y = bits_per_byte(r, y);
+                vs.name = name;
+                bpb.series.push_back(vs);
+            }
         }
         if (r.nonfinite_step > 0)
             loss.markers.push_back({static_cast<double>(r.nonfinite_step), name + ": loss non-finite from here"});
@@ -275,7 +282,10 @@ void write_chart(const Args& a, const std::vector<RunResult>& runs) {
             bar.values.push_back(static_cast<double>(bytes) / (1 << 20));
         saved.bars.push_back(bar);
     }
-    write_file("--chart", a.chart, render_svg({loss, mem, saved}));
+    std::vector<Panel> panels = {loss};
+    if (!bpb.series.empty()) panels.push_back(bpb);
+    panels.insert(panels.end(), {mem, saved});
+    write_file("--chart", a.chart, render_svg(panels));
     std::printf("chart: %s\n", a.chart.c_str());
 }
 
@@ -357,15 +367,26 @@ double median(std::vector<double> v) {
     return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-void print_sample(GPT& model, SavePolicy policy, int64_t bytes, uint64_t seed) {
+void print_sample(GPT& model, SavePolicy policy, int64_t tokens, uint64_t seed, const Tokenizer* tokenizer) {
     model.eval();
     SamplingOptions options;
     options.temperature = 0.8;
     options.top_k = 200;
     options.seed = seed;
-    std::printf("[%-6s] a sample of %lld bytes (temperature 0.8, top-k 200):\n", policy_name(policy),
-                static_cast<long long>(bytes));
-    generate(model, {'\n'}, bytes, options, [](int64_t token) { std::putchar(static_cast<int>(token)); });
+    std::printf("[%-6s] a sample of %lld %s (temperature 0.8, top-k 200):\n", policy_name(policy),
+                static_cast<long long>(tokens), tokenizer ? "tokens" : "bytes");
+    std::vector<int64_t> prompt = {'\n'};
+    if (tokenizer) prompt.assign(1, tokenizer->encode_ordinary("\n").at(0));
+    generate(model, prompt, tokens, options, [&](int64_t token) {
+        if (!tokenizer) {
+            std::putchar(static_cast<int>(token));
+        } else if (token < tokenizer->vocab_size()) {
+            try {
+                std::fputs(tokenizer->decode({static_cast<uint32_t>(token)}).c_str(), stdout);
+            } catch (const Error&) {  // no token: nothing to print
+            }
+        }
+    });
     std::printf("\n");
     model.train();
 }

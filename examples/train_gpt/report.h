@@ -138,7 +138,8 @@ void print_optimizer_state(const RunResult& r, const normtape::Muon* muon);
 std::string nonfinite_parameter(const normtape::Module& model);
 // The median of v (the mean of the middle two for an even count; 0 for none).
 double median(std::vector<double> v);
-// Prints `bytes` bytes sampled from `model` after a newline (nn/model/generate.h; nanoGPT's
-// sample.py settings: temperature 0.8, top-k 200), seeded with `seed`; the model is left in
-// training mode.
-void print_sample(normtape::GPT& model, normtape::SavePolicy policy, int64_t bytes, uint64_t seed);
+// Prints `tokens` tokens sampled from `model` after a newline (nn/model/generate.h; nanoGPT's
+// sample.py settings: temperature 0.8, top-k 200), seeded with `seed`: bytes, or decoded by
+// `tokenizer` (an id that is no token of it prints nothing). The model is left in training mode.
+void print_sample(normtape::GPT& model, normtape::SavePolicy policy, int64_t tokens, uint64_t seed,
+                  const normtape::Tokenizer* tokenizer);

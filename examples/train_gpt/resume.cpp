@@ -11,20 +11,11 @@
 #include <type_traits>
 
 #include "../common/checkpoint_checks.h"
+#include "../common/checksums.h"
 #include "nn/formats/json_read.h"
 #include "train_data.h"
 
 using namespace normtape;
-
-namespace {
-
-std::string hex(uint64_t v) {
-    char buf[20];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-    return buf;
-}
-
-}  // namespace
 
 nlohmann::json run_config(const Args& a, SavePolicy policy, const TrainData& data) {
     // The data file's absolute path, so that a run can be resumed from another directory.

@@ -217,8 +217,9 @@ void check_args(const Args& a) {
                          std::string(a.data == "random" ? "--data random has none" : "a token file holds ids already"));
     if (a.data == "random" && a.data_format != "auto")
         throw UsageError("--data-format " + a.data_format + " reads a file: --data random has none");
-    if ((data_is_tokens(a) || !a.tokenizer.empty()) && a.sample > 0)
-        throw UsageError("--sample prints bytes: a model of token ids (a token file, --tokenizer) is not sampled here");
+    if (data_is_tokens(a) && a.sample > 0)
+        throw UsageError("--sample prints text: a token file's ids have no tokenizer to decode them (train on a text "
+                         "with --tokenizer to sample)");
     if (a.embd % a.heads != 0)
         throw UsageError(describe(a, "embd", std::to_string(a.embd)) + " is not divisible by " +
                          describe(a, "heads", std::to_string(a.heads)));

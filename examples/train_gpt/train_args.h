@@ -14,7 +14,7 @@
 struct Args {
     std::string data;  // empty: kDefaultData (examples/train_gpt/train_data.h); "random": random tokens
     std::string data_format = "auto";  // "text", "llm.c", "raw": how --data is read (data_is_tokens)
-    std::string tokenizer;  // a tiktoken rank file (beside its .json) that encodes a text --data
+    std::string tokenizer;  // a rank file (beside its .json) or a tokenizer.json that encodes a text --data
     bool vocab_given = false;  // --vocab was given (with --tokenizer, the default is the tokenizer's)
     int64_t steps = 300, batch = 16, seq = 64, layers = 2, heads = 4, embd = 128, vocab = 256;
     std::string arch = "gpt2";  // gpt_config's name (nn/model/gpt.h)

@@ -24,6 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/checksums.h"
+
 using namespace normtape;
 
 std::string data_file(const Args& a) {
@@ -100,37 +102,47 @@ std::vector<std::string> data_files(const Args& a, const std::string& what) {
     return files;
 }
 
-uint64_t fnv1a64(uint64_t h, const std::string& bytes) {
-    for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-    return h;
-}
-
-// --tokenizer's rank file and, beside it, its JSON (the rank file's path with the extension .json):
-// "pat_str" and, if any, "special_tokens". Sets `hash` to FNV-1a of the two files' bytes.
+// --tokenizer (Tokenizer::load: a rank file beside its JSON, or a tokenizer.json). Sets `hash` to
+// FNV-1a of its files' bytes.
 std::shared_ptr<const Tokenizer> load_tokenizer(const Args& a, uint64_t* hash) {
     const std::string what = describe(a, "tokenizer", a.tokenizer);
-    const std::string json_path = std::filesystem::path(a.tokenizer).replace_extension(".json").string();
-    auto read = [&](const std::string& path) {
-        std::ifstream f(path, std::ios::binary);
-        if (!f) throw UsageError(what + ": cannot read " + path + ": " + std::strerror(errno));
-        std::stringstream ss;
-        ss << f.rdbuf();
-        return ss.str();
-    };
-    const std::string ranks = read(a.tokenizer), meta_text = read(json_path);
-    *hash = fnv1a64(fnv1a64(0xcbf29ce484222325ull, ranks), meta_text);
     try {
-        const nlohmann::json meta = nlohmann::json::parse(meta_text);
-        std::map<std::string, uint32_t> special;
-        if (meta.contains("special_tokens")) special = meta.at("special_tokens").get<std::map<std::string, uint32_t>>();
-        return std::make_shared<const Tokenizer>(
-            Tokenizer::from_tiktoken_file(a.tokenizer, meta.at("pat_str").get<std::string>(), std::move(special)));
-    } catch (const nlohmann::json::exception& e) {
-        throw UsageError(what + ": " + json_path + ": expected a JSON object with the string \"pat_str\" and an "
-                         "object \"special_tokens\" of ids: " + e.what());
+        *hash = tokenizer_fnv1a64(a.tokenizer);
+        return std::make_shared<const Tokenizer>(Tokenizer::load(a.tokenizer));
     } catch (const Error& e) {
         throw UsageError(what + ": " + e.what());
     }
+}
+
+// The text's ids under data.tokenizer: read from the cache beside `file` (the first data file) if
+// it is there, else encoded and written to it, with a warning if it cannot be. The cache is
+// FILE.NAME.HASH.bin, llm.c's token file (nn/data/token_file.h), HASH the FNV-1a of the text's and
+// the tokenizer's checksums: another text or tokenizer has another name. Sets `note` to where the
+// ids came from.
+std::vector<uint32_t> encode_cached(const TrainData& data, const std::string& text, const std::string& file,
+                                    std::string& note) {
+    const uint64_t key[2] = {data.fnv1a64, data.tokenizer_fnv1a64};
+    const std::string hash = hex(fnv1a64(0xcbf29ce484222325ull, {reinterpret_cast<const char*>(key), sizeof key}));
+    const std::string cache = file + "." + data.tokenizer->name() + "." + hash + ".bin";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(cache, ec)) {
+        try {
+            std::vector<uint32_t> ids = read_token_file(cache, TokenFileFormat::LlmC);
+            note = " (read from the cache " + cache + ")";
+            return ids;
+        } catch (const Error& e) {
+            std::fprintf(stderr, "train_gpt: warning: the cache %s is unreadable, encoding again: %s\n", cache.c_str(),
+                         e.what());
+        }
+    }
+    std::vector<uint32_t> ids = data.tokenizer->encode_ordinary(text);
+    try {
+        write_token_file(cache, ids);
+        note = " (cached in " + cache + ")";
+    } catch (const Error& e) {
+        std::fprintf(stderr, "train_gpt: warning: the encoded text is not cached: %s\n", e.what());
+    }
+    return ids;
 }
 
 }  // namespace
@@ -194,9 +206,9 @@ TrainData load_data(const Args& a) {
         if (a.vocab_given && a.vocab < size)
             throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) + " is smaller than " +
                              describe(a, "tokenizer", a.tokenizer) + "'s " + std::to_string(size) + " ids");
-        std::string text(data.tokens.begin(), data.tokens.end());
-        data.tokens = data.tokenizer->encode_ordinary(text);
+        const std::string text(data.tokens.begin(), data.tokens.end());
         data.description += ", encoded by " + data.tokenizer->name();
+        data.tokens = encode_cached(data, text, files[0], data.token_cache);
     }
     if (tokens) {
         std::string kinds;

@@ -30,9 +30,11 @@ struct TrainData {
     uint64_t bytes = 0;            // the bytes of the files read
     uint64_t fnv1a64 = 0;          // FNV-1a (64-bit) of those bytes, file after file: the checkpoint's check
     bool token_files = false;      // read as token files (data_is_tokens)
-    // With --tokenizer: it, and FNV-1a of its two files (the ranks, then the JSON).
+    // With --tokenizer: it, FNV-1a of its files (tokenizer_fnv1a64, examples/common/checksums.h),
+    // and where the text's ids were cached or read from: " (cached in PATH)", " (read from the cache PATH)".
     std::shared_ptr<const normtape::Tokenizer> tokenizer;
     uint64_t tokenizer_fnv1a64 = 0;
+    std::string token_cache;
 };
 
 // The bytes a token of `data` stands for, on average over `tokens`: 1 for a text's bytes, the
@@ -48,8 +50,12 @@ double bytes_per_token(const TrainData& data, const std::vector<uint32_t>& token
 // not fit in memory: with the bytes read and expected and the system's error); a pattern matches
 // no file; a token file is not in its format (a header's magic number, version or token count, a
 // truncated file: nn/data/token_file.h); an id is not below --vocab (with its file and position);
-// --tokenizer cannot be read (a rank file's error, a JSON without "pat_str") or has more tokens than
-// a --vocab given; the data holds fewer than --seq + 2 tokens.
+// --tokenizer cannot be read (a rank file's error, a JSON without "pat_str", a tokenizer.json that
+// Tokenizer::load refuses) or has more tokens than a --vocab given; the data holds fewer than --seq
+// + 2 tokens. With --tokenizer the text is encoded once: its ids are cached beside the first data
+// file as FILE.NAME.HASH.bin (llm.c's token file; HASH: FNV-1a of the text's and the tokenizer's
+// checksums) and read from there by later runs; a cache that cannot be written or read is a
+// warning, and the text is encoded.
 TrainData load_data(const Args& a);
 
 // Note [Held-out loss]

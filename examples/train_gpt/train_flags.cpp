@@ -21,9 +21,10 @@ void add_flags(CLI::App& app, Args& a) {
                    "ids), raw (uint16 ids), or auto (a .bin file is llm.c's when it starts with llm.c's magic "
                    "number, else raw; any other file is text)");
     app.add_option("--tokenizer", a.tokenizer,
+                   "a tokenizer that encodes a text --data before training, once (its ids cached beside the data): "
                    "a tiktoken rank file (NAME.tiktoken beside NAME.json, its split pattern and special tokens, as "
-                   "scripts/fetch_tiktoken.sh and train_tokenizer write them) that encodes a text --data before "
-                   "training; --vocab defaults to its size (default: none)")
+                   "scripts/fetch_tiktoken.sh and train_tokenizer write them) or a Hugging Face tokenizer.json; "
+                   "--vocab defaults to its size (default: none)")
         ->check(kFileName)
         ->type_name("FILE");
     app.add_option("--steps", a.steps, "training steps per policy, 1 to 2^40")->check(integer);
@@ -123,7 +124,7 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option("--threads", a.threads,
                    "cpu threads, 0 (every core) to 1024; the results are the same bit for bit whatever the count")
         ->check(integer);
-    app.add_option("--sample", a.sample, "after training, print this many bytes sampled from the model, 0 to 2^20")
+    app.add_option("--sample", a.sample, "after training, print this many tokens sampled from the model (bytes, or decoded by --tokenizer), 0 to 2^20")
         ->check(integer);
     app.add_option("--log-every", a.log_every, "steps between progress lines")->check(integer);
     app.add_option("--json", a.json, "write the results as JSON to this file (default: none)")

@@ -376,7 +376,7 @@ RunResult train(const Args& a, const TrainData& data, SavePolicy policy, ResumeS
     report_model_flops(model, a.seq, global_batch * a.seq, dev, a.dtype == "bf16", a.world_size, r);
     std::printf("[%-6s] trained %zu steps in %.1f s (the steps' own time: evaluations and checkpoints not counted)\n",
                 policy_name(policy), r.step_ms.size(), r.train_seconds);
-    if (sample && a.sample > 0 && r.nonfinite_step == 0) print_sample(model, policy, a.sample, a.seed);
+    if (sample && a.sample > 0 && r.nonfinite_step == 0) print_sample(model, policy, a.sample, a.seed, data.tokenizer.get());
     if (output_policy_fallbacks() > 0 && r.nonfinite_step == 0)
         std::printf("note: %lld norm calls under the output policy saved their input (a |weight| < %g)\n",
                     static_cast<long long>(output_policy_fallbacks()), kOutputPolicyMinWeight);
@@ -403,9 +403,9 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
                 a.device == "cpu" ? ("cpu (" + std::to_string(get_num_threads()) + " threads)").c_str()
                                   : a.device.c_str());
     if (data_is_tokens(a) || data.tokenizer)
-        std::printf("data: %s, %s tokens in %s bytes\n", data.description.c_str(),
+        std::printf("data: %s, %s tokens in %s bytes%s\n", data.description.c_str(),
                     with_commas(static_cast<int64_t>(data.tokens.size())).c_str(),
-                    with_commas(static_cast<int64_t>(data.bytes)).c_str());
+                    with_commas(static_cast<int64_t>(data.bytes)).c_str(), data.token_cache.c_str());
     else
         std::printf("data: %s, %s bytes\n", data.description.c_str(), with_commas(static_cast<int64_t>(data.bytes)).c_str());
     if (a.world_size > 1)

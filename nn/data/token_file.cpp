@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <random>
 
 #include "core/check.h"
 
@@ -132,7 +133,8 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& ids)
     store_le(p + 8, static_cast<uint32_t>(ids.size()), 4);
     for (size_t i = 0; i < ids.size(); ++i) store_le(p + kHeaderBytes + i * kind.width, ids[i], kind.width);
     // Written beside the target and renamed over it: a failed write leaves the old file as it was.
-    const std::string tmp = path + ".tmp";
+    // The temporary's name is the writer's own: processes (data-parallel ranks) may write one path.
+    const std::string tmp = path + ".tmp" + std::to_string(std::random_device{}());
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) throw IOError("write_token_file: cannot create " + tmp + ": " + std::strerror(errno));
     const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();

@@ -18,6 +18,7 @@
 
 #include "core/autograd.h"
 #include "core/device_ptr.h"
+#include "nn/data/tokenizer.h"
 #include "nn/formats/safetensors.h"
 
 namespace normtape {
@@ -301,7 +302,7 @@ json gpt2_json(const GPTConfig& c) {
 
 }  // namespace
 
-void save_hf(const GPT& model, const std::string& dir) {
+void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenizer) {
     const GPTConfig& c = model.config();
     const std::string name = arch_name(c);
     NT_CHECK(
@@ -314,6 +315,8 @@ void save_hf(const GPT& model, const std::string& dir) {
     NT_CHECK(arch == Arch::Llama || c.kv_heads() == c.n_head,
              "save_hf: expected a gpt2 model with n_kv_head = n_head (", c.n_head, "), got ", c.kv_heads(),
              " key/value heads: GPT2LMHeadModel has no grouped-query attention");
+    NT_CHECK(!tokenizer || tokenizer->vocab_size() <= c.vocab_size, "save_hf: the tokenizer ", tokenizer->name(),
+             " has ", tokenizer->vocab_size(), " ids, more than the model's vocabulary of ", c.vocab_size);
     const DType dtype = c.dtype == DType::BF16 ? DType::BF16 : DType::F32;  // f64 is written as f32 (nn/formats/hf.h)
 
     NamedTensors tensors;
@@ -362,6 +365,13 @@ void save_hf(const GPT& model, const std::string& dir) {
         std::error_code ignored;
         fs::remove(tmp, ignored);
         detail::throw_error<IOError>("save_hf: cannot rename ", tmp, " to ", config_path, ": ", ec.message());
+    }
+    if (tokenizer) {
+        try {
+            tokenizer->save_tokenizer_json((fs::path(dir) / "tokenizer.json").string());
+        } catch (const IOError& e) {
+            detail::throw_error<IOError>("save_hf: ", e.what());
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 // GPT of the matching preset (nn/model/gpt.h gpt_config "llama" or "gpt2"), and a GPT of either preset
 // written so that transformers' from_pretrained reads it (scripts/hf_fixtures.py check).
 // Not here: normtape's own checkpoints (nn/formats/checkpoint.h), the safetensors format (nn/formats/safetensors.h),
-// tokenizers (the directory's tokenizer files are neither read nor written), sharded checkpoints
-// (model.safetensors.index.json: refused), quantized weights.
+// the tokenizer (nn/data/tokenizer.h: save_hf writes one's tokenizer.json when given it, load_hf
+// reads none), sharded checkpoints (model.safetensors.index.json: refused), quantized weights.
 //
 // The layouts are transformers' (src/transformers/models/llama/modeling_llama.py,
 // models/gpt2/modeling_gpt2.py; fixtures made by transformers 5.17, tests/fixtures/hf). With
@@ -73,6 +73,8 @@
 
 namespace normtape {
 
+class Tokenizer;  // nn/data/tokenizer.h
+
 // Reads dir/config.json and dir/model.safetensors (written by transformers' save_pretrained, or by
 // save_hf) into a new GPT of gpt_config("llama") or gpt_config("gpt2") with the sizes the config
 // gives (see above), its parameters on `device` in `dtype` (f32, f64 or bf16): every tensor of the
@@ -121,12 +123,15 @@ GPTConfig hf_config(const std::string& text, const std::string& file);
 // transformers runs these models in f32, bf16 or f16, and a config's dtype has no float64 in practice.
 // model.safetensors carries the metadata "format": "pt" (transformers refuses a safetensors file
 // with metadata but no such entry) and normtape's checksums; it is written atomically
-// (save_safetensors), then config.json (through a temporary file renamed over it).
+// (save_safetensors), then config.json (through a temporary file renamed over it). With a
+// `tokenizer` (the one the model's ids are of), dir/tokenizer.json is written too
+// (Tokenizer::save_tokenizer_json), so that transformers' AutoTokenizer reads it.
 // Throws Error naming save_hf and why, writing nothing, for a model of another architecture
 // (arch_name "nanochat" or "custom": a field of the gpt2 or llama preset changed, as another
 // norm kind, weightless norms, QK-norm, a softcap) or a gpt2 model with grouped-query attention
-// (n_kv_head other than n_head: GPT2LMHeadModel has none); IOError naming save_hf and the path
-// when the directory cannot be created or a file cannot be written.
-void save_hf(const GPT& model, const std::string& dir);
+// (n_kv_head other than n_head: GPT2LMHeadModel has none) or a tokenizer of more ids than the
+// model's vocabulary; IOError naming save_hf and the path when the directory cannot be created or a
+// file cannot be written.
+void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenizer = nullptr);
 
 }  // namespace normtape
