@@ -266,19 +266,25 @@ TEST_CASE("tokenizer: a tokenizer.json round-trips in tokenizers' form, and a ma
              {[](nlohmann::json& b) { b["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "expected a ByteLevel"},
              {[](nlohmann::json& b) { b["pre_tokenizer"] = {{"type", "ByteLevel"}, {"use_regex", false}}; },
               "expected ByteLevel's \"use_regex\" true"},
-             {[](nlohmann::json& b) { b["model"]["vocab"]["a b"] = 300; }, "token a b holds a character"},
-             {[](nlohmann::json& b) { b["model"]["vocab"]["\xe6\xbc\xa2"] = 300; }, "holds a character"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["a b"] = 263; }, "token \"a b\" holds a character"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["\xe6\xbc\xa2"] = 263; }, "holds a character"},
              {[](nlohmann::json& b) { b["model"]["vocab"]["xy"] = 256; }, "id 256 is given twice"},
              {[](nlohmann::json& b) { b["model"]["vocab"]["xy"] = -1; }, "has id -1"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["xy"] = 1.5; }, "has id 1.5, expected an integer"},
+             {[](nlohmann::json& b) { b["model"]["vocab"]["xy"] = 2000000000; }, "expected ids below 264"},
+             {[](nlohmann::json& b) { b["model"]["vocab"] = {1, 2}; }, "\"vocab\" to be an object"},
+             {[](nlohmann::json& b) { b["model"]["merges"] = {{"x", 1}}; }, "\"merges\" to be an array"},
+             {[](nlohmann::json& b) { b["added_tokens"] = {{"x", 1}}; }, "\"added_tokens\" to be an array"},
+             {[](nlohmann::json& b) { b["added_tokens"][0]["id"] = "262"; }, "has id \"262\""},
              {[](nlohmann::json& b) { b["model"]["vocab"].erase("a"); }, "none for byte 97"},
-             {[](nlohmann::json& b) { b["model"]["merges"].push_back("x yz"); }, "merges\" 5: yz is not in the vocabulary"},
+             {[](nlohmann::json& b) { b["model"]["merges"].push_back("x yz"); }, "merges\" 5: \"yz\" is not in the vocabulary"},
              {[](nlohmann::json& b) { b["model"]["merges"].push_back("xyz"); }, "expected \"left right\", got \"xyz\""},
              {[](nlohmann::json& b) { b["model"]["merges"].push_back("h e"); }, "merge 5 (104, 101) is listed twice"},
              {[](nlohmann::json& b) { b["model"].erase("merges"); }, "not a byte-level BPE tokenizer.json"},
-             {[](nlohmann::json& b) { b["added_tokens"][0]["lstrip"] = true; }, "<|end|>'s \"lstrip\" is not supported"},
-             {[](nlohmann::json& b) { b["added_tokens"][0]["id"] = 263; }, "<|end|> has id 263, the vocabulary 262"},
+             {[](nlohmann::json& b) { b["added_tokens"][0]["lstrip"] = true; }, "<|end|>\"'s \"lstrip\" is not supported"},
+             {[](nlohmann::json& b) { b["added_tokens"][0]["id"] = 263; }, "<|end|>\" has id 263, the vocabulary 262"},
              {[](nlohmann::json& b) { b["added_tokens"].push_back({{"id", 256}, {"content", "<|new|>"}}); },
-              "id 256 is \xc4\xa0t and the added token <|new|>"},
+              "id 256 is \"\xc4\xa0t\" and the added token \"<|new|>\""},
          }) {
         CAPTURE(c.says);
         with(c.change);
@@ -286,6 +292,9 @@ TEST_CASE("tokenizer: a tokenizer.json round-trips in tokenizers' form, and a ma
     }
     write_bytes(dir / "bad.json", "{\"model\": ");
     CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "bad.json"), FormatError, "bad.json: not JSON");
+    write_bytes(dir / "bad.json", std::string(100000, '[') + std::string(100000, ']'));  // no stack overflow
+    CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "bad.json"), FormatError, "bad.json: not JSON",
+                           "nests deeper");
     CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "missing.json"), IOError, "missing.json");
     // A rank file's JSON: "pat_str" is needed; a missing one is an IOError.
     tok.save_tiktoken_file(dir / "ranks.tiktoken");

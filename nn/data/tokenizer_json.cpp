@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/data/tokenizer.h"
+#include "nn/formats/json_read.h"
 
 namespace normtape {
 
@@ -95,30 +96,36 @@ json byte_level(bool use_regex) {
 Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string name) {
     const std::string text = read_file(path, "the tokenizer.json");
     auto fail = [&](const std::string& why) { return FormatError("Tokenizer: " + path + ": " + why); };
+    auto quote = [](const std::string& s) { return detail::json_excerpt(json(s)); };  // short, and escaped
+    // An id: an integer from 0 to 2^31 - 1.
+    auto id_of_value = [&](const json& value, const std::string& what) {
+        if (!value.is_number_integer() || (value.is_number_unsigned() ? value.get<uint64_t>() >= (uint64_t{1} << 31)
+                                                                       : value.get<int64_t>() < 0 ||
+                                                                             value.get<int64_t>() >= (int64_t{1} << 31)))
+            throw fail(what + " has id " + detail::json_excerpt(value) + ", expected an integer from 0 to 2^31 - 1");
+        return value.get<uint32_t>();
+    };
     json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception& e) {
-        throw fail(std::string("not JSON: ") + e.what());
-    }
+    std::string why;
+    if (!detail::parse_json(text, j, why)) throw fail("not JSON: " + why);
     try {
         const json& model = j.at("model");
         if (model.value("type", std::string("BPE")) != "BPE")
-            throw fail("expected \"model\" of \"type\" \"BPE\", got " + model.at("type").dump());
+            throw fail("expected \"model\" of \"type\" \"BPE\", got " + detail::json_excerpt(model.at("type")));
         for (const char* key : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"})
             if (has(model, key)) throw fail(std::string("\"model\": \"") + key + "\" is not supported (expected null)");
         if (model.value("byte_fallback", false)) throw fail("\"model\": \"byte_fallback\" is not supported");
         const bool ignore_merges = model.value("ignore_merges", false);
         if (has(j, "normalizer")) throw fail("\"normalizer\" is not supported (expected null): it would change the ids");
         if (has(j, "decoder") && j.at("decoder").at("type") != "ByteLevel")
-            throw fail("expected a \"decoder\" of \"type\" \"ByteLevel\", got " + j.at("decoder").at("type").dump());
+            throw fail("expected a \"decoder\" of \"type\" \"ByteLevel\", got " + detail::json_excerpt(j.at("decoder").at("type")));
 
         // The split pattern: ByteLevel's own (GPT-2's), or a Split before a ByteLevel without it.
         if (!has(j, "pre_tokenizer")) throw fail("expected a \"pre_tokenizer\", got none");
         const json& pre = j.at("pre_tokenizer");
         auto check_byte_level = [&](const json& p, bool use_regex) {
             if (p.at("type") != "ByteLevel")
-                throw fail("expected a ByteLevel \"pre_tokenizer\", got " + p.at("type").dump());
+                throw fail("expected a ByteLevel \"pre_tokenizer\", got " + detail::json_excerpt(p.at("type")));
             if (p.value("add_prefix_space", false)) throw fail("\"pre_tokenizer\": add_prefix_space is not supported");
             if (p.value("use_regex", true) != use_regex)
                 throw fail(std::string("\"pre_tokenizer\": expected ByteLevel's \"use_regex\" ") +
@@ -130,7 +137,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
             if (split.at("type") != "Split" || !split.at("pattern").contains("Regex") ||
                 split.value("behavior", std::string()) != "Isolated" || split.value("invert", false))
                 throw fail("\"pre_tokenizer\": expected a Split on a \"Regex\", \"behavior\" \"Isolated\", not inverted, "
-                           "got " + split.dump().substr(0, 200));
+                           "got " + detail::json_excerpt(split));
             pattern = split.at("pattern").at("Regex").get<std::string>();
             check_byte_level(pre.at("pretokenizers")[1], false);
         } else {
@@ -140,18 +147,21 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
 
         // The added tokens: the special tokens, each at its id in the vocabulary if it is there.
         const json& vocab = model.at("vocab");
+        if (!vocab.is_object()) throw fail("expected \"model\" \"vocab\" to be an object of token: id");
+        if (has(j, "added_tokens") && !j.at("added_tokens").is_array())
+            throw fail("expected \"added_tokens\" to be an array");
         std::map<std::string, uint32_t> special;
         std::map<uint32_t, std::string> special_at;
         if (has(j, "added_tokens"))
             for (const json& added : j.at("added_tokens")) {
                 const auto content = added.at("content").get<std::string>();
-                const auto id = added.at("id").get<uint32_t>();
+                const uint32_t id = id_of_value(added.at("id"), "\"added_tokens\": " + quote(content));
                 for (const char* key : {"lstrip", "rstrip", "single_word"})
                     if (added.value(key, false))
-                        throw fail("\"added_tokens\": " + content + "'s \"" + key + "\" is not supported");
+                        throw fail("\"added_tokens\": " + quote(content) + "'s \"" + key + "\" is not supported");
                 if (auto it = vocab.find(content); it != vocab.end() && *it != id)
-                    throw fail("\"added_tokens\": " + content + " has id " + std::to_string(id) +
-                               ", the vocabulary " + it->dump());
+                    throw fail("\"added_tokens\": " + quote(content) + " has id " + std::to_string(id) +
+                               ", the vocabulary " + detail::json_excerpt(*it));
                 special[content] = id;
                 special_at[id] = content;
             }
@@ -159,29 +169,31 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
         std::vector<std::string> tokens;
         std::map<std::string, uint32_t> id_of;
         std::string bytes;
+        // An ordinary id past the entries (holes in the ids) would only allocate: refused.
+        const size_t id_bound = vocab.size() + special.size();
         for (const auto& [spelled, value] : vocab.items()) {
-            const auto id = value.get<int64_t>();
-            if (id < 0 || id >= (int64_t{1} << 31))
-                throw fail("\"model\" \"vocab\": token " + spelled + " has id " + std::to_string(id) +
-                           ", expected one from 0 to 2^31 - 1");
-            if (auto it = special_at.find(static_cast<uint32_t>(id)); it != special_at.end()) {
+            const uint32_t id = id_of_value(value, "\"model\" \"vocab\": token " + quote(spelled));
+            if (auto it = special_at.find(id); it != special_at.end()) {
                 if (it->second != spelled)
-                    throw fail("\"model\" \"vocab\": id " + std::to_string(id) + " is " + spelled +
-                               " and the added token " + it->second);
+                    throw fail("\"model\" \"vocab\": id " + std::to_string(id) + " is " + quote(spelled) +
+                               " and the added token " + quote(it->second));
                 continue;
             }
+            if (id >= id_bound)
+                throw fail("\"model\" \"vocab\": token " + quote(spelled) + " has id " + std::to_string(id) +
+                           ", expected ids below " + std::to_string(id_bound) + " (the entries and added tokens)");
             if (!unspell(spelled, bytes))
-                throw fail("\"model\" \"vocab\": token " + spelled + " holds a character that is not one of "
+                throw fail("\"model\" \"vocab\": token " + quote(spelled) + " holds a character that is not one of "
                            "ByteLevel's 256 (not a byte-level vocabulary)");
-            if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
-            if (!tokens[static_cast<size_t>(id)].empty())
-                throw fail("\"model\" \"vocab\": id " + std::to_string(id) + " is given twice");
-            tokens[static_cast<size_t>(id)] = bytes;
-            id_of[spelled] = static_cast<uint32_t>(id);
+            if (id >= tokens.size()) tokens.resize(id + size_t{1});
+            if (!tokens[id].empty()) throw fail("\"model\" \"vocab\": id " + std::to_string(id) + " is given twice");
+            tokens[id] = bytes;
+            id_of[spelled] = id;
         }
         // The merges, "left right" or ["left", "right"], as pairs of ids.
         std::vector<std::pair<uint32_t, uint32_t>> merges;
         const json& list = model.at("merges");
+        if (!list.is_array()) throw fail("expected \"model\" \"merges\" to be an array");
         merges.reserve(list.size());
         for (size_t m = 0; m < list.size(); ++m) {
             std::string left, right;
@@ -189,7 +201,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
                 const auto s = list[m].get<std::string>();
                 const size_t space = s.find(' ');
                 if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-                    throw fail("\"model\" \"merges\" " + std::to_string(m) + ": expected \"left right\", got \"" + s + "\"");
+                    throw fail("\"model\" \"merges\" " + std::to_string(m) + ": expected \"left right\", got " + quote(s));
                 left = s.substr(0, space), right = s.substr(space + 1);
             } else {
                 if (list[m].size() != 2) throw fail("\"model\" \"merges\" " + std::to_string(m) + ": expected two tokens");
@@ -198,7 +210,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
             auto id = [&](const std::string& token) {
                 auto it = id_of.find(token);
                 if (it == id_of.end())
-                    throw fail("\"model\" \"merges\" " + std::to_string(m) + ": " + token + " is not in the vocabulary");
+                    throw fail("\"model\" \"merges\" " + std::to_string(m) + ": " + quote(token) + " is not in the vocabulary");
                 return it->second;
             };
             merges.emplace_back(id(left), id(right));
@@ -291,8 +303,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
     const std::string meta_text = read_file(meta_path, "the JSON beside the rank file");
     std::string pattern;
     std::map<std::string, uint32_t> special;
+    json meta;
+    std::string why;
+    if (!detail::parse_json(meta_text, meta, why)) throw FormatError("Tokenizer: " + meta_path + ": not JSON: " + why);
     try {
-        const json meta = json::parse(meta_text);
         pattern = meta.at("pat_str").get<std::string>();
         if (meta.contains("special_tokens")) special = meta.at("special_tokens").get<std::map<std::string, uint32_t>>();
     } catch (const json::exception& e) {
