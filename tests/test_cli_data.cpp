@@ -115,7 +115,8 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, once, and the 
     REQUIRE_TRAIN_GPT_OR_SKIP();
     TempDir dir("cli_tokenizer");
     const std::string text = slurp(shakespeare_path());
-    write_bytes(dir / "input.txt", text);  // the encoded text is cached beside it
+    std::filesystem::create_directories(dir / "texts");
+    write_bytes(dir / "texts/input.txt", text);  // the encoded text is cached beside it
     // A tokenizer of 512 ids trained on 200,000 bytes from `at`, saved as train_tokenizer saves one.
     auto save = [&](const std::string& name, size_t at) {
         normtape::Tokenizer tok = normtape::train_bpe(std::string_view(text).substr(at, 200000), 512);
@@ -125,27 +126,36 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, once, and the 
     };
     const normtape::Tokenizer tok = save("small", 0);
     save("other", 400000);  // the same size, other merges
-    const std::string run = kTiny + " --data input.txt --eval-every 3 --eval-batches 2";
+    save("huge", 0);
+    write_bytes(dir / "huge.json", nlohmann::json({{"pat_str", tok.pattern()}, {"special_tokens", {{"<big>", 20000000}}}}).dump());
+    // A glob: the cache beside the text, hidden, is not one of the files it matches.
+    const std::string run = kTiny + " --data 'texts/*' --eval-every 3 --eval-batches 2";
     RunResult r = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --json tok.json --save ck.safetensors --stop-at 2 --chart c.svg");
     CAPTURE(r.err);
     REQUIRE(r.code == 0);
     CHECK(slurp(dir / "c.svg").find("bits per byte") != std::string::npos);
     // The ids, cached beside the text as an llm.c token file, and read from there by the next run.
     std::vector<std::string> caches;
-    for (const auto& e : std::filesystem::directory_iterator(dir.path))
-        if (e.path().filename().string().starts_with("input.txt.small.")) caches.push_back(e.path().string());
+    for (const auto& e : std::filesystem::directory_iterator(dir / "texts"))
+        if (e.path().filename().string().starts_with(".input.txt.small.")) caches.push_back(e.path().string());
     REQUIRE(caches.size() == 1);
     const std::string cache_name = std::filesystem::path(caches[0]).filename().string();  // --data is relative
-    CHECK(r.out.find("(cached in " + cache_name + ")") != std::string::npos);
+    CHECK(r.out.find("(cached in texts/" + cache_name + ")") != std::string::npos);
     CHECK(normtape::read_token_file(caches[0]) == tok.encode_ordinary(text));
     RunResult again = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --json again.json --stop-at 2");
-    CHECK(again.out.find("(read from the cache " + cache_name + ")") != std::string::npos);
+    CHECK(again.out.find("(read from the cache texts/" + cache_name + ")") != std::string::npos);
     CHECK(nlohmann::json::parse(slurp(dir / "again.json"))["runs"][0]["val_losses"] ==
           nlohmann::json::parse(slurp(dir / "tok.json"))["runs"][0]["val_losses"]);
     write_bytes(caches[0], slurp(caches[0]).substr(0, 2000));  // truncated: encoded again, with a warning
     RunResult truncated = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --stop-at 1");
     CHECK(truncated.code == 0);
     CHECK(truncated.err.find("is unreadable, encoding again") != std::string::npos);
+    CHECK(normtape::read_token_file(caches[0]) == tok.encode_ordinary(text));
+    std::vector<uint32_t> foreign = tok.encode_ordinary(text);
+    foreign[5] = 600;  // no token of small: encoded again, with a warning
+    normtape::write_token_file(caches[0], foreign);
+    RunResult past = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tiktoken") + " --stop-at 1");
+    CHECK(past.err.find("id 600 at position 5 is no ordinary token of small") != std::string::npos);
     CHECK(normtape::read_token_file(caches[0]) == tok.encode_ordinary(text));
     CHECK(r.out.find("V=512") != std::string::npos);  // --vocab: the tokenizer's
     const size_t n = tok.encode_ordinary(text).size();
@@ -161,7 +171,10 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, once, and the 
     RunResult json = run_train_gpt(dir, run + " --tokenizer " + (dir / "small.tokenizer.json") + " --sample 20");
     CHECK(json.code == 0);
     CHECK(json.out.find("encoded by small, " + count + " tokens") != std::string::npos);
-    CHECK(json.out.find("a sample of 20 tokens") != std::string::npos);
+    const std::string header = "a sample of 20 tokens (temperature 0.8, top-k 200):\n";
+    const size_t sample = json.out.find(header), after = json.out.find("\n[input ]", sample);
+    REQUIRE(after != std::string::npos);
+    CHECK(after - (sample + header.size()) >= 20);  // every id is a token of at least a byte
     CHECK(r.out.find("bits per byte") != std::string::npos);
     const nlohmann::json tokenized = nlohmann::json::parse(slurp(dir / "tok.json"))["runs"][0];
     // The held-out tail's bytes per token: its ids' bytes over its ids.
@@ -202,6 +215,8 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, once, and the 
              {"--data " + shell_quote(shakespeare_path()) + " --vocab 300 --tokenizer " + (dir / "small.tiktoken"),
               "--vocab 300 is smaller than --tokenizer"},
              {"--data " + shell_quote(shakespeare_path()) + " --tokenizer " + (dir / "missing.tiktoken"), "cannot read"},
+             {"--data " + shell_quote(shakespeare_path()) + " --tokenizer " + (dir / "huge.tiktoken"),
+              "has 20000001 ids, more than a model's vocabulary may have (2^24)"},
              {"--resume ck.safetensors --tokenizer " + (dir / "other.tiktoken"),
               "is not the checkpoint's run's"},
          }) {

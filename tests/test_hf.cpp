@@ -429,7 +429,7 @@ TEST_SUITE("hf") {
         CHECK(cpu_allocated() == before);
     }
 
-    TEST_CASE("hf: save_hf writes the tokenizer's tokenizer.json beside the model, and refuses one past its vocabulary") {
+    TEST_CASE("hf: save_hf writes the tokenizer's tokenizer.json beside the model, or removes an old one, and refuses a bad one") {
         TempDir dir("hf_tokenizer");
         GPTConfig c = small_config("llama", true);
         c.vocab_size = 300;
@@ -438,6 +438,11 @@ TEST_SUITE("hf") {
         const Tokenizer back = Tokenizer::load(dir / "model/tokenizer.json");
         CHECK(back.name() == "model");
         CHECK(back.encode_ordinary("the rat sat") == tok.encode_ordinary("the rat sat"));
+        save_hf(GPT(c), dir / "model");  // without a tokenizer: none left from before
+        CHECK(!std::filesystem::exists(dir / "model/tokenizer.json"));
+        const Tokenizer not_utf8(tok.tokens(), tok.pattern(), {{"\xff<s>", 270}});
+        CHECK_THROWS_KIND_WITH(save_hf(GPT(c), dir / "not_utf8", &not_utf8), Error, "save_hf", "not UTF-8");
+        CHECK(!std::filesystem::exists(dir / "not_utf8/model.safetensors"));
         c.vocab_size = 260;  // fewer than the tokenizer's 270 ids
         CHECK_THROWS_KIND_WITH(save_hf(GPT(c), dir / "small", &tok), Error, "save_hf", "270 ids",
                                "model's vocabulary of 260");

@@ -251,7 +251,12 @@ TEST_CASE("tokenizer: a tokenizer.json round-trips in tokenizers' form, and a ma
     };
     for (const Case& c : std::vector<Case>{
              {[](nlohmann::json& b) { b["model"]["type"] = "WordPiece"; }, "expected \"model\" of \"type\" \"BPE\""},
-             {[](nlohmann::json& b) { b["model"]["unk_token"] = "<unk>"; }, "\"unk_token\" is not supported"},
+             {[](nlohmann::json& b) { b["model"]["continuing_subword_prefix"] = "##"; },
+              "\"continuing_subword_prefix\" is not supported"},
+             {[](nlohmann::json& b) { b["truncation"] = {{"max_length", 8}}; }, "\"truncation\" is not supported"},
+             {[](nlohmann::json& b) { b["added_tokens"][0]["special"] = false; }, "\"<|end|>\" is not \"special\""},
+             {[](nlohmann::json& b) { b["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(["; },
+              "split pattern does not compile"},
              {[](nlohmann::json& b) { b["model"]["dropout"] = 0.1; }, "\"dropout\" is not supported"},
              {[](nlohmann::json& b) { b["model"]["byte_fallback"] = true; }, "\"byte_fallback\" is not supported"},
              {[](nlohmann::json& b) { b["normalizer"] = {{"type", "NFC"}}; }, "\"normalizer\" is not supported"},
@@ -289,6 +294,16 @@ TEST_CASE("tokenizer: a tokenizer.json round-trips in tokenizers' form, and a ma
         CAPTURE(c.says);
         with(c.change);
         CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "bad.json"), FormatError, "bad.json", c.says);
+    }
+    // What tokenizers reads as none is accepted: "" for the subword prefix and suffix (GPT-2's files),
+    // a dropout of 0, an unk_token (never used: every byte is a token).
+    for (const auto& change : std::vector<std::function<void(nlohmann::json&)>>{
+             [](nlohmann::json& b) { b["model"]["continuing_subword_prefix"] = b["model"]["end_of_word_suffix"] = ""; },
+             [](nlohmann::json& b) { b["model"]["dropout"] = 0.0; },
+             [](nlohmann::json& b) { b["model"]["unk_token"] = "<unk>"; }}) {
+        with(change);
+        CHECK(Tokenizer::from_tokenizer_json(dir / "bad.json").encode_ordinary(" the then") ==
+              tok.encode_ordinary(" the then"));
     }
     write_bytes(dir / "bad.json", "{\"model\": ");
     CHECK_THROWS_KIND_WITH(Tokenizer::from_tokenizer_json(dir / "bad.json"), FormatError, "bad.json: not JSON");

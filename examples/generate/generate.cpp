@@ -79,13 +79,15 @@ std::string read_file(const std::string& path) {
     return ss.str();
 }
 
-// The GPT of the checkpoint's "train_gpt.config" (see examples/train_gpt/resume.h), on `device`:
-// its sizes within train_gpt's ranges, and no more parameters than the file's `tensors` hold.
-// The tokenizer a checkpoint records (train_gpt --tokenizer): its path and checksum, "" for none.
+// The tokenizer a checkpoint records (train_gpt --tokenizer): its path and checksum, "" for none;
+// or a Hugging Face directory's tokenizer.json (no checksum).
 struct RecordedTokenizer {
     std::string path, fnv1a64;
 };
 
+// The GPT of the checkpoint's "train_gpt.config" (see examples/train_gpt/resume.h), on `device`:
+// its sizes within train_gpt's ranges, and no more parameters than the file's `tensors` hold; sets
+// `recorded` to the tokenizer the config records.
 GPTConfig checkpoint_config(const std::string& path, const std::map<std::string, std::string>& metadata,
                             const NamedTensors& tensors, Device device, RecordedTokenizer& recorded) {
     auto entry = metadata.find("train_gpt.config");
@@ -205,7 +207,8 @@ std::unique_ptr<Tokenizer> run_tokenizer(const GenerateArgs& a, const RecordedTo
                              ", the checkpoint's " + recorded.fnv1a64 + ")");
         tok = std::make_unique<Tokenizer>(Tokenizer::load(path));
     } catch (const Error& e) {
-        throw UsageError(what + ": " + e.what() + (a.tokenizer.empty() ? " (give --tokenizer FILE if it has moved)" : ""));
+        const bool moved_hint = a.tokenizer.empty() && !recorded.fnv1a64.empty();  // a checkpoint's path
+        throw UsageError(what + ": " + e.what() + (moved_hint ? " (give --tokenizer FILE if it has moved)" : ""));
     }
     if (tok->vocab_size() > vocab_size)
         throw UsageError(what + " has " + std::to_string(tok->vocab_size()) + " ids, more than the model's vocabulary of " +

@@ -382,7 +382,8 @@ void print_sample(GPT& model, SavePolicy policy, int64_t tokens, uint64_t seed, 
             std::putchar(static_cast<int>(token));
         } else if (token < tokenizer->vocab_size()) {
             try {
-                std::fputs(tokenizer->decode({static_cast<uint32_t>(token)}).c_str(), stdout);
+                const std::string bytes = tokenizer->decode({static_cast<uint32_t>(token)});
+                std::fwrite(bytes.data(), 1, bytes.size(), stdout);
             } catch (const Error&) {  // no token: nothing to print
             }
         }

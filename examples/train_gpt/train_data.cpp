@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/checkpoint_checks.h"
 #include "../common/checksums.h"
 
 using namespace normtape;
@@ -116,18 +117,28 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const Args& a, uint64_t* hash) {
 
 // The text's ids under data.tokenizer: read from the cache beside `file` (the first data file) if
 // it is there, else encoded and written to it, with a warning if it cannot be. The cache is
-// FILE.NAME.HASH.bin, llm.c's token file (nn/data/token_file.h), HASH the FNV-1a of the text's and
-// the tokenizer's checksums: another text or tokenizer has another name. Sets `note` to where the
-// ids came from.
+// .FILE.NAME.HASH.bin (hidden, so that a glob of the data does not match it), llm.c's token file
+// (nn/data/token_file.h), HASH the FNV-1a of normtape's version and the text's and the tokenizer's
+// checksums: another text, tokenizer or encoder has another name. A cache whose ids are not all
+// ordinary tokens is encoded again. Sets `note` to where the ids came from.
 std::vector<uint32_t> encode_cached(const TrainData& data, const std::string& text, const std::string& file,
                                     std::string& note) {
-    const uint64_t key[2] = {data.fnv1a64, data.tokenizer_fnv1a64};
-    const std::string hash = hex(fnv1a64(0xcbf29ce484222325ull, {reinterpret_cast<const char*>(key), sizeof key}));
-    const std::string cache = file + "." + data.tokenizer->name() + "." + hash + ".bin";
+    const uint64_t sums[2] = {data.fnv1a64, data.tokenizer_fnv1a64};
+    const std::string hash =
+        hex(fnv1a64(fnv1a64(0xcbf29ce484222325ull, version()), {reinterpret_cast<const char*>(sums), sizeof sums}));
+    std::string name = ".";  // (appended piece by piece: GCC 12 warns of a false -Wrestrict on one "+" chain)
+    name.append(std::filesystem::path(file).filename().string()).append(".").append(data.tokenizer->name());
+    name.append(".").append(hash).append(".bin");
+    const std::string cache = (std::filesystem::path(file).parent_path() / name).string();
+    const Tokenizer& tok = *data.tokenizer;
     std::error_code ec;
     if (std::filesystem::is_regular_file(cache, ec)) {
         try {
             std::vector<uint32_t> ids = read_token_file(cache, TokenFileFormat::LlmC);
+            for (size_t i = 0; i < ids.size(); ++i)
+                if (ids[i] >= tok.tokens().size() || tok.tokens()[ids[i]].empty())
+                    throw FormatError("id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                                      " is no ordinary token of " + tok.name());
             note = " (read from the cache " + cache + ")";
             return ids;
         } catch (const Error& e) {
@@ -135,7 +146,7 @@ std::vector<uint32_t> encode_cached(const TrainData& data, const std::string& te
                          e.what());
         }
     }
-    std::vector<uint32_t> ids = data.tokenizer->encode_ordinary(text);
+    std::vector<uint32_t> ids = tok.encode_ordinary(text);
     try {
         write_token_file(cache, ids);
         note = " (cached in " + cache + ")";
@@ -203,6 +214,9 @@ TrainData load_data(const Args& a) {
     if (!a.tokenizer.empty()) {  // the text's bytes become the tokenizer's ids, special tokens as text
         data.tokenizer = load_tokenizer(a, &data.tokenizer_fnv1a64);
         const int64_t size = data.tokenizer->vocab_size();
+        if (size > kMaxVocab)
+            throw UsageError(describe(a, "tokenizer", a.tokenizer) + " has " + std::to_string(size) +
+                             " ids, more than a model's vocabulary may have (2^24)");
         if (a.vocab_given && a.vocab < size)
             throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) + " is smaller than " +
                              describe(a, "tokenizer", a.tokenizer) + "'s " + std::to_string(size) + " ids");

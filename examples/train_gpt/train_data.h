@@ -51,11 +51,12 @@ double bytes_per_token(const TrainData& data, const std::vector<uint32_t>& token
 // no file; a token file is not in its format (a header's magic number, version or token count, a
 // truncated file: nn/data/token_file.h); an id is not below --vocab (with its file and position);
 // --tokenizer cannot be read (a rank file's error, a JSON without "pat_str", a tokenizer.json that
-// Tokenizer::load refuses) or has more tokens than a --vocab given; the data holds fewer than --seq
-// + 2 tokens. With --tokenizer the text is encoded once: its ids are cached beside the first data
-// file as FILE.NAME.HASH.bin (llm.c's token file; HASH: FNV-1a of the text's and the tokenizer's
-// checksums) and read from there by later runs; a cache that cannot be written or read is a
-// warning, and the text is encoded.
+// Tokenizer::load refuses) or has more ids than a --vocab given or than 2^24; the data holds fewer
+// than --seq + 2 tokens. With --tokenizer the text is encoded once: its ids are cached beside the
+// first data file as .FILE.NAME.HASH.bin (hidden; llm.c's token file; HASH: FNV-1a of normtape's
+// version and the text's and the tokenizer's checksums) and read from there by later runs; a cache
+// that cannot be written or read, or holds an id that is no token, is a warning, and the text is
+// encoded.
 TrainData load_data(const Args& a);
 
 // Note [Held-out loss]

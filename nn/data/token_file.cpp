@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "core/check.h"
 
@@ -133,8 +133,10 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& ids)
     store_le(p + 8, static_cast<uint32_t>(ids.size()), 4);
     for (size_t i = 0; i < ids.size(); ++i) store_le(p + kHeaderBytes + i * kind.width, ids[i], kind.width);
     // Written beside the target and renamed over it: a failed write leaves the old file as it was.
-    // The temporary's name is the writer's own: processes (data-parallel ranks) may write one path.
-    const std::string tmp = path + ".tmp" + std::to_string(std::random_device{}());
+    // The temporary's name is the writer's own: processes (data-parallel ranks) and threads may
+    // write one path at once.
+    static std::atomic<uint64_t> writes{0};
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(writes++);
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) throw IOError("write_token_file: cannot create " + tmp + ": " + std::strerror(errno));
     const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();

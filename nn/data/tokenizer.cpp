@@ -263,9 +263,7 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string& path, const std::stri
     if (name.empty()) name = std::filesystem::path(path).stem().string();
     try {
         return Tokenizer(std::move(tokens), pattern, std::move(special_tokens), std::move(name));
-    } catch (const FormatError&) {
-        throw;
-    } catch (const Error& e) {  // a repeated token: the file's fault
+    } catch (const Error& e) {  // a repeated token, or the pattern (from the file's JSON, for load)
         throw FormatError("Tokenizer: rank file " + path + ": " + e.what());
     }
 }

@@ -31,11 +31,13 @@
 // bytes ! to ~, 0xA1 to 0xAC and 0xAE to 0xFF as themselves, the other 68 as U+0100 on in byte
 // order); "pre_tokenizer" ByteLevel with use_regex (GPT-2's pattern), or a Sequence of a Split on a
 // Regex (behavior Isolated) and a ByteLevel without use_regex; "added_tokens", the special tokens,
-// matched as text. normtape reads exactly that: add_prefix_space, a normalizer, BPE dropout, an unk
-// token, subword prefixes or suffixes, byte fallback, added tokens that strip or match single words,
-// and a decoder other than ByteLevel are refused (FormatError), since they would change the ids. A
-// post_processor (e.g. TemplateProcessing's BOS) is not applied: encode's ids are those of
-// tokenizers' encode(text, add_special_tokens=False). Saving writes that form. A tokenizer of
+// matched as text. normtape reads exactly that, and refuses (FormatError) what would change the
+// ids or the decoded text: add_prefix_space, a normalizer, truncation or padding, BPE dropout,
+// subword prefixes or suffixes (null, "" and a dropout of 0 are none, as GPT-2's files have them),
+// byte fallback, added tokens that are not special (tokenizers matches those in all text) or that
+// strip or match single words, a decoder other than ByteLevel. An unk_token is never used (every
+// byte is a token). A post_processor (e.g. TemplateProcessing's BOS) is not applied: encode's ids
+// are those of tokenizers' encode(text, add_special_tokens=False). Saving writes that form. A tokenizer of
 // tiktoken's rule is written with "ignore_merges" and, as transformers' TikTokenConverter does,
 // every pair of tokens whose concatenation is a token, ordered by the concatenation's rank, then the
 // left's, then the right's. tokenizers' list cannot give pairs equal ranks, so the two rules can
@@ -102,8 +104,9 @@ public:
     // the form the Note describes, a token holds a character outside the byte-to-unicode map, or a
     // merge names a string that is not in the vocabulary; and the constructors' errors.
     static Tokenizer from_tokenizer_json(const std::string& path, std::string name = "");
-    // Writes Hugging Face's tokenizer.json (Note [tokenizer.json]), replacing `path`; IOError when it
-    // cannot be written.
+    // Writes Hugging Face's tokenizer.json (Note [tokenizer.json]), replacing `path`. Throws Error,
+    // writing nothing, when a special token or the pattern is not UTF-8 (JSON holds only UTF-8);
+    // IOError when the file cannot be written.
     void save_tokenizer_json(const std::string& path) const;
     // Reads either file: a name ending in ".json" as tokenizer.json, any other as a rank file beside
     // its JSON (the path with the extension .json, as scripts/fetch_tiktoken.sh and train_tokenizer

@@ -112,11 +112,18 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
         const json& model = j.at("model");
         if (model.value("type", std::string("BPE")) != "BPE")
             throw fail("expected \"model\" of \"type\" \"BPE\", got " + detail::json_excerpt(model.at("type")));
-        for (const char* key : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"})
-            if (has(model, key)) throw fail(std::string("\"model\": \"") + key + "\" is not supported (expected null)");
+        // What tokenizers reads as "none" is accepted: GPT-2's files (transformers' GPT2Converter) write
+        // "" for the subword prefix and suffix. An unk_token is never used: every byte is a token.
+        for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+            if (has(model, key) && model.at(key) != "")
+                throw fail(std::string("\"model\": \"") + key + "\" is not supported (expected null or \"\")");
+        if (has(model, "dropout") && model.at("dropout") != 0)
+            throw fail("\"model\": \"dropout\" is not supported (expected null or 0)");
         if (model.value("byte_fallback", false)) throw fail("\"model\": \"byte_fallback\" is not supported");
         const bool ignore_merges = model.value("ignore_merges", false);
-        if (has(j, "normalizer")) throw fail("\"normalizer\" is not supported (expected null): it would change the ids");
+        for (const char* key : {"normalizer", "truncation", "padding"})
+            if (has(j, key))
+                throw fail(std::string("\"") + key + "\" is not supported (expected null): it would change the ids");
         if (has(j, "decoder") && j.at("decoder").at("type") != "ByteLevel")
             throw fail("expected a \"decoder\" of \"type\" \"ByteLevel\", got " + detail::json_excerpt(j.at("decoder").at("type")));
 
@@ -159,6 +166,10 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
                 for (const char* key : {"lstrip", "rstrip", "single_word"})
                     if (added.value(key, false))
                         throw fail("\"added_tokens\": " + quote(content) + "'s \"" + key + "\" is not supported");
+                // tokenizers matches an added token that is not special in all text: a special token
+                // here is matched only where allowed (Tokenizer::encode).
+                if (!added.value("special", true))
+                    throw fail("\"added_tokens\": " + quote(content) + " is not \"special\", which is not supported");
                 if (auto it = vocab.find(content); it != vocab.end() && *it != id)
                     throw fail("\"added_tokens\": " + quote(content) + " has id " + std::to_string(id) +
                                ", the vocabulary " + detail::json_excerpt(*it));
@@ -216,18 +227,20 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
             merges.emplace_back(id(left), id(right));
         }
         if (name.empty()) {  // "gpt2/tokenizer.json" and "gpt2.tokenizer.json" are gpt2
-            const std::filesystem::path p(path);
+            const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
             name = p.stem().string();
             if (name == "tokenizer" && p.parent_path().has_filename()) name = p.parent_path().filename().string();
             if (name.size() > 10 && name.ends_with(".tokenizer")) name.resize(name.size() - 10);
         }
-        return Tokenizer(std::move(tokens), merges, ignore_merges, pattern, std::move(special), std::move(name));
+        try {
+            return Tokenizer(std::move(tokens), merges, ignore_merges, pattern, std::move(special), std::move(name));
+        } catch (const Error& e) {  // the constructor's checks, the pattern's included: the file's fault
+            throw fail(e.what());
+        }
     } catch (const FormatError&) {
         throw;
     } catch (const json::exception& e) {  // a key missing or of the wrong type
         throw fail(std::string("not a byte-level BPE tokenizer.json: ") + e.what());
-    } catch (const Error& e) {  // the constructor's checks: the file's fault
-        throw fail(e.what());
     }
 }
 

@@ -344,6 +344,18 @@ void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenize
                                      ec ? ec.message() : "a file of that name exists");
     const std::string model_path = (fs::path(dir) / "model.safetensors").string();
     const std::string config_path = (fs::path(dir) / "config.json").string();
+    // The tokenizer first (its Error, a special token not UTF-8, leaves the model unwritten); without
+    // one, a tokenizer.json left from before would describe another model's ids.
+    const std::string tokenizer_path = (fs::path(dir) / "tokenizer.json").string();
+    try {
+        if (tokenizer) tokenizer->save_tokenizer_json(tokenizer_path);
+    } catch (const IOError& e) {
+        detail::throw_error<IOError>("save_hf: ", e.what());
+    } catch (const Error& e) {
+        detail::throw_error<Error>("save_hf: ", e.what());
+    }
+    if (!tokenizer && (fs::remove(tokenizer_path, ec), ec))
+        detail::throw_error<IOError>("save_hf: cannot remove the tokenizer.json left in ", dir, ": ", ec.message());
     try {
         // transformers refuses a safetensors file whose metadata has no "format" of "pt".
         save_safetensors(model_path, tensors, {{"format", "pt"}});
@@ -365,13 +377,6 @@ void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenize
         std::error_code ignored;
         fs::remove(tmp, ignored);
         detail::throw_error<IOError>("save_hf: cannot rename ", tmp, " to ", config_path, ": ", ec.message());
-    }
-    if (tokenizer) {
-        try {
-            tokenizer->save_tokenizer_json((fs::path(dir) / "tokenizer.json").string());
-        } catch (const IOError& e) {
-            detail::throw_error<IOError>("save_hf: ", e.what());
-        }
     }
 }
 

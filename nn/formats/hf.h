@@ -124,14 +124,16 @@ GPTConfig hf_config(const std::string& text, const std::string& file);
 // model.safetensors carries the metadata "format": "pt" (transformers refuses a safetensors file
 // with metadata but no such entry) and normtape's checksums; it is written atomically
 // (save_safetensors), then config.json (through a temporary file renamed over it). With a
-// `tokenizer` (the one the model's ids are of), dir/tokenizer.json is written too
-// (Tokenizer::save_tokenizer_json), so that transformers' AutoTokenizer reads it.
+// `tokenizer` (the one the model's ids are of), dir/tokenizer.json is written first
+// (Tokenizer::save_tokenizer_json), so that transformers' AutoTokenizer reads it; without one, a
+// tokenizer.json already there is removed (it would describe another model's ids).
 // Throws Error naming save_hf and why, writing nothing, for a model of another architecture
 // (arch_name "nanochat" or "custom": a field of the gpt2 or llama preset changed, as another
 // norm kind, weightless norms, QK-norm, a softcap) or a gpt2 model with grouped-query attention
 // (n_kv_head other than n_head: GPT2LMHeadModel has none) or a tokenizer of more ids than the
-// model's vocabulary; IOError naming save_hf and the path when the directory cannot be created or a
-// file cannot be written.
+// model's vocabulary, and Error naming save_hf, having written nothing but the directory, for a
+// tokenizer that save_tokenizer_json refuses; IOError naming save_hf and the path when the
+// directory cannot be created or a file cannot be written or removed.
 void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenizer = nullptr);
 
 }  // namespace normtape
