@@ -148,7 +148,8 @@ GPTConfig checkpoint_config(const std::string& path, const std::map<std::string,
         throw UsageError(path + ": the checkpoint's train_gpt.config: " + e.what());
     }
     // Checkpoints written before --tokenizer existed record none.
-    const nlohmann::json tok_path = c.value("tokenizer", nlohmann::json("")), tok_hash = c.value("tokenizer_fnv1a64", nlohmann::json(""));
+    const nlohmann::json tok_path = c.value("tokenizer", nlohmann::json(""));
+    const nlohmann::json tok_hash = c.value("tokenizer_fnv1a64", nlohmann::json(""));
     if (!tok_path.is_string() || !tok_hash.is_string())
         throw UsageError(path + ": the checkpoint's train_gpt.config has tokenizer " + detail::json_excerpt(tok_path) +
                          " and tokenizer_fnv1a64 " + detail::json_excerpt(tok_hash) + ", expected strings");
