@@ -10,7 +10,10 @@ its export. Needs torch and transformers (the GPU machine has both; CI does not 
   scripts/hf_fixtures.py check DIR    loads DIR (a model normtape wrote with save_hf) with
                                       transformers and compares its logits for DIR/expected's
                                       input_ids with DIR/expected's logits (normtape's); prints
-                                      the relative error and exits 1 above 1e-5.
+                                      the relative error and exits 1 above 1e-5. With a
+                                      DIR/tokenizer.json, AutoTokenizer reads the directory too,
+                                      and its ids of DIR/expected_text.txt must be DIR/expected's
+                                      text_ids (normtape's) and decode back to the text.
 """
 import json
 import os
@@ -18,7 +21,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 VOCAB, WIDTH, LAYERS, HEADS, T = 64, 64, 2, 4, 12
 
@@ -72,8 +75,17 @@ def check(d):
     with torch.no_grad():
         logits = model(expected["input_ids"]).logits.float()
     err = ((logits - expected["logits"]).norm() / expected["logits"].norm()).item()
-    print(json.dumps({"dir": d, "architecture": type(model).__name__, "relative_error": err}))
-    return 0 if err <= 1e-5 else 1
+    result = {"dir": d, "architecture": type(model).__name__, "relative_error": err}
+    same_ids = True
+    if os.path.exists(os.path.join(d, "tokenizer.json")):
+        tokenizer = AutoTokenizer.from_pretrained(d)
+        with open(os.path.join(d, "expected_text.txt"), encoding="utf-8", newline="") as f:
+            text = f.read()
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        same_ids = ids == expected["text_ids"].tolist() and tokenizer.decode(ids) == text
+        result.update(tokenizer=type(tokenizer).__name__, same_ids=same_ids)
+    print(json.dumps(result))
+    return 0 if err <= 1e-5 and same_ids else 1
 
 
 if __name__ == "__main__":

@@ -438,8 +438,10 @@ TEST_SUITE("hf") {
         const Tokenizer back = Tokenizer::load(dir / "model/tokenizer.json");
         CHECK(back.name() == "model");
         CHECK(back.encode_ordinary("the rat sat") == tok.encode_ordinary("the rat sat"));
+        CHECK(read_json(dir / "model/tokenizer_config.json")["tokenizer_class"] == "PreTrainedTokenizerFast");
         save_hf(GPT(c), dir / "model");  // without a tokenizer: none left from before
         CHECK(!std::filesystem::exists(dir / "model/tokenizer.json"));
+        CHECK(!std::filesystem::exists(dir / "model/tokenizer_config.json"));
         const Tokenizer not_utf8(tok.tokens(), tok.pattern(), {{"\xff<s>", 270}});
         CHECK_THROWS_KIND_WITH(save_hf(GPT(c), dir / "not_utf8", &not_utf8), Error, "save_hf", "not UTF-8");
         CHECK(!std::filesystem::exists(dir / "not_utf8/model.safetensors"));
@@ -490,7 +492,9 @@ TEST_SUITE("hf") {
         struct Case {
             std::string name;
             std::function<std::unique_ptr<GPT>()> make;
+            const Tokenizer* tokenizer = nullptr;  // written beside, and its ids compared with AutoTokenizer's
         };
+        const Tokenizer tok = train_bpe(slurp(shakespeare_path()).substr(0, 100000), 300);
         auto fresh = [](const char* arch, bool tie) {
             manual_seed(9);
             auto model = std::make_unique<GPT>(small_config(arch, tie));
@@ -504,16 +508,31 @@ TEST_SUITE("hf") {
                  {"llama_tied", [&] { return fresh("llama", true); }},
                  {"gpt2_untied", [&] { return fresh("gpt2", false); }},
                  {"llama_bf16", [] { return load_hf(fixture("llama"), Device::CPU, DType::BF16); }},
+                 {"gpt2_tokenizer",
+                  [] {
+                      GPTConfig c = small_config("gpt2", true);
+                      c.vocab_size = 304;
+                      manual_seed(9);
+                      return std::make_unique<GPT>(c);
+                  },
+                  &tok},
              }) {
             INFO(c.name);
             std::unique_ptr<GPT> model = c.make();
             const std::string out = dir / c.name;
-            save_hf(*model, out);
+            save_hf(*model, out, c.tokenizer);
             // normtape's f32 logits of what was written (a bf16 model's values, exactly, in f32:
-            // the script runs transformers in f32).
+            // the script runs transformers in f32), and the tokenizer's ids of expected_text.txt.
             Tensor ids = expected(fixture("llama")).input_ids;
-            save_safetensors(out + "/expected.safetensors",
-                             {{"input_ids", ids}, {"logits", logits_of(*load_hf(out), ids)}});
+            NamedTensors written = {{"input_ids", ids}, {"logits", logits_of(*load_hf(out), ids)}};
+            if (c.tokenizer) {
+                const std::string text = "ROMEO:\nBut soft, what light through yonder window breaks? \xe6\xbc\xa2 \r\n  12345\n";
+                write_bytes(out + "/expected_text.txt", text);
+                std::vector<int64_t> text_ids;
+                for (uint32_t id : c.tokenizer->encode_ordinary(text)) text_ids.push_back(id);
+                written.emplace_back("text_ids", from_vector<int64_t>(text_ids, {static_cast<int64_t>(text_ids.size())}));
+            }
+            save_safetensors(out + "/expected.safetensors", written);
             const std::string log = dir / (c.name + ".log");
             const std::string cmd =
                 python() + " " + NORMTAPE_SOURCE_DIR + "/scripts/hf_fixtures.py check " + out + " > " + log + " 2>&1";

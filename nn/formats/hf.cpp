@@ -344,9 +344,11 @@ void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenize
                                      ec ? ec.message() : "a file of that name exists");
     const std::string model_path = (fs::path(dir) / "model.safetensors").string();
     const std::string config_path = (fs::path(dir) / "config.json").string();
-    // The tokenizer first (its Error, a special token not UTF-8, leaves the model unwritten); without
-    // one, a tokenizer.json left from before would describe another model's ids.
+    // The tokenizer first (its Error, a special token not UTF-8, leaves the model unwritten), and
+    // tokenizer_config.json naming the class that reads tokenizer.json as it is; without one, the
+    // files left from before would describe another model's ids.
     const std::string tokenizer_path = (fs::path(dir) / "tokenizer.json").string();
+    const std::string tokenizer_config_path = (fs::path(dir) / "tokenizer_config.json").string();
     try {
         if (tokenizer) tokenizer->save_tokenizer_json(tokenizer_path);
     } catch (const IOError& e) {
@@ -354,8 +356,17 @@ void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenize
     } catch (const Error& e) {
         detail::throw_error<Error>("save_hf: ", e.what());
     }
-    if (!tokenizer && (fs::remove(tokenizer_path, ec), ec))
-        detail::throw_error<IOError>("save_hf: cannot remove the tokenizer.json left in ", dir, ": ", ec.message());
+    if (tokenizer) {
+        std::ofstream f(tokenizer_config_path, std::ios::binary | std::ios::trunc);
+        f << json{{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", c.block_size},
+                  {"clean_up_tokenization_spaces", false}}.dump(2)
+          << "\n";
+        f.close();
+        if (!f) detail::throw_error<IOError>("save_hf: cannot write ", tokenizer_config_path);
+    }
+    for (const std::string& stale : {tokenizer_path, tokenizer_config_path})
+        if (!tokenizer && (fs::remove(stale, ec), ec))
+            detail::throw_error<IOError>("save_hf: cannot remove ", stale, ", left from before: ", ec.message());
     try {
         // transformers refuses a safetensors file whose metadata has no "format" of "pt".
         save_safetensors(model_path, tensors, {{"format", "pt"}});

@@ -125,8 +125,10 @@ GPTConfig hf_config(const std::string& text, const std::string& file);
 // with metadata but no such entry) and normtape's checksums; it is written atomically
 // (save_safetensors), then config.json (through a temporary file renamed over it). With a
 // `tokenizer` (the one the model's ids are of), dir/tokenizer.json is written first
-// (Tokenizer::save_tokenizer_json), so that transformers' AutoTokenizer reads it; without one, a
-// tokenizer.json already there is removed (it would describe another model's ids).
+// (Tokenizer::save_tokenizer_json) with dir/tokenizer_config.json (tokenizer_class
+// PreTrainedTokenizerFast, model_max_length block_size), so that transformers' AutoTokenizer reads
+// it as it is; without one, those files already there are removed (they would describe another
+// model's ids).
 // Throws Error naming save_hf and why, writing nothing, for a model of another architecture
 // (arch_name "nanochat" or "custom": a field of the gpt2 or llama preset changed, as another
 // norm kind, weightless norms, QK-norm, a softcap) or a gpt2 model with grouped-query attention
