@@ -65,6 +65,15 @@ std::vector<uint32_t> reference_ids(const TempDir& dir, const std::string& name,
     return ids;
 }
 
+// Pieces past 256 bytes (encode's heap path): runs of letters, spaces, digits, punctuation, emoji.
+std::string long_pieces() {
+    std::string text = std::string(3000, 'a') + std::string(50000, ' ') + "x\n" + std::string(10000, '7') + " ";
+    for (int i = 0; i < 20000; ++i) text += "qwertyuiopasdfghjklzxcvbnm"[(i * 7919) % 26];
+    text += std::string(5000, '!') + " ";
+    for (int i = 0; i < 2000; ++i) text += "\xf0\x9f\x98\x80";
+    return text;
+}
+
 // The first position where a and b differ, for the failure's message.
 size_t first_difference(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
     size_t i = 0;
@@ -90,6 +99,16 @@ TEST_CASE("tokenizer: a piece is its token, or its bytes merged lowest rank firs
     // merges before " t" (259), then "the" (258), then " the" (260).
     CHECK(tok.encode_ordinary(" then") == std::vector<uint32_t>{260, 'n'});
     CHECK(tok.decode({260, 'n', 258}) == " thenthe");
+    // A piece past 256 bytes takes the heap's path, to the same merges: 301 a's are 150 "aa" and an
+    // a, then 75 "aaaa" (the leftmost pairs first), by rank and by Hugging Face's list alike.
+    std::vector<uint32_t> quads(75, 257);
+    quads.push_back('a');
+    const Tokenizer a_rank(bytes_and({"aa", "aaaa"}), kGPT2SplitPattern);
+    const Tokenizer a_list(bytes_and({"aa", "aaaa"}), {{'a', 'a'}, {256, 256}}, false, kGPT2SplitPattern);
+    for (const Tokenizer* t : {&a_rank, &a_list}) {
+        CHECK(t->encode_ordinary(std::string(301, 'a')) == quads);
+        CHECK(t->encode_ordinary(std::string(255, 'a')).size() == 65);  // the scan: 63 "aaaa", "aa", a
+    }
 }
 
 TEST_CASE("tokenizer: special tokens are ids when allowed, an Error when not, and text under encode_ordinary") {
@@ -369,7 +388,8 @@ TEST_CASE("tokenizer: gpt2, cl100k_base and o200k_base written as tokenizer.json
     REQUIRE_TIKTOKEN_OR_SKIP();
     TempDir dir("tokenizer_json_real");
     const std::string text = slurp(shakespeare_path()).substr(0, 200000) +
-                             slurp(std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/tokenizer/unicode.txt");
+                             slurp(std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/tokenizer/unicode.txt") +
+                             long_pieces();
     for (const std::string name : {"gpt2", "cl100k_base", "o200k_base"}) {
         CAPTURE(name);
         const Tokenizer tok = tiktoken_encoding(name);
@@ -388,13 +408,14 @@ TEST_CASE("tokenizer: the ids of tiktoken for gpt2, cl100k_base and o200k_base o
     const std::string unicode = std::string(NORMTAPE_SOURCE_DIR) + "/tests/fixtures/tokenizer/unicode.txt";
     // A text with special tokens in it, for encode with them allowed.
     write_bytes(dir / "special.txt", "First<|endoftext|>second <|endoftext|><|endofprompt|> end\n");
+    write_bytes(dir / "long.txt", long_pieces());
     const std::map<std::string, const char*> patterns = {
         {"gpt2", kGPT2SplitPattern}, {"cl100k_base", kGPT4SplitPattern}, {"o200k_base", kGPT4oSplitPattern}};
     for (const auto& [name, pattern] : patterns) {
         CAPTURE(name);
         const Tokenizer tok = tiktoken_encoding(name);
         CHECK(tok.pattern() == pattern);  // the constants are tiktoken's patterns
-        for (const std::string& input : {shakespeare_path(), unicode}) {
+        for (const std::string& input : {shakespeare_path(), unicode, dir / "long.txt"}) {
             CAPTURE(input);
             const std::string text = slurp(input);
             const std::vector<uint32_t> ours = tok.encode_ordinary(text), theirs = reference_ids(dir, name, input, false);

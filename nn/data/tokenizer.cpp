@@ -10,8 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -137,6 +139,49 @@ private:
     pcre2_code* code_ = nullptr;
     bool jit_ = false;
 };
+
+// The merges of encode_piece for a long piece (a run of spaces or digits, a word with no break):
+// the same ones, lowest rank first and the leftmost of equals, found with a heap of the adjacent
+// pairs ordered by (rank, start) whose stale entries are skipped as they surface, O(n log n) where
+// encode_piece's scan is O(n^2). A part is named by the byte it starts at. merge_of(a, b, l, end)
+// is the rank and id of merging the parts [l, r) and [r, end) of ids a and b; byte_id(i) the id of
+// byte i.
+template <class MergeOf, class ByteId>
+void encode_long_piece(std::string_view piece, std::vector<uint32_t>& out, const MergeOf& merge_of,
+                       const ByteId& byte_id) {
+    const size_t n = piece.size();
+    std::vector<uint32_t> id(n);
+    std::vector<size_t> next(n), prev(n);  // of a live part: the parts beside it (next == n: none)
+    std::vector<char> alive(n, 1);
+    for (size_t i = 0; i < n; ++i) id[i] = byte_id(i), next[i] = i + 1, prev[i] = i - 1;
+    struct Pair {
+        uint32_t rank;
+        size_t left, right, end;
+        uint32_t merged;
+        bool operator>(const Pair& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Pair, std::vector<Pair>, std::greater<Pair>> heap;
+    auto push = [&](size_t l) {  // the live part at l and the one after it
+        const size_t r = next[l];
+        if (r >= n) return;
+        const auto [rank, merged] = merge_of(id[l], id[r], l, next[r]);
+        if (rank != kNoRank) heap.push({rank, l, r, next[r], merged});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(i);
+    while (!heap.empty()) {
+        const Pair p = heap.top();
+        heap.pop();
+        // Stale: the left part was merged into another, or the right one is no longer [right, end).
+        if (!alive[p.left] || next[p.left] != p.right || next[p.right] != p.end) continue;
+        id[p.left] = p.merged;
+        alive[p.right] = 0;
+        next[p.left] = p.end;
+        if (p.end < n) prev[p.end] = p.left;
+        if (p.left > 0) push(prev[p.left]);
+        push(p.left);
+    }
+    for (size_t i = 0; i < n; i = next[i]) out.push_back(id[i]);
+}
 
 }  // namespace
 
@@ -286,6 +331,22 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& out)
             return;
         }
     }
+    // The merge of the parts [l, r) and [r, end) of ids a and b: its rank (kNoRank: none) and the id
+    // it makes.
+    const bool by_list = merges_by_list();
+    auto merge_of = [&](uint32_t a, uint32_t b, size_t l, size_t end) -> std::pair<uint32_t, uint32_t> {
+        if (!by_list) {
+            const uint32_t id = ranks_->find(piece.substr(l, end - l));
+            return {id, id};
+        }
+        auto it = ranks_->merge_of.find(pair_key(a, b));
+        return it == ranks_->merge_of.end() ? std::pair{kNoRank, 0u} : it->second;
+    };
+    auto byte_id = [&](size_t i) { return ranks_->byte_id[static_cast<unsigned char>(piece[i])]; };
+    if (piece.size() > 256) {
+        encode_long_piece(piece, out, merge_of, byte_id);
+        return;
+    }
     // parts[i]: where part i begins and its id, and the rank of merging it with part i + 1 (kNoRank:
     // no merge) and the id that makes. One sentinel part at the end.
     struct Part {
@@ -293,19 +354,11 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& out)
         uint32_t id, rank, merged;
     };
     std::vector<Part> parts(piece.size() + 1);
-    for (size_t i = 0; i < parts.size(); ++i)
-        parts[i] = {i, i < piece.size() ? ranks_->byte_id[static_cast<unsigned char>(piece[i])] : kNoRank, kNoRank, 0};
-    const bool by_list = merges_by_list();
+    for (size_t i = 0; i < parts.size(); ++i) parts[i] = {i, i < piece.size() ? byte_id(i) : kNoRank, kNoRank, 0};
     auto rank_pair = [&](size_t i) {  // parts i and i + 1, where part i + 1 exists
         Part& p = parts[i];
         p.rank = kNoRank;
-        if (i + 2 >= parts.size()) return;
-        if (by_list) {
-            if (auto it = ranks_->merge_of.find(pair_key(p.id, parts[i + 1].id)); it != ranks_->merge_of.end())
-                p.rank = it->second.first, p.merged = it->second.second;
-        } else {
-            p.rank = p.merged = ranks_->find(piece.substr(p.start, parts[i + 2].start - p.start));
-        }
+        if (i + 2 < parts.size()) std::tie(p.rank, p.merged) = merge_of(p.id, parts[i + 1].id, p.start, parts[i + 2].start);
     };
     for (size_t i = 0; i + 1 < parts.size(); ++i) rank_pair(i);
     for (;;) {
