@@ -168,7 +168,7 @@ TrainData load_data(const Args& a) {
     const std::string what = describe(a, "data", data_file(a));
     // A checkpoint's data path may be relative to the directory of the run that saved it.
     const std::string hint = a.from_checkpoint.count("data") ? " (give --data FILE if the data is elsewhere now)" : "";
-    const std::vector<std::string> files = data_files(a, what + hint);
+    const std::vector<std::string>& files = data.files = data_files(a, what + hint);
     const bool tokens = data.token_files = data_is_tokens(a);
     const TokenFileFormat asked = a.data_format == "llm.c" ? TokenFileFormat::LlmC
                                   : a.data_format == "raw" ? TokenFileFormat::Raw

@@ -27,6 +27,7 @@ bool data_is_tokens(const Args& a);
 struct TrainData {
     std::vector<uint32_t> tokens;  // a text's bytes or its --tokenizer ids, or a token file's ids; none for random
     std::string description;       // the file or files read and their format, for the report
+    std::vector<std::string> files;  // the files read, in order (a --data pattern's matches)
     uint64_t bytes = 0;            // the bytes of the files read
     uint64_t fnv1a64 = 0;          // FNV-1a (64-bit) of those bytes, file after file: the checkpoint's check
     bool token_files = false;      // read as token files (data_is_tokens)
