@@ -44,7 +44,9 @@ void write(const std::string& path, const std::string& bytes) {
 
 // A tokenizer the input made: it must encode and decode the text back.
 void check_round_trip(const normtape::Tokenizer& tok) {
-    const std::string text = "Hello, world! It's 2026: 12345 \xe6\xbc\xa2\xe5\xad\x97 \xff\xfe <|endoftext|>\r\n  end";
+    // Short pieces, and long ones (encode's heap path).
+    static const std::string text = "Hello, world! It's 2026: 12345 \xe6\xbc\xa2\xe5\xad\x97 \xff\xfe <|endoftext|>\r\n  end" +
+                                    std::string(300, ' ') + "x" + std::string(300, 'a') + std::string(300, '7');
     try {
         for (const std::vector<uint32_t>& ids : {tok.encode_ordinary(text), tok.encode_with_special_tokens(text)}) {
             for (uint32_t id : ids)

@@ -126,7 +126,7 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, once, and the 
     };
     const normtape::Tokenizer tok = save("small", 0);
     save("other", 400000);  // the same size, other merges
-    save("huge", 0);
+    std::filesystem::copy_file(dir / "small.tiktoken", dir / "huge.tiktoken");
     write_bytes(dir / "huge.json", nlohmann::json({{"pat_str", tok.pattern()}, {"special_tokens", {{"<big>", 20000000}}}}).dump());
     // A glob: the cache beside the text, hidden, is not one of the files it matches.
     const std::string run = kTiny + " --data 'texts/*' --eval-every 3 --eval-batches 2";
@@ -217,6 +217,9 @@ TEST_CASE("train_gpt: --tokenizer encodes a text before training, once, and the 
              {"--data " + shell_quote(shakespeare_path()) + " --tokenizer " + (dir / "missing.tiktoken"), "cannot read"},
              {"--data " + shell_quote(shakespeare_path()) + " --tokenizer " + (dir / "huge.tiktoken"),
               "has 20000001 ids, more than a model's vocabulary may have (2^24)"},
+             {"--data " + shell_quote(shakespeare_path()) + " --tokenizer " + (dir / "small.tiktoken") + " --json " +
+                  (dir / "small.json"),
+              "is a file the run reads (--tokenizer " + (dir / "small.tiktoken") + " (" + (dir / "small.json") + "))"},
              {"--resume ck.safetensors --tokenizer " + (dir / "other.tiktoken"),
               "is not the checkpoint's run's"},
          }) {

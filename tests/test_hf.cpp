@@ -434,7 +434,13 @@ TEST_SUITE("hf") {
         GPTConfig c = small_config("llama", true);
         c.vocab_size = 300;
         const Tokenizer tok = train_bpe("the cat sat on the mat, the cat ate the rat", 270);
+        std::filesystem::create_directories(dir / "model");
+        for (const char* stale : {"vocab.json", "merges.txt", "special_tokens_map.json"})  // another tokenizer's
+            write_bytes(dir / ("model/" + std::string(stale)), "{}");
         save_hf(GPT(c), dir / "model", &tok);
+        for (const char* stale : {"vocab.json", "merges.txt", "special_tokens_map.json"})
+            CHECK(!std::filesystem::exists(dir / ("model/" + std::string(stale))));
+        CHECK(!std::filesystem::exists(dir / "model/tokenizer.json.tmp"));
         const Tokenizer back = Tokenizer::load(dir / "model/tokenizer.json");
         CHECK(back.name() == "model");
         CHECK(back.encode_ordinary("the rat sat") == tok.encode_ordinary("the rat sat"));

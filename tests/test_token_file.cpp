@@ -42,7 +42,12 @@ TEST_CASE("token_file: llm.c's uint16 and uint32 files are written as its writer
     CHECK(read_token_file(dir / "small.bin", TokenFileFormat::Auto, &format) == small);
     CHECK(format == TokenFileFormat::LlmC);
     CHECK(read_token_file(dir / "large.bin", TokenFileFormat::LlmC) == large);
-    CHECK_FALSE(std::filesystem::exists(dir / "small.bin.tmp"));
+    // No temporary left, and the files readable by others (not mkstemp's 0600).
+    size_t files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file();
+    CHECK(files == 2);
+    CHECK((std::filesystem::status(dir / "small.bin").permissions() & std::filesystem::perms::others_read) !=
+          std::filesystem::perms::none);
 }
 
 TEST_CASE("token_file: nanoGPT's raw uint16 ids are read without a header, told apart from llm.c's by the magic") {

@@ -307,7 +307,7 @@ TEST_CASE("tokenizer: a tokenizer.json round-trips in tokenizers' form, and a ma
              {[](nlohmann::json& b) { b["model"].erase("merges"); }, "not a byte-level BPE tokenizer.json"},
              {[](nlohmann::json& b) { b["added_tokens"][0]["lstrip"] = true; }, "<|end|>\"'s \"lstrip\" is not supported"},
              {[](nlohmann::json& b) { b["added_tokens"][0]["id"] = 263; }, "<|end|>\" has id 263, the vocabulary 262"},
-             {[](nlohmann::json& b) { b["added_tokens"].push_back({{"id", 256}, {"content", "<|new|>"}}); },
+             {[](nlohmann::json& b) { b["added_tokens"].push_back({{"id", 256}, {"content", "<|new|>"}, {"special", true}}); },
               "id 256 is \"\xc4\xa0t\" and the added token \"<|new|>\""},
          }) {
         CAPTURE(c.says);

@@ -250,7 +250,7 @@ void check_args(const Args& a) {
                          describe(a, "steps", std::to_string(a.steps)));
 }
 
-void check_outputs(const Args& a, const std::vector<std::string>& data_paths) {
+void check_outputs(const Args& a, const std::vector<RunInput>& inputs) {
     struct Output {
         const char* flag;
         const std::string& path;
@@ -276,9 +276,8 @@ void check_outputs(const Args& a, const std::vector<std::string>& data_paths) {
         if (!is_save && fs::exists(st) && ::access(file.c_str(), W_OK) != 0)
             throw UsageError(what + ": cannot write the file: " + std::strerror(errno));
         if (is_save) check_save_temp(what, out.path);
-        for (const std::string& data_path : data_paths)
-            if (same_file(file, data_path))
-                throw UsageError(what + ": is a data file the run reads (--data " + data_path + ")");
+        for (const RunInput& input : inputs)
+            if (same_file(file, input.file)) throw UsageError(what + ": is a file the run reads (" + input.named + ")");
         if (!is_save && same_file(file, a.resume))
             throw UsageError(what + ": is the checkpoint the run resumes (--resume " + a.resume + ")");
         for (const auto& [other, other_file] : checked)

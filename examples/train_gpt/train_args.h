@@ -114,7 +114,11 @@ void check_args(const Args& a);
 // each is a file name (not a directory; --save an existing regular file or a new one, and its
 // temporary file, normtape::safetensors_temp_path, absent or a regular file it may write)
 // in a directory that exists and that this process may write into (after symbolic links, which
-// the writes follow); none is an input of the run (`data_paths`, the files --data read, none for
-// random tokens; --resume, which only --save may name: it continues the checkpoint); no two name
-// the same file. Throws UsageError naming the flag, the path and the reason.
-void check_outputs(const Args& a, const std::vector<std::string>& data_paths);
+// the writes follow); none is an input of the run (`inputs`; --resume, which only --save may name:
+// it continues the checkpoint); no two name the same file. Throws UsageError naming the flag, the
+// path and the reason.
+struct RunInput {
+    std::string named;  // how the run was told of it, for the message: "--data PATTERN (FILE)"
+    std::string file;
+};
+void check_outputs(const Args& a, const std::vector<RunInput>& inputs);

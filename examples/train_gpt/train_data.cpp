@@ -118,14 +118,15 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const Args& a, uint64_t* hash) {
 // The text's ids under data.tokenizer: read from the cache beside `file` (the first data file) if
 // it is there, else encoded and written to it, with a warning if it cannot be. The cache is
 // .FILE.NAME.HASH.bin (hidden, so that a glob of the data does not match it), llm.c's token file
-// (nn/data/token_file.h), HASH the FNV-1a of normtape's version and the text's and the tokenizer's
-// checksums: another text, tokenizer or encoder has another name. A cache whose ids are not all
+// (nn/data/token_file.h), HASH the FNV-1a of the cache's format and normtape's version and the
+// text's and the tokenizer's checksums: another text, tokenizer or encoder has another name. A cache whose ids are not all
 // ordinary tokens is encoded again. Sets `note` to where the ids came from.
 std::vector<uint32_t> encode_cached(const TrainData& data, const std::string& text, const std::string& file,
                                     std::string& note) {
     const uint64_t sums[2] = {data.fnv1a64, data.tokenizer_fnv1a64};
+    const std::string format = std::string("normtape token cache 1, ") + version();  // 1: raise when encoding changes
     const std::string hash =
-        hex(fnv1a64(fnv1a64(0xcbf29ce484222325ull, version()), {reinterpret_cast<const char*>(sums), sizeof sums}));
+        hex(fnv1a64(fnv1a64(0xcbf29ce484222325ull, format), {reinterpret_cast<const char*>(sums), sizeof sums}));
     std::string name = ".";  // (appended piece by piece: GCC 12 warns of a false -Wrestrict on one "+" chain)
     name.append(std::filesystem::path(file).filename().string()).append(".").append(data.tokenizer->name());
     name.append(".").append(hash).append(".bin");
@@ -233,6 +234,16 @@ TrainData load_data(const Args& a) {
         throw UsageError(what + ": the data has " + std::to_string(data.tokens.size()) + (tokens ? " tokens; " : " bytes; ") +
                          describe(a, "seq", std::to_string(a.seq)) + " needs at least " + std::to_string(a.seq + 2));
     return data;
+}
+
+std::vector<RunInput> run_inputs(const Args& a, const TrainData& data) {
+    std::vector<RunInput> inputs;
+    for (const std::string& file : data.files)
+        inputs.push_back({"--data " + data_file(a) + (file == data_file(a) ? "" : " (" + file + ")"), file});
+    if (!a.tokenizer.empty())
+        for (const std::string& file : tokenizer_files(a.tokenizer))
+            inputs.push_back({"--tokenizer " + a.tokenizer + (file == a.tokenizer ? "" : " (" + file + ")"), file});
+    return inputs;
 }
 
 double bytes_per_token(const TrainData& data, const std::vector<uint32_t>& tokens) {

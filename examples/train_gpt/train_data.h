@@ -43,6 +43,9 @@ struct TrainData {
 // byte = nats per token / (ln 2 * bytes per token).
 double bytes_per_token(const TrainData& data, const std::vector<uint32_t>& tokens);
 
+// The files the run reads: the data's and the tokenizer's, for check_outputs.
+std::vector<RunInput> run_inputs(const Args& a, const TrainData& data);
+
 // The data `a` asks for: data_file(a)'s bytes as text, or its ids as a token file (data_is_tokens),
 // or none for --data random. A --data with *, ? or [ is a glob pattern: the files it matches, in
 // byte order of their names (as llm.c's loader reads its shards), one after the other. Throws

@@ -391,7 +391,7 @@ int run(const Args& a_in, ResumeState* resume, ProcessGroup& group) {
     const TrainData data = load_data(a);
     if (resume) check_resume_data(*resume, data);
     if (data.tokenizer && !a.vocab_given) a.vocab = data.tokenizer->vocab_size();
-    check_outputs(a, data.files);
+    check_outputs(a, run_inputs(a, data));
     if (a.threads > 0) set_num_threads(static_cast<int>(a.threads));
     int64_t params = num_parameters(make_config(a, SavePolicy::Input));
     std::printf("train_gpt: %s norm, L=%lld NH=%lld C=%lld V=%lld, %s parameters; B=%lld%s T=%lld, %lld steps, lr %g, "

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
@@ -133,12 +133,19 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& ids)
     store_le(p + 8, static_cast<uint32_t>(ids.size()), 4);
     for (size_t i = 0; i < ids.size(); ++i) store_le(p + kHeaderBytes + i * kind.width, ids[i], kind.width);
     // Written beside the target and renamed over it: a failed write leaves the old file as it was.
-    // The temporary's name is the writer's own: processes (data-parallel ranks) and threads may
-    // write one path at once.
-    static std::atomic<uint64_t> writes{0};
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(writes++);
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw IOError("write_token_file: cannot create " + tmp + ": " + std::strerror(errno));
+    // The temporary is the writer's own (mkstemp creates a new file, O_EXCL): processes, data-parallel
+    // ranks on several hosts of one file system among them, may write one path at once.
+    std::string tmp = path + ".tmp.XXXXXX";
+    const int fd = ::mkstemp(tmp.data());
+    if (fd < 0) throw IOError("write_token_file: cannot create " + tmp + ": " + std::strerror(errno));
+    (void)::fchmod(fd, 0644);  // mkstemp's 0600 would keep the file from the run's other users
+    std::FILE* f = ::fdopen(fd, "wb");
+    if (!f) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        std::remove(tmp.c_str());
+        throw IOError("write_token_file: cannot write " + tmp + ": " + why);
+    }
     const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
     const int saved_errno = errno;
     if (std::fclose(f) != 0 || !written) {

@@ -168,7 +168,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
                         throw fail("\"added_tokens\": " + quote(content) + "'s \"" + key + "\" is not supported");
                 // tokenizers matches an added token that is not special in all text: a special token
                 // here is matched only where allowed (Tokenizer::encode).
-                if (!added.value("special", true))
+                if (!added.value("special", false))  // tokenizers' default
                     throw fail("\"added_tokens\": " + quote(content) + " is not \"special\", which is not supported");
                 if (auto it = vocab.find(content); it != vocab.end() && *it != id)
                     throw fail("\"added_tokens\": " + quote(content) + " has id " + std::to_string(id) +
@@ -227,7 +227,9 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
             merges.emplace_back(id(left), id(right));
         }
         if (name.empty()) {  // "gpt2/tokenizer.json" and "gpt2.tokenizer.json" are gpt2
-            const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+            std::error_code ec;
+            std::filesystem::path p = std::filesystem::absolute(path, ec);
+            p = (ec ? std::filesystem::path(path) : p).lexically_normal();
             name = p.stem().string();
             if (name == "tokenizer" && p.parent_path().has_filename()) name = p.parent_path().filename().string();
             if (name.size() > 10 && name.ends_with(".tokenizer")) name.resize(name.size() - 10);

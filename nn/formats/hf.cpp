@@ -342,52 +342,59 @@ void save_hf(const GPT& model, const std::string& dir, const Tokenizer* tokenize
     if (ec || !fs::is_directory(dir, ec))
         detail::throw_error<IOError>("save_hf: cannot create the directory ", dir, ": ",
                                      ec ? ec.message() : "a file of that name exists");
-    const std::string model_path = (fs::path(dir) / "model.safetensors").string();
-    const std::string config_path = (fs::path(dir) / "config.json").string();
-    // The tokenizer first (its Error, a special token not UTF-8, leaves the model unwritten), and
-    // tokenizer_config.json naming the class that reads tokenizer.json as it is; without one, the
-    // files left from before would describe another model's ids.
-    const std::string tokenizer_path = (fs::path(dir) / "tokenizer.json").string();
-    const std::string tokenizer_config_path = (fs::path(dir) / "tokenizer_config.json").string();
+    const fs::path d(dir);
+    // The tokenizer's tokenizer.json goes to a temporary first: its Error (a special token that is
+    // not UTF-8) leaves the model unwritten.
+    const std::string tokenizer_tmp = (d / "tokenizer.json.tmp").string();
     try {
-        if (tokenizer) tokenizer->save_tokenizer_json(tokenizer_path);
+        if (tokenizer) tokenizer->save_tokenizer_json(tokenizer_tmp);
     } catch (const IOError& e) {
+        fs::remove(tokenizer_tmp, ec);
         detail::throw_error<IOError>("save_hf: ", e.what());
-    } catch (const Error& e) {
+    } catch (const Error& e) {  // nothing was written
         detail::throw_error<Error>("save_hf: ", e.what());
     }
-    if (tokenizer) {
-        std::ofstream f(tokenizer_config_path, std::ios::binary | std::ios::trunc);
-        f << json{{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", c.block_size},
-                  {"clean_up_tokenization_spaces", false}}.dump(2)
-          << "\n";
-        f.close();
-        if (!f) detail::throw_error<IOError>("save_hf: cannot write ", tokenizer_config_path);
-    }
-    for (const std::string& stale : {tokenizer_path, tokenizer_config_path})
-        if (!tokenizer && (fs::remove(stale, ec), ec))
-            detail::throw_error<IOError>("save_hf: cannot remove ", stale, ", left from before: ", ec.message());
     try {
         // transformers refuses a safetensors file whose metadata has no "format" of "pt".
-        save_safetensors(model_path, tensors, {{"format", "pt"}});
+        save_safetensors((d / "model.safetensors").string(), tensors, {{"format", "pt"}});
     } catch (const IOError& e) {
+        fs::remove(tokenizer_tmp, ec);
         detail::throw_error<IOError>("save_hf: ", e.what());
     }
-    const std::string tmp = config_path + ".tmp";
-    {
+    // A file replaced by a temporary renamed over it.
+    auto replace = [&](const fs::path& path, const std::string& tmp) {
+        fs::rename(tmp, path, ec);
+        if (ec) {
+            std::error_code ignored;
+            fs::remove(tmp, ignored);
+            detail::throw_error<IOError>("save_hf: cannot rename ", tmp, " to ", path.string(), ": ", ec.message());
+        }
+    };
+    auto write = [&](const fs::path& path, const json& j) {
+        const std::string tmp = path.string() + ".tmp";
         std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        f << config.dump(2) << "\n";
+        f << j.dump(2) << "\n";
         f.close();
         if (!f) {
             fs::remove(tmp, ec);
             detail::throw_error<IOError>("save_hf: cannot write ", tmp);
         }
-    }
-    fs::rename(tmp, config_path, ec);
-    if (ec) {
-        std::error_code ignored;
-        fs::remove(tmp, ignored);
-        detail::throw_error<IOError>("save_hf: cannot rename ", tmp, " to ", config_path, ": ", ec.message());
+        replace(path, tmp);
+    };
+    write(d / "config.json", config);
+    // The tokenizer files transformers reads are removed: they would describe another model's ids.
+    // Then the tokenizer's tokenizer.json and tokenizer_config.json, naming the class that reads
+    // tokenizer.json as it is.
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "added_tokens.json",
+                             "special_tokens_map.json", "tokenizer.model"})
+        if (fs::remove(d / name, ec); ec)
+            detail::throw_error<IOError>("save_hf: cannot remove ", (d / name).string(), ", left from before: ",
+                                         ec.message());
+    if (tokenizer) {
+        replace(d / "tokenizer.json", tokenizer_tmp);
+        write(d / "tokenizer_config.json", json{{"tokenizer_class", "PreTrainedTokenizerFast"},
+                                                {"model_max_length", c.block_size},
+                                                {"clean_up_tokenization_spaces", false}});
     }
 }
 

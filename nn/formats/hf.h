@@ -123,12 +123,14 @@ GPTConfig hf_config(const std::string& text, const std::string& file);
 // transformers runs these models in f32, bf16 or f16, and a config's dtype has no float64 in practice.
 // model.safetensors carries the metadata "format": "pt" (transformers refuses a safetensors file
 // with metadata but no such entry) and normtape's checksums; it is written atomically
-// (save_safetensors), then config.json (through a temporary file renamed over it). With a
-// `tokenizer` (the one the model's ids are of), dir/tokenizer.json is written first
-// (Tokenizer::save_tokenizer_json) with dir/tokenizer_config.json (tokenizer_class
-// PreTrainedTokenizerFast, model_max_length block_size), so that transformers' AutoTokenizer reads
-// it as it is; without one, those files already there are removed (they would describe another
-// model's ids).
+// (save_safetensors), then config.json (through a temporary file renamed over it). The tokenizer
+// files transformers reads (tokenizer.json, tokenizer_config.json, vocab.json, merges.txt,
+// added_tokens.json, special_tokens_map.json, tokenizer.model) are then removed: they would
+// describe another model's ids (a directory that load_hf read loses its tokenizer). With a
+// `tokenizer` (the one the model's ids are of), dir/tokenizer.json (Tokenizer::save_tokenizer_json,
+// written to a temporary before anything else) and dir/tokenizer_config.json (tokenizer_class
+// PreTrainedTokenizerFast, model_max_length block_size) take their place, so that transformers'
+// AutoTokenizer reads it as it is.
 // Throws Error naming save_hf and why, writing nothing, for a model of another architecture
 // (arch_name "nanochat" or "custom": a field of the gpt2 or llama preset changed, as another
 // norm kind, weightless norms, QK-norm, a softcap) or a gpt2 model with grouped-query attention
