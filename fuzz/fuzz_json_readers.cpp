@@ -22,20 +22,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "check_message.h"
 #include "core/check.h"
 #include "nn/formats/checkpoint_metadata.h"
 #include "nn/formats/hf.h"
 #include "nn/formats/json_read.h"
 
 namespace {
-
-void check_message(const normtape::Error& e) {
-    const std::string m = e.what();
-    if (m.size() > 1000) {
-        std::fprintf(stderr, "a message of %zu bytes: %.200s...\n", m.size(), m.c_str());
-        std::abort();
-    }
-}
 
 // The entries save_checkpoint writes for an AdamW and a Muon of one group each.
 const char* const kAdamW = R"({"type":"AdamW","step":3,"beta1":0.9,"beta2":0.95,"eps":1e-08,)"

@@ -22,19 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "check_message.h"
 #include "core/check.h"
 #include "nn/data/token_file.h"
 #include "nn/data/tokenizer.h"
 
 namespace {
-
-void check_message(const normtape::Error& e) {
-    const std::string m = e.what();
-    if (m.size() > 1000) {
-        std::fprintf(stderr, "a message of %zu bytes: %.200s...\n", m.size(), m.c_str());
-        std::abort();
-    }
-}
 
 void write(const std::string& path, const std::string& bytes) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);

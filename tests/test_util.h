@@ -490,24 +490,26 @@ struct RunResult {
     std::string out, err;
 };
 
-// Runs the train_gpt that this build made (NORMTAPE_TRAIN_GPT) with `args` (one /bin/sh command
-// line) in `dir` (where its default chart goes), its output going through files there, after the
-// shell commands `before` (e.g. a ulimit).
-inline RunResult run_train_gpt(const TempDir& dir, const std::string& args, const std::string& before = "") {
-    std::string out = dir / "stdout", err = dir / "stderr";
-    std::string cmd = (before.empty() ? "" : before + " && ") + "cd " + dir.path.string() + " && " +
-                      std::string(NORMTAPE_TRAIN_GPT) + " " + args + " > " + out + " 2> " + err;
+// Runs `program` with `args` (one /bin/sh command line) in `dir`, its output going through the
+// files PREFIXstdout and PREFIXstderr there, after the shell commands `before` (e.g. a ulimit).
+inline RunResult run_program(const std::string& program, const std::string& prefix, const TempDir& dir,
+                             const std::string& args, const std::string& before) {
+    std::string out = dir / (prefix + "stdout"), err = dir / (prefix + "stderr");
+    std::string cmd = (before.empty() ? "" : before + " && ") + "cd " + dir.path.string() + " && " + program + " " +
+                      args + " > " + out + " 2> " + err;
     int status = std::system(cmd.c_str());
     return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
 }
 
-// Runs the generate that this build made (NORMTAPE_GENERATE) as run_train_gpt runs train_gpt.
+// Runs the train_gpt that this build made (NORMTAPE_TRAIN_GPT) with run_program, in `dir` (where
+// its default chart goes).
+inline RunResult run_train_gpt(const TempDir& dir, const std::string& args, const std::string& before = "") {
+    return run_program(NORMTAPE_TRAIN_GPT, "", dir, args, before);
+}
+
+// Runs the generate that this build made (NORMTAPE_GENERATE) with run_program.
 inline RunResult run_generate(const TempDir& dir, const std::string& args, const std::string& before = "") {
-    std::string out = dir / "gen_stdout", err = dir / "gen_stderr";
-    std::string cmd = (before.empty() ? "" : before + " && ") + "cd " + dir.path.string() + " && " +
-                      std::string(NORMTAPE_GENERATE) + " " + args + " > " + out + " 2> " + err;
-    int status = std::system(cmd.c_str());
-    return RunResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+    return run_program(NORMTAPE_GENERATE, "gen_", dir, args, before);
 }
 
 // A run that train_gpt refused before training: exit code 2, one line on stderr holding each of

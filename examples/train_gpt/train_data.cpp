@@ -119,10 +119,10 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const Args& a, uint64_t* hash) {
 // it is there, else encoded and written to it, with a warning if it cannot be. The cache is
 // .FILE.NAME.HASH.bin (hidden, so that a glob of the data does not match it), llm.c's token file
 // (nn/data/token_file.h), HASH the FNV-1a of the cache's format and normtape's version and the
-// text's and the tokenizer's checksums: another text, tokenizer or encoder has another name. A cache whose ids are not all
-// ordinary tokens is encoded again. Sets `note` to where the ids came from.
-std::vector<uint32_t> encode_cached(const TrainData& data, const std::string& text, const std::string& file,
-                                    std::string& note) {
+// text's and the tokenizer's checksums: another text, tokenizer or encoder has another name. A
+// cache whose ids are not all ordinary tokens is encoded again. data.tokens holds the text's
+// bytes. Sets `note` to where the ids came from.
+std::vector<uint32_t> encode_cached(const TrainData& data, const std::string& file, std::string& note) {
     const uint64_t sums[2] = {data.fnv1a64, data.tokenizer_fnv1a64};
     const std::string format = std::string("normtape token cache 1, ") + version();  // 1: raise when encoding changes
     const std::string hash =
@@ -147,7 +147,7 @@ std::vector<uint32_t> encode_cached(const TrainData& data, const std::string& te
                          e.what());
         }
     }
-    std::vector<uint32_t> ids = tok.encode_ordinary(text);
+    std::vector<uint32_t> ids = tok.encode_ordinary(std::string(data.tokens.begin(), data.tokens.end()));
     try {
         write_token_file(cache, ids);
         note = " (cached in " + cache + ")";
@@ -221,9 +221,8 @@ TrainData load_data(const Args& a) {
         if (a.vocab_given && a.vocab < size)
             throw UsageError(describe(a, "vocab", std::to_string(a.vocab)) + " is smaller than " +
                              describe(a, "tokenizer", a.tokenizer) + "'s " + std::to_string(size) + " ids");
-        const std::string text(data.tokens.begin(), data.tokens.end());
         data.description += ", encoded by " + data.tokenizer->name();
-        data.tokens = encode_cached(data, text, files[0], data.token_cache);
+        data.tokens = encode_cached(data, files[0], data.token_cache);
     }
     if (tokens) {
         std::string kinds;

@@ -178,7 +178,6 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
             }
         // The ordinary tokens by id: each one's bytes, spelled by the byte-to-unicode map.
         std::vector<std::string> tokens;
-        std::map<std::string, uint32_t> id_of;
         std::string bytes;
         // An ordinary id past the entries (holes in the ids) would only allocate: refused.
         const size_t id_bound = vocab.size() + special.size();
@@ -199,7 +198,6 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
             if (id >= tokens.size()) tokens.resize(id + size_t{1});
             if (!tokens[id].empty()) throw fail("\"model\" \"vocab\": id " + std::to_string(id) + " is given twice");
             tokens[id] = bytes;
-            id_of[spelled] = id;
         }
         // The merges, "left right" or ["left", "right"], as pairs of ids.
         std::vector<std::pair<uint32_t, uint32_t>> merges;
@@ -218,11 +216,12 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path, std::string na
                 if (list[m].size() != 2) throw fail("\"model\" \"merges\" " + std::to_string(m) + ": expected two tokens");
                 left = list[m][0].get<std::string>(), right = list[m][1].get<std::string>();
             }
-            auto id = [&](const std::string& token) {
-                auto it = id_of.find(token);
-                if (it == id_of.end())
-                    throw fail("\"model\" \"merges\" " + std::to_string(m) + ": " + quote(token) + " is not in the vocabulary");
-                return it->second;
+            auto id = [&](const std::string& token) {  // an ordinary token's, checked above
+                auto it = vocab.find(token);
+                if (it == vocab.end() || special_at.count(it->get<uint32_t>()))
+                    throw fail("\"model\" \"merges\" " + std::to_string(m) + ": " + quote(token) +
+                               " is not an ordinary token of the vocabulary");
+                return it->get<uint32_t>();
             };
             merges.emplace_back(id(left), id(right));
         }
